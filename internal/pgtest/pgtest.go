@@ -1,0 +1,169 @@
+// Package pgtest gives each test a Postgres schema of its own.
+//
+// The server comes from TEST_DATABASE_URL, then DATABASE_URL, then a
+// testcontainers-go Postgres when a Docker engine answers, then a local
+// server at postgres://postgres:postgres@localhost:5432/postgres. Without one
+// the test is skipped (with CI=true it fails).
+//
+// The pool's search_path is pinned to pg_catalog, so a query that forgets to
+// qualify a table name with the configured schema fails instead of quietly
+// using another schema's table.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+
+	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/migrations"
+)
+
+// LocalURL is where a server started from a local install is looked for.
+const LocalURL = "postgres://postgres:postgres@localhost:5432/postgres"
+
+// Image is the Postgres image used with testcontainers; it matches docker-compose.yml.
+const Image = "postgres:15-alpine"
+
+var server struct {
+	once sync.Once
+	url  string
+	pool *pgxpool.Pool
+	err  error
+}
+
+// URL resolves the server's URL once per process.
+func URL() (string, error) {
+	server.once.Do(func() { server.url, server.err = resolve() })
+	return server.url, server.err
+}
+
+func resolve() (string, error) {
+	for _, env := range []string{"TEST_DATABASE_URL", "DATABASE_URL"} {
+		if u := os.Getenv(env); u != "" {
+			if err := ping(u); err != nil {
+				return "", fmt.Errorf("%s is set but Postgres does not answer there: %w", env, err)
+			}
+			return u, nil
+		}
+	}
+	var reasons []string
+	if ok, why := testenv.DockerAvailable(); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		c, err := tcpostgres.Run(ctx, Image, tcpostgres.WithDatabase("exactly_test"),
+			tcpostgres.WithUsername("postgres"), tcpostgres.WithPassword("postgres"), tcpostgres.BasicWaitStrategies())
+		if err == nil {
+			u, err := c.ConnectionString(ctx, "sslmode=disable")
+			if err == nil {
+				return u, nil
+			}
+		}
+		reasons = append(reasons, fmt.Sprintf("testcontainers: %v", err))
+	} else {
+		reasons = append(reasons, fmt.Sprintf("no Docker engine for testcontainers (%v)", why))
+	}
+	if err := ping(LocalURL); err == nil {
+		return LocalURL, nil
+	} else {
+		reasons = append(reasons, fmt.Sprintf("no local server at %s (%v)", LocalURL, err))
+	}
+	return "", fmt.Errorf("no Postgres: set TEST_DATABASE_URL, or start one (make up, or .ci/run's commands): %v", reasons)
+}
+
+func ping(url string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	return c.Close(ctx)
+}
+
+// Pool returns the process-wide pool, search_path pinned to pg_catalog.
+// It skips t (fails under CI) when there is no server.
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	u, err := URL()
+	if err != nil {
+		testenv.Missing(t, "%v", err)
+	}
+	poolOnce.Do(func() {
+		cfg, err := Config(u)
+		if err != nil {
+			poolErr = err
+			return
+		}
+		server.pool, poolErr = pgxpool.NewWithConfig(context.Background(), cfg)
+	})
+	if poolErr != nil {
+		t.Fatalf("pgtest: pool: %v", poolErr)
+	}
+	return server.pool
+}
+
+// Config parses url into a pool config with search_path pinned to pg_catalog.
+func Config(url string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = "pg_catalog"
+	cfg.MaxConns = 48
+	return cfg, nil
+}
+
+var (
+	poolOnce sync.Once
+	poolErr  error
+)
+
+// DB is a test's own schema on the shared pool.
+type DB struct {
+	Pool   *pgxpool.Pool
+	Schema string
+}
+
+// Table returns the schema-qualified, quoted name of table.
+func (d *DB) Table(table string) string { return pgx.Identifier{d.Schema, table}.Sanitize() }
+
+// NewEmpty creates an empty schema, dropped when t ends.
+func NewEmpty(t testing.TB) *DB {
+	t.Helper()
+	pool := Pool(t)
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	schema := "t_" + hex.EncodeToString(b)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatalf("pgtest: create schema: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Errorf("pgtest: drop schema %s: %v", schema, err)
+		}
+	})
+	return &DB{Pool: pool, Schema: schema}
+}
+
+// New creates a schema with exactly's migrations applied, dropped when t ends.
+func New(t testing.TB) *DB {
+	t.Helper()
+	d := NewEmpty(t)
+	if err := migrations.Migrate(context.Background(), d.Pool, &migrations.Opts{Schema: d.Schema}); err != nil {
+		t.Fatalf("pgtest: migrate: %v", err)
+	}
+	return d
+}

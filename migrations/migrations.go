@@ -1,0 +1,185 @@
+// Package migrations creates and upgrades the tables exactly owns.
+//
+// The SQL files are goose migrations embedded in the binary. Migrate runs them
+// with goose under a version table of our own (exactly_goose_db_version), so
+// they never collide with the service's own goose, Flyway or Atlas history,
+// and under a session advisory lock, so two processes starting at once do not
+// both migrate:
+//
+//	if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: "ledger"}); err != nil {
+//		return err
+//	}
+//
+// Teams that run goose themselves can take the files from FS.
+package migrations
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
+	"github.com/pressly/goose/v3/lock"
+
+	"github.com/exactly-go/exactly/internal/sqlident"
+)
+
+//go:embed sql/*.sql
+var embedded embed.FS
+
+// FS holds the goose SQL migrations, at its root. The SQL names tables
+// without a schema: run it with search_path set to the target schema.
+var FS fs.FS = mustSub(embedded, "sql")
+
+// VersionTable is the goose version table that Migrate uses, in Opts.Schema.
+const VersionTable = "exactly_goose_db_version"
+
+// Opts tunes Migrate and Down.
+type Opts struct {
+	// Schema receives the tables and the version table; Migrate creates it
+	// when missing. Defaults to "public".
+	Schema string
+	// Version is the target version: Migrate goes up to it (0: the latest),
+	// Down goes down to it (0: removes everything). Defaults to 0.
+	Version int64
+	// Logger receives one line per applied migration. Defaults to no logging.
+	Logger *slog.Logger
+}
+
+func (o *Opts) withDefaults() (Opts, error) {
+	var c Opts
+	if o != nil {
+		c = *o
+	}
+	if c.Schema == "" {
+		c.Schema = "public"
+	}
+	if err := sqlident.Check("migrations: Opts.Schema", c.Schema); err != nil {
+		return c, err
+	}
+	if c.Version < 0 {
+		return c, fmt.Errorf("migrations: Opts.Version is %d: use 0 or a positive version", c.Version)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c, nil
+}
+
+// Migrate applies every pending migration (up to opts.Version when set).
+func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *Opts) error {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+sqlident.Quote(o.Schema)); err != nil {
+		return fmt.Errorf("migrations: create schema %s: %w", o.Schema, err)
+	}
+	return withProvider(ctx, pool, o, func(p *goose.Provider) error {
+		var results []*goose.MigrationResult
+		var err error
+		if o.Version == 0 {
+			results, err = p.Up(ctx)
+		} else {
+			results, err = p.UpTo(ctx, o.Version)
+		}
+		logResults(o, results)
+		return err
+	})
+}
+
+// Down reverts migrations down to opts.Version (0: all of them, dropping
+// every table exactly owns in opts.Schema).
+func Down(ctx context.Context, pool *pgxpool.Pool, opts *Opts) error {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return err
+	}
+	return withProvider(ctx, pool, o, func(p *goose.Provider) error {
+		results, err := p.DownTo(ctx, o.Version)
+		logResults(o, results)
+		return err
+	})
+}
+
+// Version returns the schema's applied version and the latest version that
+// this build knows.
+func Version(ctx context.Context, pool *pgxpool.Pool, opts *Opts) (current, latest int64, err error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return 0, 0, err
+	}
+	err = withProvider(ctx, pool, o, func(p *goose.Provider) error {
+		current, latest, err = p.GetVersions(ctx)
+		return err
+	})
+	return current, latest, err
+}
+
+func logResults(o Opts, results []*goose.MigrationResult) {
+	for _, r := range results {
+		o.Logger.Info("migration applied", "schema", o.Schema, "version", r.Source.Version,
+			"direction", r.Direction, "duration", r.Duration)
+	}
+}
+
+// withProvider opens a database/sql handle on the pool's connection settings
+// with search_path pinned to the schema, and runs f with a goose Provider.
+func withProvider(ctx context.Context, pool *pgxpool.Pool, o Opts, f func(*goose.Provider) error) error {
+	cc := pool.Config().ConnConfig.Copy()
+	if cc.RuntimeParams == nil {
+		cc.RuntimeParams = map[string]string{}
+	}
+	cc.RuntimeParams["search_path"] = o.Schema
+	db := stdlib.OpenDB(*cc)
+	defer db.Close()
+	db.SetMaxOpenConns(2)
+
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID(o.Schema)), lock.WithLockTimeout(1, 300))
+	if err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	store, err := database.NewStore(goose.DialectPostgres, o.Schema+"."+VersionTable) // both checked by sqlident
+	if err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	p, err := goose.NewProvider("", db, FS,
+		goose.WithStore(store),
+		goose.WithSessionLocker(locker),
+		goose.WithDisableGlobalRegistry(true),
+	)
+	if err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	if err := f(p); err != nil {
+		var pe *goose.PartialError
+		if errors.As(err, &pe) && pe.Failed != nil {
+			return fmt.Errorf("migrations: schema %s, version %d (%s): %w", o.Schema, pe.Failed.Source.Version, pe.Failed.Source.Path, pe.Err)
+		}
+		return fmt.Errorf("migrations: schema %s: %w", o.Schema, err)
+	}
+	return nil
+}
+
+// lockID is the advisory lock that serialises migrations of one schema:
+// migrations of different schemas do not wait for each other.
+func lockID(schema string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("exactly/migrations/" + schema))
+	return int64(h.Sum64())
+}
+
+func mustSub(f fs.FS, dir string) fs.FS {
+	s, err := fs.Sub(f, dir)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
