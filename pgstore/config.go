@@ -1,0 +1,91 @@
+package pgstore
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/sqlident"
+)
+
+// Config configures a Store. The zero value (or a nil *Config) is usable.
+type Config struct {
+	// Schema holds the table. Defaults to "public".
+	Schema string
+	// Table is the key table's name. Defaults to "exactly_keys", the table
+	// that the migrations create.
+	Table string
+	// TTL is how long a completed key is kept. It must outlive every way a
+	// message can come back: at least the topic's retention.
+	// Defaults to dedupe.DefaultTTL (7 days, Kafka's default retention.ms).
+	TTL time.Duration
+	// MaxResultBytes bounds a stored result. Defaults to 1 MiB.
+	MaxResultBytes int
+	// IsoLevel is the isolation level of the transactions that Do opens.
+	// Defaults to pgx.ReadCommitted.
+	IsoLevel pgx.TxIsoLevel
+	// MaxTxAttempts bounds how often Do runs a transaction that failed with a
+	// serialisation failure, a deadlock or a lost connection. Defaults to 5.
+	MaxTxAttempts int
+	// RetryBackoff is Do's first pause between attempts, doubled after each
+	// and jittered. Defaults to 10ms.
+	RetryBackoff time.Duration
+	// Logger receives warnings. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	var o Config
+	if c != nil {
+		o = *c
+	}
+	if o.Schema == "" {
+		o.Schema = "public"
+	}
+	if o.Table == "" {
+		o.Table = "exactly_keys"
+	}
+	if o.TTL == 0 {
+		o.TTL = dedupe.DefaultTTL
+	}
+	if o.MaxResultBytes == 0 {
+		o.MaxResultBytes = 1 << 20
+	}
+	if o.IsoLevel == "" {
+		o.IsoLevel = pgx.ReadCommitted
+	}
+	if o.MaxTxAttempts == 0 {
+		o.MaxTxAttempts = 5
+	}
+	if o.RetryBackoff == 0 {
+		o.RetryBackoff = 10 * time.Millisecond
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if err := sqlident.Check("pgstore: Config.Schema", o.Schema); err != nil {
+		return o, err
+	}
+	if err := sqlident.Check("pgstore: Config.Table", o.Table); err != nil {
+		return o, err
+	}
+	switch {
+	case o.TTL < 0:
+		return o, fmt.Errorf("pgstore: Config.TTL is %v: set a positive duration, at least the topic's retention", o.TTL)
+	case o.MaxResultBytes < 0:
+		return o, fmt.Errorf("pgstore: Config.MaxResultBytes is %d: set a positive size or 0 for the default", o.MaxResultBytes)
+	case o.MaxTxAttempts < 0:
+		return o, fmt.Errorf("pgstore: Config.MaxTxAttempts is %d: set 1 or more, or 0 for the default", o.MaxTxAttempts)
+	case o.RetryBackoff < 0:
+		return o, fmt.Errorf("pgstore: Config.RetryBackoff is %v: set a positive duration", o.RetryBackoff)
+	}
+	switch o.IsoLevel {
+	case pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable:
+	default:
+		return o, fmt.Errorf("pgstore: Config.IsoLevel %q is not supported: use pgx.ReadCommitted, pgx.RepeatableRead or pgx.Serializable", o.IsoLevel)
+	}
+	return o, nil
+}

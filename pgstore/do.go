@@ -1,0 +1,132 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/dedupe"
+)
+
+// TxFunc is the work that Do runs once per key, in the transaction that
+// holds the claim. Its result is stored for duplicates.
+type TxFunc func(ctx context.Context, tx pgx.Tx) (result []byte, err error)
+
+// Do runs fn at most once for req.Key, with effect exactly once: it begins
+// a transaction, claims the key, runs fn in the same transaction, stores fn's
+// result and commits. A duplicate does not run fn; its Claim carries the
+// stored result. Either way the result is in the returned Claim's
+// Record.Result.
+//
+// An error from fn rolls everything back, the key included, and is returned
+// as is: the next delivery runs fn again. Transient failures (serialisation
+// failures, deadlocks, a lost connection) retry the whole transaction up to
+// Config.MaxTxAttempts times with jittered back-off.
+func (s *Store) Do(ctx context.Context, req dedupe.Request, fn TxFunc) (dedupe.Claim, error) {
+	if err := req.Validate(); err != nil {
+		return dedupe.Claim{}, err
+	}
+	backoff := s.cfg.RetryBackoff
+	for attempt := 1; ; attempt++ {
+		c, err := s.doTx(ctx, req, fn)
+		if err == nil || !retryTx(err) || attempt >= s.cfg.MaxTxAttempts {
+			return c, err
+		}
+		s.cfg.Logger.DebugContext(ctx, "pgstore: retrying transaction", "key", req.Key.String(), "attempt", attempt, "err", err)
+		if err := sleep(ctx, backoff/2+rand.N(backoff)); err != nil {
+			return c, err
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// retryTx: transaction-level transient failures, marked by classify or
+// returned by fn's own statements. In-flight keys are not retried here: a
+// lease lasts far longer than Do should block.
+func retryTx(err error) bool {
+	var r *dedupe.RetryableError
+	return errors.As(err, &r) || (!errors.Is(err, dedupe.ErrInFlight) && IsRetryableError(err))
+}
+
+func (s *Store) doTx(ctx context.Context, req dedupe.Request, fn TxFunc) (_ dedupe.Claim, err error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: s.cfg.IsoLevel})
+	if err != nil {
+		return dedupe.Claim{}, classify("begin", err)
+	}
+	defer rollback(ctx, tx)
+	c, err := s.ClaimTx(ctx, tx, req)
+	if err != nil {
+		return c, err
+	}
+	if c.Outcome.Run() {
+		result, err := fn(ctx, tx)
+		if err != nil {
+			return c, err
+		}
+		if err := s.CompleteTx(ctx, tx, c, result); err != nil {
+			return c, err
+		}
+		c.Record.Result = result
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return c, classify("commit "+req.Key.String(), err)
+	}
+	return c, nil
+}
+
+// LeaseFunc is the work that DoLease runs once per key, outside any
+// transaction of ours (it calls a payment API, say).
+type LeaseFunc func(ctx context.Context) (result []byte, err error)
+
+// DoLease runs fn at most once at a time for req.Key, under a lease, and
+// completes the key when fn succeeds. fn must finish within lease: after it,
+// another worker may take the key over. A failing fn releases the key (the
+// next delivery takes it over at once) and its error is returned. A
+// duplicate does not run fn and carries the stored result.
+//
+// Lease mode is at-least-once for fn's effects if the process dies between
+// fn's success and the commit of Complete: give fn's external call the key as
+// its own idempotency key.
+func (s *Store) DoLease(ctx context.Context, req dedupe.Request, lease time.Duration, fn LeaseFunc) (dedupe.Claim, error) {
+	c, err := s.Acquire(ctx, req, lease)
+	if err != nil || !c.Outcome.Run() {
+		return c, err
+	}
+	result, err := fn(ctx)
+	if err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if rerr := s.Release(rctx, c); rerr != nil {
+			return c, errors.Join(err, fmt.Errorf("pgstore: release after failure: %w", rerr))
+		}
+		return c, err
+	}
+	if err := s.Complete(ctx, c, result); err != nil {
+		return c, err
+	}
+	c.Record.Result = result
+	c.Record.Status = dedupe.StatusCompleted
+	return c, nil
+}
+
+// rollback ends tx if it is still open, even when ctx is cancelled.
+func rollback(ctx context.Context, tx pgx.Tx) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = tx.Rollback(ctx)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,77 @@
+// Package pgstore is the dedupe.Store on Postgres (pgx/v5).
+//
+// # Transactional mode
+//
+// Claim, the handler's writes and completion run in one transaction: the
+// caller's. Do opens it for you:
+//
+//	store, err := pgstore.New(pool, &pgstore.Config{Schema: "ledger"})
+//	...
+//	req := dedupe.Request{Key: key, Fingerprint: dedupe.FingerprintOf(payload)}
+//	claim, err := store.Do(ctx, req, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+//		_, err := tx.Exec(ctx, "UPDATE accounts SET balance = balance + $1 WHERE id = $2", amount, id)
+//		return nil, err
+//	})
+//	// claim.Outcome is dedupe.OutcomeNew or dedupe.OutcomeDuplicate;
+//	// claim.Record.Result is what the first run returned.
+//
+// or, on a transaction of your own, ClaimTx then CompleteTx before Commit.
+//
+// A new key costs one statement before the handler and at most one after it
+// (none when there is no result to store); a duplicate costs one. The claim:
+//
+//	WITH ins AS (
+//	    INSERT INTO exactly_keys AS k (scope, key, fingerprint, status, attempts, source_topic,
+//	                                   source_partition, source_offset, created_at, completed_at,
+//	                                   locked_until, expires_at)
+//	    VALUES ($1, $2, $3, 'COMPLETED', 1, $5, $6, $7, now(), now(), NULL, now() + ttl)
+//	    ON CONFLICT (scope, key) DO NOTHING
+//	    RETURNING true AS inserted, <columns>
+//	)
+//	SELECT *, clock_timestamp() FROM ins
+//	UNION ALL
+//	SELECT false, <columns>, clock_timestamp() FROM exactly_keys WHERE scope = $1 AND key = $2
+//
+// A row with inserted = true means "new": the key is written COMPLETED at
+// once, because nothing outside the transaction can see it before commit and
+// a rollback removes it with the handler's writes. A concurrent claim of the
+// same key waits on the uncommitted row inside INSERT … ON CONFLICT. When it
+// wakes up after a commit, the row is not in its statement's snapshot, so no
+// row comes back and the seed's phase 1b runs:
+//
+//	SELECT false, <columns>, clock_timestamp() FROM exactly_keys WHERE scope = $1 AND key = $2 FOR UPDATE
+//
+// The stored row then goes through dedupe.Decide: same fingerprint is a
+// duplicate (with the stored result), another fingerprint is a
+// *dedupe.KeyReusedError. The result, when there is one, is stored with
+//
+//	UPDATE exactly_keys SET result = $3 WHERE scope = $1 AND key = $2 AND status = 'COMPLETED'
+//
+// Under REPEATABLE READ or SERIALIZABLE the waiting claim fails with a
+// serialisation failure (SQLSTATE 40001) instead; it is marked retryable
+// (dedupe.IsRetryable) and Do runs the transaction again, where it finds the
+// duplicate. The default is READ COMMITTED.
+//
+// # Lease mode
+//
+// For handlers whose effects leave the database, Acquire commits the key as
+// PROCESSING with locked_until = now + lease; Complete and Release are fenced
+// by the attempts count, so a worker whose lease was taken over gets
+// dedupe.ErrLeaseLost instead of overwriting the new owner's state:
+//
+//	UPDATE exactly_keys SET attempts = attempts + 1, locked_until = clock_timestamp() + lease, …
+//	WHERE scope = $1 AND key = $2 AND status = 'PROCESSING' AND attempts = $3
+//	  AND locked_until <= clock_timestamp()
+//
+// DoLease wraps the three.
+//
+// # Retention
+//
+// Keys expire TTL after completion (Config.TTL, 7 days by default: Kafka's
+// default retention). Cleanup deletes expired keys in batches with
+// FOR UPDATE SKIP LOCKED, so it never waits for (or holds up) a claim, and a
+// session advisory lock keeps it to one runner per table.
+//
+// Errors cross this package's boundary wrapped ("pgstore: claim s/k: …");
+// transient ones are marked with dedupe.Retryable.
+package pgstore

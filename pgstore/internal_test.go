@@ -1,0 +1,42 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/pgtest"
+)
+
+// TestCleanupOneRunnerAtATime: while another session holds the table's
+// cleanup lock, Cleanup deletes nothing and says so.
+func TestCleanupOneRunnerAtATime(t *testing.T) {
+	db := pgtest.New(t)
+	s, err := New(db.Pool, &Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, "INSERT INTO "+db.Table("exactly_keys")+
+		" (scope, key, fingerprint, status, expires_at) VALUES ('s', 'k', repeat('a', 64), 'COMPLETED', now() - interval '1 day')"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", s.lockID); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Cleanup(ctx, nil); !errors.Is(err, dedupe.ErrCleanupBusy) || n != 0 {
+		t.Fatalf("Cleanup = %d, %v; want ErrCleanupBusy", n, err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", s.lockID); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Cleanup(ctx, nil); err != nil || n != 1 {
+		t.Fatalf("Cleanup = %d, %v; want 1", n, err)
+	}
+}

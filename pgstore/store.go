@@ -1,0 +1,311 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/sqlident"
+)
+
+// DBTX is what the queries run on: a pool, a connection or a transaction.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Store is the dedupe.Store on Postgres. It is safe for concurrent use.
+type Store struct {
+	pool   *pgxpool.Pool
+	cfg    Config
+	table  string // schema-qualified and quoted
+	q      queries
+	lockID int64
+}
+
+var _ dedupe.Store[pgx.Tx] = (*Store)(nil)
+
+// New returns a Store on pool. cfg may be nil. The table must exist: run
+// migrations.Migrate first (or goose with migrations.FS).
+func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("pgstore: pool is nil")
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	table := sqlident.Qualified(c.Schema, c.Table)
+	h := fnv.New64a()
+	h.Write([]byte("exactly/cleanup/" + c.Schema + "." + c.Table))
+	return &Store{pool: pool, cfg: c, table: table, q: newQueries(table), lockID: int64(h.Sum64())}, nil
+}
+
+// Config returns the store's configuration with defaults filled in.
+func (s *Store) Config() Config { return s.cfg }
+
+// Pool returns the pool the store runs on.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+func micros(d time.Duration) float64 { return float64(d.Microseconds()) }
+
+func (s *Store) ttl(req dedupe.Request) time.Duration {
+	if req.TTL > 0 {
+		return req.TTL
+	}
+	return s.cfg.TTL
+}
+
+// claim runs the claim protocol on db: the one-statement claim, the
+// FOR UPDATE read when the conflicting row was not in the statement's
+// snapshot, the decision table, and a fenced takeover of an expired lease.
+func (s *Store) claim(ctx context.Context, db DBTX, req dedupe.Request, status dedupe.Status, lease time.Duration) (dedupe.Claim, error) {
+	if err := req.Validate(); err != nil {
+		return dedupe.Claim{}, err
+	}
+	var topic *string
+	var partition *int32
+	var offset *int64
+	if req.Source != (dedupe.Source{}) {
+		topic, partition, offset = &req.Source.Topic, &req.Source.Partition, &req.Source.Offset
+	}
+	scope, id := req.Key.Scope, req.Key.ID
+	ttl := micros(s.ttl(req))
+	// A takeover can lose its race to another worker; the loop re-reads and
+	// decides again. A handful of rounds is plenty: each lost round means
+	// another worker made progress.
+	for round := 0; round < 8; round++ {
+		rec, inserted, now, found, err := scanOne(db.QueryRow(ctx, s.q.claim,
+			scope, id, string(req.Fingerprint), string(status), topic, partition, offset, micros(lease), ttl))
+		if err != nil {
+			return dedupe.Claim{}, classify("claim "+req.Key.String(), err)
+		}
+		if !found {
+			rec, _, now, found, err = scanOne(db.QueryRow(ctx, s.q.lock, scope, id))
+			if err != nil {
+				return dedupe.Claim{}, classify("claim "+req.Key.String(), err)
+			}
+			if !found {
+				continue // deleted by cleanup meanwhile: claim again
+			}
+		}
+		if inserted {
+			return dedupe.Claim{Outcome: dedupe.OutcomeNew, Record: rec}, nil
+		}
+		outcome, err := dedupe.Decide(rec, req.Fingerprint, now)
+		if err != nil || outcome == dedupe.OutcomeDuplicate {
+			return dedupe.Claim{Outcome: outcome, Record: rec}, err
+		}
+		rec, _, _, found, err = scanOne(db.QueryRow(ctx, s.q.takeover,
+			scope, id, rec.Attempts, string(status), topic, partition, offset, micros(lease), ttl))
+		if err != nil {
+			return dedupe.Claim{}, classify("take over "+req.Key.String(), err)
+		}
+		if found {
+			return dedupe.Claim{Outcome: dedupe.OutcomeTakeover, Record: rec}, nil
+		}
+	}
+	return dedupe.Claim{}, dedupe.Retryable(fmt.Errorf("pgstore: claim %s: the key kept changing under concurrent claims", req.Key))
+}
+
+// ClaimTx implements dedupe.Store: it claims req.Key in the caller's
+// transaction with one statement (two when it had to wait for a concurrent
+// claim of the same key). The key is written COMPLETED at once: nothing
+// outside tx can see it before tx commits, and a rollback removes it.
+func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, req dedupe.Request) (dedupe.Claim, error) {
+	if tx == nil {
+		return dedupe.Claim{}, errors.New("pgstore: ClaimTx: tx is nil")
+	}
+	return s.claim(ctx, tx, req, dedupe.StatusCompleted, 0)
+}
+
+func (s *Store) checkResult(result []byte) error {
+	if len(result) > s.cfg.MaxResultBytes {
+		return &dedupe.ResultTooLargeError{Size: len(result), Limit: s.cfg.MaxResultBytes}
+	}
+	return nil
+}
+
+// CompleteTx implements dedupe.Store. A nil result costs no statement, since
+// ClaimTx already wrote the key as COMPLETED; a non-nil one costs one UPDATE.
+func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, c dedupe.Claim, result []byte) error {
+	if err := s.checkResult(result); err != nil {
+		return err
+	}
+	if !c.Outcome.Run() {
+		return fmt.Errorf("pgstore: CompleteTx of %s: the claim's outcome is %v, not one that runs the handler", c.Record.Key, c.Outcome)
+	}
+	if result == nil {
+		return nil
+	}
+	tag, err := tx.Exec(ctx, s.q.result, c.Record.Key.Scope, c.Record.Key.ID, result)
+	if err != nil {
+		return classify("complete "+c.Record.Key.String(), err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("pgstore: complete %s: key not claimed in this transaction", c.Record.Key)
+	}
+	return nil
+}
+
+// Acquire implements dedupe.Store: one committed statement claims the key
+// as PROCESSING until now+lease.
+func (s *Store) Acquire(ctx context.Context, req dedupe.Request, lease time.Duration) (dedupe.Claim, error) {
+	if lease <= 0 {
+		return dedupe.Claim{}, fmt.Errorf("pgstore: Acquire: lease is %v: set a positive duration", lease)
+	}
+	return s.claim(ctx, s.pool, req, dedupe.StatusProcessing, lease)
+}
+
+// Complete implements dedupe.Store.
+func (s *Store) Complete(ctx context.Context, c dedupe.Claim, result []byte) error {
+	if err := s.checkResult(result); err != nil {
+		return err
+	}
+	k := c.Record.Key
+	tag, err := s.pool.Exec(ctx, s.q.complete, k.Scope, k.ID, c.Record.Attempts, result, micros(s.cfg.TTL))
+	if err != nil {
+		return classify("complete "+k.String(), err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("pgstore: complete %s (attempt %d): %w", k, c.Record.Attempts, dedupe.ErrLeaseLost)
+	}
+	return nil
+}
+
+// Release implements dedupe.Store.
+func (s *Store) Release(ctx context.Context, c dedupe.Claim) error {
+	k := c.Record.Key
+	tag, err := s.pool.Exec(ctx, s.q.release, k.Scope, k.ID, c.Record.Attempts)
+	if err != nil {
+		return classify("release "+k.String(), err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("pgstore: release %s (attempt %d): %w", k, c.Record.Attempts, dedupe.ErrLeaseLost)
+	}
+	return nil
+}
+
+// Get implements dedupe.Store.
+func (s *Store) Get(ctx context.Context, key dedupe.Key) (dedupe.Record, error) {
+	return s.GetTx(ctx, s.pool, key)
+}
+
+// GetTx is Get on db (a transaction sees its own uncommitted keys).
+func (s *Store) GetTx(ctx context.Context, db DBTX, key dedupe.Key) (dedupe.Record, error) {
+	rec, _, _, found, err := scanOne(db.QueryRow(ctx, s.q.get, key.Scope, key.ID))
+	if err != nil {
+		return dedupe.Record{}, classify("get "+key.String(), err)
+	}
+	if !found {
+		return dedupe.Record{}, fmt.Errorf("pgstore: get %s: %w", key, dedupe.ErrNotFound)
+	}
+	return rec, nil
+}
+
+// Cleanup implements dedupe.Store. Each batch is its own statement and
+// skips rows that a claim holds, so it never makes a claim wait. A session
+// advisory lock keeps it to one runner per table.
+func (s *Store) Cleanup(ctx context.Context, opts *dedupe.CleanupOpts) (int64, error) {
+	batch, maxBatches := 1000, 0
+	if opts != nil {
+		if opts.BatchSize < 0 || opts.MaxBatches < 0 {
+			return 0, fmt.Errorf("pgstore: cleanup: BatchSize %d and MaxBatches %d must not be negative", opts.BatchSize, opts.MaxBatches)
+		}
+		if opts.BatchSize > 0 {
+			batch = opts.BatchSize
+		}
+		maxBatches = opts.MaxBatches
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return 0, classify("cleanup", err)
+	}
+	defer conn.Release()
+	var locked bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", s.lockID).Scan(&locked); err != nil {
+		return 0, classify("cleanup", err)
+	}
+	if !locked {
+		return 0, fmt.Errorf("pgstore: cleanup %s: %w", s.table, dedupe.ErrCleanupBusy)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", s.lockID); err != nil {
+			// Never hand a connection that may still hold the lock back to the pool.
+			_ = conn.Conn().Close(ctx)
+		}
+	}()
+	var total int64
+	for n := 0; maxBatches == 0 || n < maxBatches; n++ {
+		tag, err := conn.Exec(ctx, s.q.cleanup, batch)
+		if err != nil {
+			return total, classify("cleanup", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batch) {
+			break
+		}
+	}
+	return total, nil
+}
+
+// Stats implements dedupe.Store. It counts the whole table: run it on a
+// metrics interval, not per message.
+func (s *Store) Stats(ctx context.Context) (dedupe.Stats, error) {
+	var st dedupe.Stats
+	var oldest *time.Time
+	err := s.pool.QueryRow(ctx, s.q.stats, s.table).Scan(&st.Processing, &st.Completed, &st.Expired, &oldest, &st.TableBytes)
+	if err != nil {
+		return st, classify("stats", err)
+	}
+	if oldest != nil {
+		st.Oldest = *oldest
+	}
+	return st, nil
+}
+
+// scanOne reads one row of (inserted, cols..., clock_timestamp()).
+func scanOne(row pgx.Row) (rec dedupe.Record, inserted bool, now time.Time, found bool, err error) {
+	var (
+		fp, status          string
+		topic               *string
+		partition           *int32
+		offset              *int64
+		completed, lockedTo *time.Time
+	)
+	err = row.Scan(&inserted, &rec.Key.Scope, &rec.Key.ID, &fp, &status, &rec.Result, &rec.Attempts,
+		&topic, &partition, &offset, &rec.CreatedAt, &completed, &lockedTo, &rec.ExpiresAt, &now)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return rec, false, now, false, nil
+	}
+	if err != nil {
+		return rec, false, now, false, err
+	}
+	rec.Fingerprint, rec.Status = dedupe.Fingerprint(fp), dedupe.Status(status)
+	if topic != nil {
+		rec.Source.Topic = *topic
+	}
+	if partition != nil {
+		rec.Source.Partition = *partition
+	}
+	if offset != nil {
+		rec.Source.Offset = *offset
+	}
+	if completed != nil {
+		rec.CompletedAt = *completed
+	}
+	if lockedTo != nil {
+		rec.LockedUntil = *lockedTo
+	}
+	return rec, inserted, now, true, nil
+}

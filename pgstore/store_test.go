@@ -1,0 +1,385 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/dedupe/dedupetest"
+	"github.com/exactly-go/exactly/internal/pgtest"
+	"github.com/exactly-go/exactly/pgstore"
+)
+
+// newStore returns a Store in a fresh schema with an "applied" table that
+// counts each key's committed applications.
+func newStore(t testing.TB, cfg *pgstore.Config) (*pgstore.Store, *pgtest.DB) {
+	t.Helper()
+	db := pgtest.New(t)
+	var c pgstore.Config
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Schema = db.Schema
+	s, err := pgstore.New(db.Pool, &c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(context.Background(),
+		"CREATE TABLE "+db.Table("applied")+" (id text PRIMARY KEY, n int NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	return s, db
+}
+
+func apply(ctx context.Context, db *pgtest.DB, tx pgx.Tx, id string) error {
+	_, err := tx.Exec(ctx, "INSERT INTO "+db.Table("applied")+" (id, n) VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET n = "+db.Table("applied")+".n + 1", id)
+	return err
+}
+
+func applied(ctx context.Context, db *pgtest.DB, id string) (int, error) {
+	var n int
+	err := db.Pool.QueryRow(ctx, "SELECT coalesce((SELECT n FROM "+db.Table("applied")+" WHERE id = $1), 0)", id).Scan(&n)
+	return n, err
+}
+
+func TestConformance(t *testing.T) {
+	dedupetest.Exercise(t, func(t *testing.T) dedupetest.Harness[pgx.Tx] {
+		s, db := newStore(t, &pgstore.Config{MaxResultBytes: 4096})
+		return dedupetest.Harness[pgx.Tx]{
+			Store:          s,
+			Begin:          func(ctx context.Context) (pgx.Tx, error) { return db.Pool.Begin(ctx) },
+			Commit:         func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
+			Rollback:       func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
+			Apply:          func(ctx context.Context, tx pgx.Tx, id string) error { return apply(ctx, db, tx, id) },
+			Applied:        func(ctx context.Context, id string) (int, error) { return applied(ctx, db, id) },
+			MaxResultBytes: 4096,
+		}
+	})
+}
+
+func TestConfigRejectsBadIdentifiers(t *testing.T) {
+	for _, cfg := range []pgstore.Config{
+		{Table: "x; DROP TABLE y"},
+		{Schema: `public"."x`},
+		{Table: "1abc"},
+		{Schema: strings.Repeat("s", 64)},
+	} {
+		_, err := pgstore.New(&pgxpool.Pool{}, &cfg)
+		if err == nil || !strings.Contains(err.Error(), "not a valid identifier") {
+			t.Errorf("New(%+v) err = %v, want a clear identifier error", cfg, err)
+		}
+	}
+	for _, cfg := range []pgstore.Config{{TTL: -time.Second}, {MaxTxAttempts: -1}, {IsoLevel: "chaos"}} {
+		if _, err := pgstore.New(&pgxpool.Pool{}, &cfg); err == nil || !strings.Contains(err.Error(), "Config.") {
+			t.Errorf("New(%+v) err = %v, want an error naming the field", cfg, err)
+		}
+	}
+	if _, err := pgstore.New(nil, nil); err == nil {
+		t.Error("New(nil pool) succeeded")
+	}
+}
+
+// TestSchemaIsHonoured: the store finds its table only through the
+// configured schema (the test pool's search_path is pg_catalog).
+func TestSchemaIsHonoured(t *testing.T) {
+	db := pgtest.New(t)
+	s, err := pgstore.New(db.Pool, nil) // Schema defaults to public: no table there
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Do(context.Background(), dedupetest.Req("s", "id", "p"), func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil })
+	if err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("err = %v, want the missing public table", err)
+	}
+	other := pgtest.NewEmpty(t)
+	s2, _ := pgstore.New(db.Pool, &pgstore.Config{Schema: other.Schema})
+	if _, err := s2.Get(context.Background(), dedupe.Key{Scope: "s", ID: "x"}); err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("unmigrated schema err = %v", err)
+	}
+}
+
+// countingTracer counts the statements sent on a pool.
+type countingTracer struct{ n atomic.Int64 }
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestRoundTrips checks the round-trip budget: a new message costs one
+// statement before the handler and at most one after; a duplicate costs one.
+func TestRoundTrips(t *testing.T) {
+	db := pgtest.New(t)
+	u, _ := pgtest.URL()
+	cfg, err := pgtest.Config(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tracer := &countingTracer{}
+	cfg.ConnConfig.Tracer = tracer
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s, _ := pgstore.New(pool, &pgstore.Config{Schema: db.Schema})
+	ctx := context.Background()
+	count := func(req dedupe.Request, result []byte) (claim, complete int64, outcome dedupe.Outcome) {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		before := tracer.n.Load()
+		c, err := s.ClaimTx(ctx, tx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		claim = tracer.n.Load() - before
+		if c.Outcome.Run() {
+			before = tracer.n.Load()
+			if err := s.CompleteTx(ctx, tx, c, result); err != nil {
+				t.Fatal(err)
+			}
+			complete = tracer.n.Load() - before
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return claim, complete, c.Outcome
+	}
+	if c, d, o := count(dedupetest.Req("s", "a", "p"), nil); c != 1 || d != 0 || o != dedupe.OutcomeNew {
+		t.Errorf("new, no result: %d + %d statements (%v), want 1 + 0", c, d, o)
+	}
+	if c, d, o := count(dedupetest.Req("s", "b", "p"), []byte("r")); c != 1 || d != 1 || o != dedupe.OutcomeNew {
+		t.Errorf("new with result: %d + %d statements (%v), want 1 + 1", c, d, o)
+	}
+	if c, d, o := count(dedupetest.Req("s", "b", "p"), nil); c != 1 || d != 0 || o != dedupe.OutcomeDuplicate {
+		t.Errorf("duplicate: %d statements (%v), want 1", c, o)
+	}
+}
+
+// TestRepeatableReadSerializationFailureIsRetryable: a caller in REPEATABLE
+// READ whose claim waited for a concurrent claim of the same key gets a
+// serialisation failure, classified retryable; Do retries it into a duplicate.
+func TestRepeatableReadSerializationFailureIsRetryable(t *testing.T) {
+	s, db := newStore(t, &pgstore.Config{IsoLevel: pgx.RepeatableRead})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req := dedupetest.Req("s", "k", "p")
+
+	first, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback(ctx)
+	if _, err := s.ClaimTx(ctx, first, req); err != nil {
+		t.Fatal(err)
+	}
+	second, err := db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Rollback(ctx)
+	if _, err := second.Exec(ctx, "SELECT 1"); err != nil { // take the snapshot now
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { _, err := s.ClaimTx(ctx, second, req); errc <- err }()
+	// Give the second claim time to block on the first's uncommitted key.
+	time.Sleep(100 * time.Millisecond)
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = <-errc
+	if !dedupe.IsRetryable(err) || !pgstore.IsRetryableError(err) {
+		t.Fatalf("err = %v, want a retryable serialisation failure", err)
+	}
+	if !strings.Contains(err.Error(), "40001") {
+		t.Fatalf("err = %v, want SQLSTATE 40001", err)
+	}
+
+	// Do at REPEATABLE READ: 8 workers on one key, exactly one applies.
+	var wg sync.WaitGroup
+	var dup atomic.Int64
+	req2 := dedupetest.Req("s", "k2", "p")
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := s.Do(ctx, req2, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+				return []byte("r"), apply(ctx, db, tx, req2.Key.String())
+			})
+			if err != nil {
+				t.Error(err)
+			}
+			if c.Outcome == dedupe.OutcomeDuplicate {
+				dup.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if n, _ := applied(ctx, db, req2.Key.String()); n != 1 || dup.Load() != 7 {
+		t.Fatalf("applied %d times, %d duplicates; want 1 and 7", n, dup.Load())
+	}
+}
+
+func TestDo(t *testing.T) {
+	s, db := newStore(t, nil)
+	ctx := context.Background()
+	req := dedupetest.Req("s", "k", `{"a":1}`)
+	boom := errors.New("boom")
+	_, err := s.Do(ctx, req, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		if err := apply(ctx, db, tx, "k"); err != nil {
+			return nil, err
+		}
+		return nil, boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("err = %v, want the handler's error", err)
+	}
+	if n, _ := applied(ctx, db, "k"); n != 0 {
+		t.Fatalf("failed handler's write committed: %d", n)
+	}
+	for i := 0; i < 3; i++ {
+		c, err := s.Do(ctx, req, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+			return []byte("result"), apply(ctx, db, tx, "k")
+		})
+		if err != nil || string(c.Record.Result) != "result" {
+			t.Fatalf("Do %d: %q %v", i, c.Record.Result, err)
+		}
+	}
+	if n, _ := applied(ctx, db, "k"); n != 1 {
+		t.Fatalf("applied %d times, want 1", n)
+	}
+	// A handler statement that hits a deadlock-class error is retried.
+	var calls atomic.Int64
+	c, err := s.Do(ctx, dedupetest.Req("s", "retry", "p"), func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		if calls.Add(1) == 1 {
+			_, err := tx.Exec(ctx, "DO $$ BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = '40P01'; END $$")
+			return nil, err
+		}
+		return nil, apply(ctx, db, tx, "retry")
+	})
+	if err != nil || c.Outcome != dedupe.OutcomeNew || calls.Load() != 2 {
+		t.Fatalf("deadlock retry: %v %v calls=%d", c.Outcome, err, calls.Load())
+	}
+}
+
+func TestDoLease(t *testing.T) {
+	s, _ := newStore(t, nil)
+	ctx := context.Background()
+	req := dedupetest.Req("payments", "p-1", "p")
+	var calls atomic.Int64
+	fail := errors.New("payment API down")
+	_, err := s.DoLease(ctx, req, time.Minute, func(context.Context) ([]byte, error) { calls.Add(1); return nil, fail })
+	if !errors.Is(err, fail) {
+		t.Fatal(err)
+	}
+	c, err := s.DoLease(ctx, req, time.Minute, func(context.Context) ([]byte, error) { calls.Add(1); return []byte("paid"), nil })
+	if err != nil || c.Outcome != dedupe.OutcomeTakeover || c.Record.Attempts != 2 {
+		t.Fatalf("after release: %v attempts %d %v", c.Outcome, c.Record.Attempts, err)
+	}
+	c, err = s.DoLease(ctx, req, time.Minute, func(context.Context) ([]byte, error) { calls.Add(1); return nil, nil })
+	if err != nil || c.Outcome != dedupe.OutcomeDuplicate || string(c.Record.Result) != "paid" || calls.Load() != 2 {
+		t.Fatalf("duplicate: %v %q %v calls=%d", c.Outcome, c.Record.Result, err, calls.Load())
+	}
+}
+
+func TestClosedPoolAndCancelledContext(t *testing.T) {
+	db := pgtest.New(t)
+	u, _ := pgtest.URL()
+	cfg, _ := pgtest.Config(u)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := pgstore.New(pool, &pgstore.Config{Schema: db.Schema})
+	pool.Close()
+	ctx := context.Background()
+	_, err = s.Do(ctx, dedupetest.Req("s", "k", "p"), func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil })
+	if err == nil || !strings.Contains(err.Error(), "pgstore: begin") || !strings.Contains(err.Error(), "closed") {
+		t.Fatalf("closed pool err = %v", err)
+	}
+	if _, err := s.Acquire(ctx, dedupetest.Req("s", "k", "p"), time.Minute); err == nil || !strings.HasPrefix(err.Error(), "pgstore: ") {
+		t.Fatalf("closed pool Acquire err = %v", err)
+	}
+
+	s2, _ := newStore(t, nil)
+	cctx, cancel := context.WithCancel(ctx)
+	var ran bool
+	_, err = s2.Do(cctx, dedupetest.Req("s", "k", "p"), func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		ran = true
+		cancel()
+		return nil, ctx.Err()
+	})
+	if !errors.Is(err, context.Canceled) || !ran {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	if _, err := s2.Get(ctx, dedupe.Key{Scope: "s", ID: "k"}); !errors.Is(err, dedupe.ErrNotFound) {
+		t.Fatalf("cancelled run left a key: %v", err)
+	}
+}
+
+// TestCleanupDoesNotHoldUpClaims: cleanup skips rows a claim holds and never
+// makes a claim wait; claims of fresh keys run while a large cleanup deletes.
+func TestCleanupDoesNotHoldUpClaims(t *testing.T) {
+	s, db := newStore(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const expired = 20000
+	if _, err := db.Pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (scope, key, fingerprint, status, expires_at)
+		SELECT 's', 'old-' || g, repeat('a', 64), 'COMPLETED', now() - interval '1 hour' FROM generate_series(1, %d) g`,
+		db.Table("exactly_keys"), expired)); err != nil {
+		t.Fatal(err)
+	}
+	// A transaction holds one expired key (a redelivery of it is being decided).
+	holder, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, "SELECT 1 FROM "+db.Table("exactly_keys")+" WHERE scope='s' AND key='old-7' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var deleted int64
+	var cleanErr error
+	go func() {
+		defer close(done)
+		deleted, cleanErr = s.Cleanup(ctx, &dedupe.CleanupOpts{BatchSize: 500})
+	}()
+	// Claims of new keys go on while cleanup runs.
+	for i := 0; i < 50; i++ {
+		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := s.Do(cctx, dedupetest.Req("s", fmt.Sprint("new-", i), "p"), func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+			return nil, apply(ctx, db, tx, fmt.Sprint("new-", i))
+		})
+		ccancel()
+		if err != nil {
+			t.Fatalf("claim during cleanup: %v", err)
+		}
+	}
+	<-done
+	if cleanErr != nil || deleted != expired-1 {
+		t.Fatalf("Cleanup = %d, %v; want %d (all but the held key)", deleted, cleanErr, expired-1)
+	}
+	if _, err := s.Get(ctx, dedupe.Key{Scope: "s", ID: "old-7"}); err != nil {
+		t.Fatalf("held key: %v", err)
+	}
+	st, err := s.Stats(ctx)
+	if err != nil || st.Completed != 51 || st.TableBytes <= 0 {
+		t.Fatalf("stats %+v %v", st, err)
+	}
+}
