@@ -1,0 +1,243 @@
+// Package kafkatest gives tests a Kafka broker, unique topics and groups.
+//
+// The broker comes from TEST_KAFKA_BROKERS, then KAFKA_BROKERS, then a
+// testcontainers-go Kafka when a Docker engine answers, then a broker already
+// running on 127.0.0.1:9092 (scripts/kafka.sh start), and last an in-process
+// broker (franz-go's kfake), so `go test ./...` runs on a laptop with nothing
+// installed. With CI=true the in-process broker is not allowed: CI tests
+// against a real Apache Kafka broker, and a missing one fails the test.
+package kafkatest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/exactly-go/exactly/internal/testenv"
+)
+
+// LocalAddr is where a broker started by scripts/kafka.sh listens.
+const LocalAddr = "127.0.0.1:9092"
+
+// Image is the Kafka image used with testcontainers; it matches the version
+// in docker-compose.yml and scripts/kafka/pom.xml.
+const Image = "apache/kafka:4.1.1"
+
+// Kind says where the broker came from.
+type Kind string
+
+const (
+	KindEnv       Kind = "env"
+	KindContainer Kind = "testcontainers"
+	KindLocal     Kind = "local"
+	KindInProcess Kind = "in-process"
+)
+
+// Broker is the resolved broker.
+type Broker struct {
+	Addrs []string
+	Kind  Kind
+}
+
+var broker struct {
+	once sync.Once
+	b    Broker
+	err  error
+}
+
+// Resolve finds the broker once per process.
+func Resolve() (Broker, error) {
+	broker.once.Do(func() { broker.b, broker.err = resolve() })
+	return broker.b, broker.err
+}
+
+func resolve() (Broker, error) {
+	for _, env := range []string{"TEST_KAFKA_BROKERS", "KAFKA_BROKERS"} {
+		if v := os.Getenv(env); v != "" {
+			addrs := strings.Split(v, ",")
+			if err := dial(addrs[0]); err != nil {
+				return Broker{}, fmt.Errorf("%s is set but no broker answers at %s: %w", env, addrs[0], err)
+			}
+			return Broker{Addrs: addrs, Kind: KindEnv}, nil
+		}
+	}
+	var reasons []string
+	if ok, why := testenv.DockerAvailable(); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		c, err := tckafka.Run(ctx, Image, tckafka.WithClusterID("exactly-test"))
+		if err == nil {
+			addrs, err := c.Brokers(ctx)
+			if err == nil {
+				return Broker{Addrs: addrs, Kind: KindContainer}, nil
+			}
+		}
+		reasons = append(reasons, fmt.Sprintf("testcontainers: %v", err))
+	} else {
+		reasons = append(reasons, fmt.Sprintf("no Docker engine for testcontainers (%v)", why))
+	}
+	if err := dial(LocalAddr); err == nil {
+		return Broker{Addrs: []string{LocalAddr}, Kind: KindLocal}, nil
+	}
+	reasons = append(reasons, "no broker on "+LocalAddr+" (scripts/kafka.sh start)")
+	if testenv.CI() {
+		return Broker{}, fmt.Errorf("no real Kafka broker and the in-process one is not allowed under CI: %s", strings.Join(reasons, "; "))
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(),
+		kfake.GroupMinSessionTimeout(time.Second))
+	if err != nil {
+		return Broker{}, fmt.Errorf("in-process broker: %w (and %s)", err, strings.Join(reasons, "; "))
+	}
+	return Broker{Addrs: c.ListenAddrs(), Kind: KindInProcess}, nil
+}
+
+func dial(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+// Brokers returns the broker addresses, skipping t (failing under CI)
+// when there is none.
+func Brokers(t testing.TB) []string {
+	t.Helper()
+	b, err := Resolve()
+	if err != nil {
+		testenv.Missing(t, "%v", err)
+	}
+	return b.Addrs
+}
+
+// RequireReal skips t on the in-process broker, for tests of behaviour that
+// only a real broker has.
+func RequireReal(t testing.TB) {
+	t.Helper()
+	Brokers(t)
+	if b, _ := Resolve(); b.Kind == KindInProcess {
+		t.Skip("needs a real Kafka broker (scripts/kafka.sh start, or TEST_KAFKA_BROKERS)")
+	}
+}
+
+// Name returns a unique name with prefix, for topics and groups.
+func Name(prefix string) string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	return prefix + "-" + hex.EncodeToString(b)
+}
+
+// Client returns a kafka-go admin client for the broker.
+func Client(t testing.TB) *kafka.Client {
+	t.Helper()
+	return &kafka.Client{Addr: kafka.TCP(Brokers(t)...), Timeout: 10 * time.Second}
+}
+
+// Topic creates a unique topic with n partitions, waits until every
+// partition has a leader, and deletes it when t ends.
+func Topic(t testing.TB, n int) string {
+	t.Helper()
+	name := Name("t")
+	CreateTopic(t, name, n)
+	return name
+}
+
+// CreateTopic creates topic with n partitions and waits until it serves.
+func CreateTopic(t testing.TB, topic string, n int) {
+	t.Helper()
+	c := Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := c.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
+		Topic: topic, NumPartitions: n, ReplicationFactor: 1,
+	}}})
+	if err != nil {
+		t.Fatalf("kafkatest: create topic %s: %v", topic, err)
+	}
+	if err := res.Errors[topic]; err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+		t.Fatalf("kafkatest: create topic %s: %v", topic, err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "topic "+topic+" to have leaders", func() bool {
+		md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+		if err != nil || len(md.Topics) != 1 || md.Topics[0].Error != nil || len(md.Topics[0].Partitions) != n {
+			return false
+		}
+		for _, p := range md.Topics[0].Partitions {
+			if p.Error != nil || p.Leader.Host == "" {
+				return false
+			}
+		}
+		return true
+	})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = c.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}})
+	})
+}
+
+// CommittedOffsets returns the group's committed offset per partition of
+// topic (partitions without a commit are absent).
+func CommittedOffsets(t testing.TB, group, topic string, partitions int) map[int]int64 {
+	t.Helper()
+	c := Client(t)
+	ps := make([]int, partitions)
+	for i := range ps {
+		ps[i] = i
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := c.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: ps}})
+	if err != nil {
+		t.Fatalf("kafkatest: offset fetch: %v", err)
+	}
+	if res.Error != nil {
+		t.Fatalf("kafkatest: offset fetch: %v", res.Error)
+	}
+	out := map[int]int64{}
+	for _, p := range res.Topics[topic] {
+		if p.Error != nil {
+			t.Fatalf("kafkatest: offset fetch %s/%d: %v", topic, p.Partition, p.Error)
+		}
+		if p.CommittedOffset >= 0 {
+			out[p.Partition] = p.CommittedOffset
+		}
+	}
+	return out
+}
+
+// EndOffsets returns the log-end offset of each partition of topic.
+func EndOffsets(t testing.TB, topic string, partitions int) map[int]int64 {
+	t.Helper()
+	c := Client(t)
+	req := make([]kafka.OffsetRequest, partitions)
+	for i := range req {
+		req[i] = kafka.LastOffsetOf(i)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := c.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: req}})
+	if err != nil {
+		t.Fatalf("kafkatest: list offsets: %v", err)
+	}
+	out := map[int]int64{}
+	for _, p := range res.Topics[topic] {
+		if p.Error != nil {
+			t.Fatalf("kafkatest: list offsets %s/%d: %v", topic, p.Partition, p.Error)
+		}
+		out[p.Partition] = p.LastOffset
+	}
+	return out
+}

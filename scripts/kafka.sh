@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Runs a real Apache Kafka broker (single-node KRaft: broker + controller in
+# one JVM) on 127.0.0.1 for tests, CI and the demo, without Docker.
+#
+#   scripts/kafka.sh start    fetch (once), format and start; wait until it serves
+#   scripts/kafka.sh stop     stop it cleanly and remove its data
+#   scripts/kafka.sh status
+#   scripts/kafka.sh log      the broker's log
+#
+# The broker and its dependencies come from Maven Central through
+# scripts/kafka/pom.xml (KAFKA_VERSION there) and are cached in
+# ${XDG_CACHE_HOME:-~/.cache}/exactly/kafka-<version>, so later starts are
+# instant. Nothing downloaded is committed. Needs Java 17+ and Maven.
+#
+# Environment: KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093),
+# KAFKA_HEAP (512m), KAFKA_START_TIMEOUT seconds (60).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+pom="$here/kafka/pom.xml"
+version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$pom")
+port=${KAFKA_PORT:-9092}
+cport=${KAFKA_CONTROLLER_PORT:-9093}
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/exactly/kafka-$version
+run=${KAFKA_RUN_DIR:-${TMPDIR:-/tmp}/exactly-kafka-$port}
+pidfile=$run/broker.pid
+logfile=$run/broker.log
+timeout=${KAFKA_START_TIMEOUT:-60}
+
+die() { echo "kafka.sh: $*" >&2; exit 1; }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
+
+fetch() {
+	[ -f "$cache/.complete" ] && return 0
+	command -v java >/dev/null || die "Java is not installed: Kafka $version needs Java 17 or newer (apt-get install openjdk-17-jre-headless)"
+	command -v mvn >/dev/null || die "Maven is not installed: it fetches Kafka $version from Maven Central (apt-get install maven)"
+	echo "kafka.sh: fetching Kafka $version from Maven Central into $cache" >&2
+	rm -rf "$cache.tmp"
+	mvn -q -B -f "$pom" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$cache.tmp/libs" >&2 ||
+		die "could not fetch Kafka $version with Maven (see the output above)"
+	rm -rf "$cache"
+	mv "$cache.tmp" "$cache"
+	touch "$cache/.complete"
+}
+
+javacheck() {
+	local v
+	v=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1)
+	[ -n "$v" ] && [ "$v" -ge 17 ] || die "Kafka $version needs Java 17 or newer; found: $(java -version 2>&1 | head -1)"
+}
+
+start() {
+	if running; then
+		echo "kafka.sh: Kafka $version already running on 127.0.0.1:$port (pid $(cat "$pidfile"))" >&2
+		echo "127.0.0.1:$port"
+		return 0
+	fi
+	for p in "$port" "$cport"; do
+		port_open "$p" && die "port $p is taken by another process (ss -ltnp 'sport = :$p'); stop it or set KAFKA_PORT / KAFKA_CONTROLLER_PORT"
+	done
+	command -v java >/dev/null || die "Java is not installed: Kafka $version needs Java 17 or newer (apt-get install openjdk-17-jre-headless)"
+	javacheck
+	fetch
+	rm -rf "$run"
+	mkdir -p "$run/data"
+	sed -e "s#@DATA@#$run/data#" -e "s#@PORT@#$port#g" -e "s#@CONTROLLER_PORT@#$cport#g" \
+		"$here/kafka/server.properties" >"$run/server.properties"
+	local cp="$cache/libs/*"
+	local id
+	id=$(java -cp "$cp" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)
+	[ -n "$id" ] || die "could not run Kafka's storage tool (java -cp '$cp' kafka.tools.StorageTool)"
+	java -cp "$cp" -Dlog4j2.configurationFile="$here/kafka/log4j2.properties" \
+		kafka.tools.StorageTool format -t "$id" -c "$run/server.properties" >"$run/format.log" 2>&1 ||
+		{ cat "$run/format.log" >&2; die "formatting the storage failed"; }
+	nohup java -Xms${KAFKA_HEAP:-512m} -Xmx${KAFKA_HEAP:-512m} -XX:+UseG1GC -Djava.awt.headless=true \
+		-Dlog4j2.configurationFile="$here/kafka/log4j2.properties" \
+		-cp "$cp" kafka.Kafka "$run/server.properties" >"$logfile" 2>&1 </dev/null &
+	echo $! >"$pidfile"
+	local deadline=$((SECONDS + timeout))
+	until grep -q "Kafka Server started" "$logfile" 2>/dev/null && port_open "$port"; do
+		if ! running; then
+			tail -40 "$logfile" >&2
+			die "the broker exited during start-up (log above, full log in $logfile)"
+		fi
+		if [ $SECONDS -ge $deadline ]; then
+			tail -40 "$logfile" >&2
+			stop >/dev/null 2>&1 || true
+			die "the broker did not start within ${timeout}s (log above)"
+		fi
+		sleep 0.5
+	done
+	echo "kafka.sh: Kafka $version up on 127.0.0.1:$port (pid $(cat "$pidfile"), log $logfile)" >&2
+	echo "127.0.0.1:$port"
+}
+
+stop() {
+	if ! running; then
+		echo "kafka.sh: not running" >&2
+		rm -rf "$run"
+		return 0
+	fi
+	local pid
+	pid=$(cat "$pidfile")
+	kill -TERM "$pid"
+	for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+	if kill -0 "$pid" 2>/dev/null; then
+		echo "kafka.sh: broker did not stop in 30s; killing it" >&2
+		kill -KILL "$pid" 2>/dev/null || true
+	fi
+	rm -rf "$run"
+	echo "kafka.sh: stopped" >&2
+}
+
+case "${1:-}" in
+start) start ;;
+stop) stop ;;
+status) if running; then echo "kafka: Kafka $version up on 127.0.0.1:$port (pid $(cat "$pidfile"))"; else echo "kafka: down"; exit 1; fi ;;
+log) cat "$logfile" ;;
+fetch) fetch ;;
+*) echo "usage: $0 start|stop|status|log|fetch" >&2; exit 2 ;;
+esac
