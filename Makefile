@@ -1,0 +1,38 @@
+# Common tasks. `make test` is what CI runs (see .ci/run).
+GO ?= go
+PKGS ?= ./...
+
+.PHONY: test test-short bench lint services services-stop up down
+
+# The whole suite against real Postgres and Kafka, with the race detector.
+# Services come from TEST_DATABASE_URL / TEST_KAFKA_BROKERS, testcontainers
+# when Docker runs, local servers (make services), or an in-process broker.
+test:
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+test-short:
+	$(GO) test -short -count=1 $(PKGS)
+
+# Side-by-side benchmarks; see README "Performance".
+bench:
+	$(GO) test -run '^$$' -bench . -count 5 -benchtime 2s ./pgstore
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+# Local servers without Docker: the machine's Postgres and a real Kafka
+# broker fetched from Maven Central.
+services:
+	scripts/postgres.sh start
+	scripts/kafka.sh start
+
+services-stop:
+	-scripts/kafka.sh stop
+
+# With Docker: the same server versions from docker-compose.yml.
+up:
+	docker compose up -d --wait postgres kafka
+
+down:
+	docker compose down -v
