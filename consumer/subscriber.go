@@ -1,0 +1,471 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/segmentio/kafka-go"
+)
+
+// StartOffset says where a consumer group with no committed offset starts.
+type StartOffset int64
+
+const (
+	// StartFirst starts at the oldest record still in the log.
+	StartFirst StartOffset = StartOffset(kafka.FirstOffset)
+	// StartLast starts after the newest record: only new records.
+	StartLast StartOffset = StartOffset(kafka.LastOffset)
+)
+
+// SubscriberConfig configures a Subscriber.
+type SubscriberConfig struct {
+	// Brokers to bootstrap from. Required.
+	Brokers []string
+	// ConsumerGroup is the Kafka consumer group. With a group, partitions
+	// are shared among the group's members and acked offsets are committed.
+	// Without one, each Subscribe reads every partition from StartOffset and
+	// commits nothing. Defaults to no group.
+	ConsumerGroup string
+	// StartOffset is where a group with no committed offset (or a
+	// subscription without a group) starts. Defaults to StartFirst.
+	StartOffset StartOffset
+	// NackBackoff is the first pause before a nacked message is delivered
+	// again; it doubles on each nack of the same message up to
+	// MaxNackBackoff. Defaults to 100ms and 5s.
+	NackBackoff, MaxNackBackoff time.Duration
+	// CommitInterval is how often acked offsets are committed; a negative
+	// value commits after every ack. Offsets are also committed when a
+	// partition is revoked and on Close. Defaults to 200ms.
+	CommitInterval time.Duration
+	// DrainTimeout bounds how long a revoked partition (rebalance or Close)
+	// waits for its in-flight message to be acked before giving it up; a
+	// message given up is delivered again to the partition's next owner.
+	// Keep it below RebalanceTimeout. Defaults to 10s.
+	DrainTimeout time.Duration
+	// SessionTimeout, RebalanceTimeout and HeartbeatInterval tune group
+	// membership. Default to 10s, 30s and 1s.
+	SessionTimeout, RebalanceTimeout, HeartbeatInterval time.Duration
+	// MaxWait bounds a fetch's wait for new records. Defaults to 250ms.
+	MaxWait time.Duration
+	// MaxBytes bounds one fetch response per partition. Defaults to 10 MiB.
+	MaxBytes int
+	// Security holds TLS and SASL settings. Defaults to plain TCP.
+	Security Security
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *SubscriberConfig) withDefaults() (SubscriberConfig, error) {
+	var o SubscriberConfig
+	if c != nil {
+		o = *c
+	}
+	if len(o.Brokers) == 0 {
+		return o, errors.New("consumer: SubscriberConfig.Brokers is empty: set the Kafka bootstrap addresses")
+	}
+	if o.StartOffset == 0 {
+		o.StartOffset = StartFirst
+	}
+	if o.StartOffset != StartFirst && o.StartOffset != StartLast {
+		return o, fmt.Errorf("consumer: SubscriberConfig.StartOffset is %d: use StartFirst or StartLast", o.StartOffset)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&o.NackBackoff, 100*time.Millisecond)
+	def(&o.MaxNackBackoff, 5*time.Second)
+	def(&o.DrainTimeout, 10*time.Second)
+	def(&o.SessionTimeout, 10*time.Second)
+	def(&o.RebalanceTimeout, 30*time.Second)
+	def(&o.HeartbeatInterval, time.Second)
+	def(&o.MaxWait, 250*time.Millisecond)
+	def(&o.CommitInterval, 200*time.Millisecond)
+	if o.MaxBytes == 0 {
+		o.MaxBytes = 10 << 20
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	for name, d := range map[string]time.Duration{"NackBackoff": o.NackBackoff, "MaxNackBackoff": o.MaxNackBackoff,
+		"DrainTimeout": o.DrainTimeout, "SessionTimeout": o.SessionTimeout, "RebalanceTimeout": o.RebalanceTimeout,
+		"HeartbeatInterval": o.HeartbeatInterval, "MaxWait": o.MaxWait} {
+		if d < 0 {
+			return o, fmt.Errorf("consumer: SubscriberConfig.%s is %v: set a positive duration", name, d)
+		}
+	}
+	return o, nil
+}
+
+// Subscriber is a Watermill subscriber on segmentio/kafka-go.
+//
+// With a consumer group it uses kafka-go's low-level ConsumerGroup and
+// Generation API: each assigned partition is read by its own goroutine,
+// strictly in order, one message in flight at a time, while partitions run
+// concurrently. Ack lets the partition's offset advance past the message;
+// Nack delivers the same message again after a back-off, never skipping it.
+// Offsets are committed with the generation that fetched the messages, so a
+// commit never crosses a rebalance: when a generation ends, each partition
+// stops fetching, waits (up to DrainTimeout) for its in-flight message,
+// commits, and only then does the group rejoin.
+type Subscriber struct {
+	cfg     SubscriberConfig
+	closing chan struct{}
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	closed  bool
+}
+
+var _ message.Subscriber = (*Subscriber)(nil)
+
+// NewSubscriber returns a Subscriber. cfg is required for its Brokers.
+func NewSubscriber(cfg *SubscriberConfig) (*Subscriber, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Subscriber{cfg: c, closing: make(chan struct{})}, nil
+}
+
+// ErrSubscriberClosed is returned by Subscribe after Close.
+var ErrSubscriberClosed = errors.New("consumer: subscriber closed")
+
+// Subscribe starts consuming topic. The channel closes when ctx is done or
+// the Subscriber is closed, after in-flight messages have drained.
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if topic == "" {
+		return nil, errors.New("consumer: Subscribe: topic is empty")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrSubscriberClosed
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	out := make(chan *message.Message)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer close(out)
+		defer cancel()
+		go func() {
+			select {
+			case <-s.closing:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		if s.cfg.ConsumerGroup != "" {
+			s.runGroup(ctx, topic, out)
+		} else {
+			s.runWithoutGroup(ctx, topic, out)
+		}
+	}()
+	return out, nil
+}
+
+// Close stops every subscription, waits for in-flight messages to drain
+// (up to DrainTimeout), commits and leaves the group. It is idempotent.
+func (s *Subscriber) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.closing)
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
+}
+
+func (s *Subscriber) log() *slog.Logger { return s.cfg.Logger }
+
+func (s *Subscriber) runGroup(ctx context.Context, topic string, out chan<- *message.Message) {
+	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
+		ID:                    s.cfg.ConsumerGroup,
+		Brokers:               s.cfg.Brokers,
+		Dialer:                s.cfg.Security.dialer(10 * time.Second),
+		Topics:                []string{topic},
+		StartOffset:           int64(s.cfg.StartOffset),
+		SessionTimeout:        s.cfg.SessionTimeout,
+		RebalanceTimeout:      s.cfg.RebalanceTimeout,
+		HeartbeatInterval:     s.cfg.HeartbeatInterval,
+		JoinGroupBackoff:      time.Second,
+		WatchPartitionChanges: true,
+		Timeout:               10 * time.Second,
+		ErrorLogger:           kafkaLogger(s.log(), slog.LevelDebug),
+	})
+	if err != nil {
+		s.log().Error("consumer: cannot create consumer group", "group", s.cfg.ConsumerGroup, "topic", topic, "err", err)
+		return
+	}
+	// Closing the group ends the current generation: its partitions drain
+	// and commit before Close returns.
+	stop := context.AfterFunc(ctx, func() { _ = cg.Close() })
+	defer stop()
+	defer cg.Close()
+	backoff := 100 * time.Millisecond
+	for {
+		gen, err := cg.Next(ctx)
+		if ctx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
+			return
+		}
+		if err != nil {
+			s.log().Warn("consumer: joining group failed; retrying", "group", s.cfg.ConsumerGroup, "topic", topic, "err", err, "backoff", backoff)
+			if sleepCtx(ctx, backoff) != nil {
+				return
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		s.runGeneration(ctx, gen, topic, out)
+	}
+}
+
+// offsets holds each partition's next offset to commit, for one generation.
+type offsets struct {
+	mu      sync.Mutex
+	pending map[int]int64
+}
+
+func (o *offsets) set(partition int, next int64) {
+	o.mu.Lock()
+	o.pending[partition] = next
+	o.mu.Unlock()
+}
+
+func (o *offsets) take() map[int]int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.pending) == 0 {
+		return nil
+	}
+	p := o.pending
+	o.pending = map[int]int64{}
+	return p
+}
+
+func (o *offsets) putBack(p map[int]int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for part, off := range p {
+		if cur, ok := o.pending[part]; !ok || off > cur {
+			o.pending[part] = off
+		}
+	}
+}
+
+// runGeneration starts a reader per assigned partition and a committer, all
+// bound to gen: when the generation ends they drain, commit and return.
+func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, topic string, out chan<- *message.Message) {
+	st := &offsets{pending: map[int]int64{}}
+	commit := func() {
+		p := st.take()
+		if p == nil {
+			return
+		}
+		if err := gen.CommitOffsets(map[string]map[int]int64{topic: p}); err != nil {
+			// The next owner re-reads from the last commit; the dedupe
+			// middleware absorbs the redelivery.
+			s.log().Warn("consumer: commit failed", "group", s.cfg.ConsumerGroup, "topic", topic, "generation", gen.ID, "offsets", p, "err", err)
+			st.putBack(p)
+		}
+	}
+	var partitions sync.WaitGroup
+	assigned := gen.Assignments[topic]
+	s.log().Debug("consumer: generation started", "group", s.cfg.ConsumerGroup, "topic", topic, "generation", gen.ID, "partitions", len(assigned))
+	for _, a := range assigned {
+		partitions.Add(1)
+		gen.Start(func(gctx context.Context) {
+			defer partitions.Done()
+			s.consumePartition(ctx, gctx, topic, a.ID, a.Offset, out, func(next int64) {
+				st.set(a.ID, next)
+				if s.cfg.CommitInterval < 0 {
+					commit()
+				}
+			})
+		})
+	}
+	gen.Start(func(gctx context.Context) {
+		if s.cfg.CommitInterval > 0 {
+			t := time.NewTicker(s.cfg.CommitInterval)
+			defer t.Stop()
+		loop:
+			for {
+				select {
+				case <-t.C:
+					commit()
+				case <-gctx.Done():
+					break loop
+				}
+			}
+		} else {
+			<-gctx.Done()
+		}
+		partitions.Wait()
+		commit()
+	})
+}
+
+// consumePartition reads one partition in order. subCtx carries the
+// subscription's values into message contexts; stopCtx ends the reading.
+// acked is called with the next offset to commit after each ack.
+func (s *Subscriber) consumePartition(subCtx, stopCtx context.Context, topic string, partition int, start int64, out chan<- *message.Message, acked func(next int64)) {
+	r := kafka.NewReader(kafka.ReaderConfig{
+		Brokers:        s.cfg.Brokers,
+		Dialer:         s.cfg.Security.dialer(10 * time.Second),
+		Topic:          topic,
+		Partition:      partition,
+		MinBytes:       1,
+		MaxBytes:       s.cfg.MaxBytes,
+		MaxWait:        s.cfg.MaxWait,
+		ReadBackoffMin: 100 * time.Millisecond,
+		ReadBackoffMax: 5 * time.Second,
+		ErrorLogger:    kafkaLogger(s.log(), slog.LevelDebug),
+	})
+	defer r.Close()
+	if err := r.SetOffset(start); err != nil {
+		s.log().Error("consumer: set offset", "topic", topic, "partition", partition, "offset", start, "err", err)
+		<-stopCtx.Done()
+		return
+	}
+	backoff := 100 * time.Millisecond
+	for {
+		km, err := r.FetchMessage(stopCtx)
+		if stopCtx.Err() != nil {
+			return
+		}
+		if err != nil {
+			s.log().Warn("consumer: fetch failed; retrying", "topic", topic, "partition", partition, "err", err)
+			if sleepCtx(stopCtx, backoff) != nil {
+				return
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		if !s.deliver(subCtx, stopCtx, km, out) {
+			return
+		}
+		acked(km.Offset + 1)
+	}
+}
+
+// deliver hands km to the router until it is acked (true), or until stopCtx
+// ends and the in-flight message is not acked within DrainTimeout (false).
+func (s *Subscriber) deliver(subCtx, stopCtx context.Context, km kafka.Message, out chan<- *message.Message) bool {
+	backoff := s.cfg.NackBackoff
+	for {
+		msg := toWatermill(km)
+		ctx, cancel := context.WithCancel(context.WithoutCancel(subCtx))
+		msg.SetContext(ctx)
+		select {
+		case out <- msg:
+		case <-stopCtx.Done():
+			cancel()
+			return false
+		}
+		select {
+		case <-msg.Acked():
+			cancel()
+			return true
+		case <-msg.Nacked():
+			cancel()
+		case <-stopCtx.Done():
+			// Drain: the handler may be committing right now.
+			t := time.NewTimer(s.cfg.DrainTimeout)
+			defer t.Stop()
+			defer cancel()
+			select {
+			case <-msg.Acked():
+				return true
+			case <-msg.Nacked():
+			case <-t.C:
+				s.log().Warn("consumer: in-flight message not acked within DrainTimeout; it will be delivered again",
+					"topic", km.Topic, "partition", km.Partition, "offset", km.Offset, "uuid", msg.UUID)
+			}
+			return false
+		}
+		if sleepCtx(stopCtx, backoff) != nil {
+			return false
+		}
+		backoff = min(2*backoff, s.cfg.MaxNackBackoff)
+	}
+}
+
+// runWithoutGroup reads every partition of topic from StartOffset and
+// commits nothing.
+func (s *Subscriber) runWithoutGroup(ctx context.Context, topic string, out chan<- *message.Message) {
+	var parts []kafka.Partition
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		var err error
+		parts, err = s.partitions(ctx, topic)
+		if err == nil && len(parts) > 0 {
+			break
+		}
+		s.log().Debug("consumer: waiting for topic metadata", "topic", topic, "err", err)
+		if sleepCtx(ctx, backoff) != nil {
+			return
+		}
+	}
+	var wg sync.WaitGroup
+	for _, p := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.consumePartition(ctx, ctx, topic, p.ID, int64(s.cfg.StartOffset), out, func(int64) {})
+		}()
+	}
+	wg.Wait()
+}
+
+func (s *Subscriber) partitions(ctx context.Context, topic string) ([]kafka.Partition, error) {
+	c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Timeout: 10 * time.Second, Transport: s.cfg.Security.transport()}
+	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return nil, err
+	}
+	if len(md.Topics) != 1 {
+		return nil, fmt.Errorf("no metadata for topic %s", topic)
+	}
+	if md.Topics[0].Error != nil {
+		return nil, md.Topics[0].Error
+	}
+	return md.Topics[0].Partitions, nil
+}
+
+// SubscribeInitialize creates topic if it does not exist (Watermill's
+// SubscribeInitializer), with one partition; create topics with more
+// partitions ahead of time.
+func (s *Subscriber) SubscribeInitialize(topic string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Timeout: 10 * time.Second, Transport: s.cfg.Security.transport()}
+	res, err := c.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}}})
+	if err != nil {
+		return fmt.Errorf("consumer: create topic %s: %w", topic, err)
+	}
+	if err := res.Errors[topic]; err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+		return fmt.Errorf("consumer: create topic %s: %w", topic, err)
+	}
+	return nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
