@@ -1,0 +1,267 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/internal/kafkatest"
+	"github.com/exactly-go/exactly/internal/testenv"
+)
+
+// (a) Every message produced three times with the same UUID is applied once.
+func TestProducedThreeTimesAppliedOnce(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 4)
+	exp, recs := commands(300)
+	var all []kafka.Message
+	for i := 0; i < 3; i++ {
+		all = append(all, recs...)
+	}
+	rand.Shuffle(len(all), func(i, j int) { all[i], all[j] = all[j], all[i] })
+	w.produce(all...)
+	hooks := &countingHooks{}
+	group := kafkatest.Name("g")
+	w.startRouter(routerOpts{group: group, hooks: hooks})
+	w.waitCaughtUp(group, 2*time.Minute)
+	w.assertExactlyOnce(exp)
+	if n := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys")); n != len(exp) {
+		t.Errorf("%d keys stored, want %d", n, len(exp))
+	}
+	if a, d := hooks.get(consumer.OutcomeApplied), hooks.get(consumer.OutcomeDuplicate); a != len(exp) || d != 2*len(exp) {
+		t.Errorf("hooks: %d applied, %d duplicates; want %d and %d", a, d, len(exp), 2*len(exp))
+	}
+}
+
+// (b) The handler fails at random a fifth of the time, after its writes:
+// every message is applied exactly once and none is lost.
+func TestRandomHandlerFailuresAppliedOnce(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 4)
+	exp, recs := commands(300)
+	w.produce(recs...)
+	var failures atomic.Int64
+	fail := func(*message.Message) error {
+		if rand.IntN(5) == 0 {
+			failures.Add(1)
+			return errors.New("random failure")
+		}
+		return nil
+	}
+	group := kafkatest.Name("g")
+	w.startRouter(routerOpts{group: group, handler: w.handler(fail)})
+	w.waitCaughtUp(group, 2*time.Minute)
+	w.assertExactlyOnce(exp)
+	if failures.Load() < 20 {
+		t.Errorf("only %d failures injected", failures.Load())
+	}
+	if n := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys")); n != len(exp) {
+		t.Errorf("%d keys stored, want %d", n, len(exp))
+	}
+}
+
+// (c) Two consumers share a group; a third joins and one leaves while the
+// stream is consumed: every message is still applied exactly once.
+func TestRebalanceMidStream(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 6)
+	exp, recs := commands(600)
+	group := kafkatest.Name("g")
+	slow := func(*message.Message) error { time.Sleep(3 * time.Millisecond); return nil }
+	stop1 := w.startRouter(routerOpts{group: group, handler: w.handler(slow)})
+	w.startRouter(routerOpts{group: group, handler: w.handler(slow)})
+	w.produce(recs[:300]...)
+	testenv.WaitFor(t, time.Minute, "a third of the stream", func() bool { return w.applied() >= 200 })
+	w.startRouter(routerOpts{group: group, handler: w.handler(slow)})
+	w.produce(recs[300:]...)
+	testenv.WaitFor(t, time.Minute, "half of the stream", func() bool { return w.applied() >= 350 })
+	stop1()
+	w.waitCaughtUp(group, 3*time.Minute)
+	w.assertExactlyOnce(exp)
+}
+
+// (d) The same UUID with a different payload is not applied: it lands on
+// the dead-letter topic with the reason.
+func TestKeyReusedGoesToDeadLetter(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	u := watermill.NewUUID()
+	w.produce(record(u, "acc-1", 10), record(u, "acc-1", 99999))
+	hooks := &countingHooks{}
+	group := kafkatest.Name("g")
+	w.startRouter(routerOpts{group: group, hooks: hooks})
+	w.waitCaughtUp(group, time.Minute)
+	w.assertExactlyOnce(map[string]command{u: {Account: "acc-1", Amount: 10}})
+	dead := readTopic(t, w.brokers, w.dlq, 1, 20*time.Second)
+	if len(dead) != 1 {
+		t.Fatalf("%d dead letters, want 1", len(dead))
+	}
+	reason := header(dead[0], middleware.ReasonForPoisonedKey)
+	if header(dead[0], consumer.UUIDHeader) != u || !strings.Contains(reason, "reused with a different payload") || !strings.Contains(string(dead[0].Value), "99999") {
+		t.Fatalf("dead letter uuid=%s reason=%q payload=%s", header(dead[0], consumer.UUIDHeader), reason, dead[0].Value)
+	}
+	if hooks.get(consumer.OutcomeKeyReused) != 1 {
+		t.Errorf("hooks: %d key reused", hooks.get(consumer.OutcomeKeyReused))
+	}
+}
+
+// (e) Messages without a UUID follow the configured policy.
+func TestMissingKeyPolicies(t *testing.T) {
+	t.Parallel()
+	t.Run("Reject", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t, 1)
+		w.produce(record("", "acc-1", 5))
+		group := kafkatest.Name("g")
+		w.startRouter(routerOpts{group: group})
+		w.waitCaughtUp(group, time.Minute)
+		w.assertExactlyOnce(nil)
+		dead := readTopic(t, w.brokers, w.dlq, 1, 20*time.Second)
+		if len(dead) != 1 || !strings.Contains(header(dead[0], middleware.ReasonForPoisonedKey), "invalid key") {
+			t.Fatalf("dead letters %d: %+v", len(dead), dead)
+		}
+	})
+	t.Run("Skip", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t, 1)
+		w.produce(record("", "acc-1", 5))
+		group := kafkatest.Name("g")
+		hooks := &countingHooks{}
+		w.startRouter(routerOpts{group: group, hooks: hooks, cfg: &consumer.Config{Scope: "ledger", MissingKey: consumer.Skip}})
+		w.waitCaughtUp(group, time.Minute)
+		if n := w.count("SELECT coalesce(sum(balance), 0)::int FROM " + w.db.Table("balances")); n != 5 {
+			t.Fatalf("balance %d, want 5 (applied without protection)", n)
+		}
+		if hooks.get(consumer.OutcomeSkipped) != 1 || w.count("SELECT count(*) FROM "+w.db.Table("exactly_keys")) != 0 {
+			t.Fatal("a skipped message must be counted and store no key")
+		}
+	})
+	t.Run("Derive", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t, 2)
+		w.produce(record("", "acc-1", 5), record("", "acc-2", 7))
+		// The same records consumed by a second group with the same scope
+		// are redeliveries of the same offsets: derived keys catch them.
+		cfg := func() *consumer.Config { return &consumer.Config{Scope: "ledger", MissingKey: consumer.Derive} }
+		g1, g2 := kafkatest.Name("g"), kafkatest.Name("g")
+		stop := w.startRouter(routerOpts{group: g1, cfg: cfg()})
+		w.waitCaughtUp(g1, time.Minute)
+		stop()
+		w.startRouter(routerOpts{group: g2, cfg: cfg()})
+		w.waitCaughtUp(g2, time.Minute)
+		if n := w.count("SELECT coalesce(sum(balance), 0)::int FROM " + w.db.Table("balances")); n != 12 {
+			t.Fatalf("balance %d, want 12 (each record once)", n)
+		}
+		if n := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys") + " WHERE key LIKE '" + w.topic + "/%'"); n != 2 {
+			t.Fatalf("%d derived keys, want 2", n)
+		}
+	})
+}
+
+// (f) A consumer that stops after its transaction committed but before the
+// ack: the redelivery is a duplicate and its stored outputs are published,
+// with the UUIDs of the first run.
+func TestCrashAfterCommitBeforeAck(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	exp, recs := commands(1)
+	var u string
+	for k := range exp {
+		u = k
+	}
+	w.produce(recs...)
+	group := kafkatest.Name("g")
+	committed := make(chan []*message.Message, 1)
+	var once sync.Once
+	// Outermost: after the commit the process hangs, is shut down, and the
+	// message is never acked (the subscriber gives it up after DrainTimeout).
+	crash := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			outs, err := h(msg)
+			if err == nil {
+				crashed := false
+				once.Do(func() { crashed = true })
+				if crashed {
+					committed <- outs
+					<-msg.Context().Done()
+					return nil, errors.New("process died before the ack")
+				}
+			}
+			return outs, err
+		}
+	}
+	stop := w.startRouter(routerOpts{group: group, outer: crash})
+	var first []*message.Message
+	select {
+	case first = <-committed:
+	case <-time.After(time.Minute):
+		t.Fatal("the first delivery never committed")
+	}
+	if len(first) != 1 {
+		t.Fatalf("first run produced %d outputs", len(first))
+	}
+	if w.applied() != 1 {
+		t.Fatal("the transaction did not commit before the crash")
+	}
+	stop()
+	// Nothing was published by the crashed consumer.
+	if got := readTopic(t, w.brokers, w.out, 1, 2*time.Second); len(got) != 0 {
+		t.Fatalf("crashed consumer published %d outputs", len(got))
+	}
+	hooks := &countingHooks{}
+	w.startRouter(routerOpts{group: group, hooks: hooks})
+	w.waitCaughtUp(group, time.Minute)
+	w.assertExactlyOnce(exp)
+	outs := readTopic(t, w.brokers, w.out, 1, 20*time.Second)
+	if len(outs) != 1 || header(outs[0], consumer.UUIDHeader) != first[0].UUID || string(outs[0].Value) != `{"applied":"`+u+`"}` {
+		t.Fatalf("outputs %d, want the stored one with UUID %s: %+v", len(outs), first[0].UUID, outs)
+	}
+	if hooks.get(consumer.OutcomeDuplicate) != 1 {
+		t.Errorf("the redelivery was not a duplicate: %v", hooks.n)
+	}
+}
+
+// Any payload is handled: non-JSON and empty ones are rejected by the
+// handler's own parsing (not by the middleware), a 1 MB one is applied.
+func TestPayloadShapes(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	big := strings.Repeat("x", 1_000_000)
+	seen := map[string]int{}
+	var mu sync.Mutex
+	h := consumer.TxHandler(func(ctx context.Context, _ pgx.Tx, msg *message.Message) ([]*message.Message, error) {
+		mu.Lock()
+		seen[msg.UUID] = len(msg.Payload)
+		mu.Unlock()
+		return nil, nil
+	})
+	recs := []kafka.Message{
+		{Value: []byte("not json"), Headers: []kafka.Header{{Key: consumer.UUIDHeader, Value: []byte("u-text")}}},
+		{Value: nil, Headers: []kafka.Header{{Key: consumer.UUIDHeader, Value: []byte("u-empty")}}},
+		{Value: []byte(big), Headers: []kafka.Header{{Key: consumer.UUIDHeader, Value: []byte("u-big")}}},
+	}
+	w.produce(recs...)
+	group := kafkatest.Name("g")
+	w.startRouter(routerOpts{group: group, handler: h})
+	w.waitCaughtUp(group, time.Minute)
+	mu.Lock()
+	defer mu.Unlock()
+	if seen["u-text"] != 8 || seen["u-empty"] != 0 || seen["u-big"] != len(big) || len(seen) != 3 {
+		t.Fatalf("seen %v", seen)
+	}
+	if n := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys")); n != 3 {
+		t.Fatalf("%d keys, want 3", n)
+	}
+}
