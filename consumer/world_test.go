@@ -26,7 +26,7 @@ import (
 // to an account. Every application of a command is counted, so a double
 // application shows up as a count of 2 (and a wrong balance).
 type world struct {
-	t          *testing.T
+	t          testing.TB
 	db         *pgtest.DB
 	store      *pgstore.Store
 	brokers    []string
@@ -42,7 +42,7 @@ type command struct {
 	Amount  int64  `json:"amount"`
 }
 
-func newWorld(t *testing.T, partitions int) *world {
+func newWorld(t testing.TB, partitions int) *world {
 	t.Helper()
 	w := &world{t: t, db: pgtest.New(t), brokers: kafkatest.Brokers(t), partitions: partitions}
 	ctx := context.Background()

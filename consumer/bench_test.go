@@ -1,0 +1,231 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/internal/kafkatest"
+)
+
+const benchMessages = 20000
+
+var benchTopic struct {
+	once  sync.Once
+	name  string
+	parts int
+}
+
+// seedTopic produces benchMessages records (with UUID headers) once per run.
+func seedTopic(b *testing.B) string {
+	brokers := kafkatest.Brokers(b)
+	benchTopic.once.Do(func() {
+		benchTopic.parts = 4
+		benchTopic.name = kafkatest.Name("bench")
+		kafkatest.CreateTopic(b, benchTopic.name, benchTopic.parts)
+		w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: benchTopic.name, Balancer: &kafka.Murmur2Balancer{},
+			RequiredAcks: kafka.RequireAll, BatchSize: 1000, BatchTimeout: 10 * time.Millisecond}
+		defer w.Close()
+		recs := make([]kafka.Message, benchMessages)
+		for i := range recs {
+			recs[i] = record(watermill.NewUUID(), fmt.Sprint("acc-", i%101), 1)
+		}
+		if err := w.WriteMessages(context.Background(), recs...); err != nil {
+			b.Fatal(err)
+		}
+	})
+	return benchTopic.name
+}
+
+// BenchmarkSubscriber compares consuming the same pre-produced topic (20 000
+// records, 4 partitions, acking every message, a new group per iteration):
+// this package's Subscriber, a bare kafka-go Reader loop (FetchMessage +
+// CommitMessages), and watermill-kafka's sarama Subscriber. Run:
+//
+//	go test -run '^$' -bench Subscriber -benchtime 3x ./consumer
+func BenchmarkSubscriber(b *testing.B) {
+	topic := seedTopic(b)
+	brokers := kafkatest.Brokers(b)
+	consume := func(b *testing.B, sub message.Subscriber) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		msgs, err := sub.Subscribe(ctx, topic)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := 0; i < benchMessages; i++ {
+			select {
+			case m := <-msgs:
+				m.Ack()
+			case <-time.After(60 * time.Second):
+				b.Fatalf("stalled after %d messages", i)
+			}
+		}
+		_ = sub.Close()
+	}
+	report := func(b *testing.B, start time.Time) {
+		b.ReportMetric(float64(benchMessages*b.N)/time.Since(start).Seconds(), "msgs/s")
+	}
+	b.Run("exactly", func(b *testing.B) {
+		start := time.Now()
+		for i := 0; i < b.N; i++ {
+			sub, err := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: brokers, ConsumerGroup: kafkatest.Name("bench"), Logger: quietLogger()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			consume(b, sub)
+		}
+		report(b, start)
+	})
+	b.Run("kafka-go-reader", func(b *testing.B) {
+		start := time.Now()
+		for i := 0; i < b.N; i++ {
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, GroupID: kafkatest.Name("bench"), Topic: topic,
+				StartOffset: kafka.FirstOffset, CommitInterval: 200 * time.Millisecond, MaxWait: 250 * time.Millisecond})
+			ctx := context.Background()
+			for n := 0; n < benchMessages; n++ {
+				m, err := r.FetchMessage(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := r.CommitMessages(ctx, m); err != nil {
+					b.Fatal(err)
+				}
+			}
+			_ = r.Close()
+		}
+		report(b, start)
+	})
+	b.Run("watermill-kafka-sarama", func(b *testing.B) {
+		start := time.Now()
+		for i := 0; i < b.N; i++ {
+			cfg := wkafka.DefaultSaramaSubscriberConfig()
+			cfg.Version = sarama.V3_0_0_0
+			cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+			sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
+				Brokers: brokers, ConsumerGroup: kafkatest.Name("bench"), Unmarshaler: wkafka.DefaultMarshaler{},
+				OverwriteSaramaConfig: cfg,
+			}, watermill.NopLogger{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			consume(b, sub)
+		}
+		report(b, start)
+	})
+}
+
+// BenchmarkMiddlewareEndToEnd consumes the pre-produced topic through a
+// Watermill router whose handler runs one UPDATE in a transaction: with the
+// dedupe middleware (the transaction is the middleware's) and without it
+// (the handler opens and commits the same transaction itself). Run:
+//
+//	go test -run '^$' -bench MiddlewareEndToEnd -benchtime 3x ./consumer
+func BenchmarkMiddlewareEndToEnd(b *testing.B) {
+	topic := seedTopic(b)
+	for _, withDedupe := range []bool{false, true} {
+		name := "without"
+		if withDedupe {
+			name = "with-dedupe"
+		}
+		b.Run(name, func(b *testing.B) {
+			var elapsed time.Duration
+			for i := 0; i < b.N; i++ {
+				elapsed += runLedgerOnce(b, topic, withDedupe)
+			}
+			b.ReportMetric(float64(benchMessages*b.N)/elapsed.Seconds(), "msgs/s")
+		})
+	}
+}
+
+func runLedgerOnce(b *testing.B, topic string, withDedupe bool) time.Duration {
+	b.StopTimer()
+	w := newWorld(b, 1)
+	if _, err := w.db.Pool.Exec(context.Background(), "INSERT INTO "+w.db.Table("balances")+" SELECT 'acc-' || g, 0 FROM generate_series(0, 100) g"); err != nil {
+		b.Fatal(err)
+	}
+	group := kafkatest.Name("bench")
+	update := "UPDATE " + w.db.Table("balances") + " SET balance = balance + 1 WHERE account = $1"
+	var mu sync.Mutex
+	done := 0
+	finished := make(chan struct{})
+	count := func() {
+		mu.Lock()
+		done++
+		if done == benchMessages {
+			close(finished)
+		}
+		mu.Unlock()
+	}
+	var h message.HandlerFunc
+	if withDedupe {
+		h = consumer.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
+			_, err := tx.Exec(ctx, update, msg.Metadata.Get(consumer.MetadataKafkaKey))
+			return nil, err
+		})
+	} else {
+		h = func(msg *message.Message) ([]*message.Message, error) {
+			ctx := msg.Context()
+			tx, err := w.db.Pool.Begin(ctx)
+			if err != nil {
+				return nil, err
+			}
+			defer tx.Rollback(ctx)
+			if _, err := tx.Exec(ctx, update, msg.Metadata.Get(consumer.MetadataKafkaKey)); err != nil {
+				return nil, err
+			}
+			return nil, tx.Commit(ctx)
+		}
+	}
+	counted := func(msg *message.Message) ([]*message.Message, error) {
+		outs, err := h(msg)
+		if err == nil {
+			defer count()
+		}
+		return outs, err
+	}
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 20 * time.Second}, watermill.NewSlogLogger(quietLogger()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	sub, err := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: w.brokers, ConsumerGroup: group, Logger: quietLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	handler := r.AddConsumerHandler("ledger", topic, sub, func(msg *message.Message) error {
+		_, err := counted(msg)
+		return err
+	})
+	if withDedupe {
+		mw, err := consumer.NewMiddleware(w.store, &consumer.Config{Scope: "bench"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		handler.AddMiddleware(mw.Middleware)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b.StartTimer()
+	start := time.Now()
+	go func() { _ = r.Run(ctx) }()
+	select {
+	case <-finished:
+	case <-time.After(5 * time.Minute):
+		b.Fatalf("only %d of %d messages handled", done, benchMessages)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	cancel()
+	_ = r.Close()
+	return elapsed
+}
