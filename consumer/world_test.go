@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/exactly-go/exactly/consumer"
@@ -52,20 +53,26 @@ func newWorld(t testing.TB, partitions int) *world {
 		w.db.Table("balances"), w.db.Table("applications"))); err != nil {
 		t.Fatal(err)
 	}
-	store, err := pgstore.New(w.db.Pool, &pgstore.Config{Schema: w.db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.store = store
+	w.useStore(w.db.Pool)
 	w.topic = kafkatest.Topic(t, partitions)
 	w.dlq = kafkatest.Topic(t, 1)
 	w.out = kafkatest.Topic(t, 1)
+	var err error
 	w.pub, err = consumer.NewPublisher(&consumer.PublisherConfig{Brokers: w.brokers, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = w.pub.Close() })
 	return w
+}
+
+// useStore points the middleware's store at pool.
+func (w *world) useStore(pool *pgxpool.Pool) {
+	store, err := pgstore.New(pool, &pgstore.Config{Schema: w.db.Schema, RetryBackoff: 5 * time.Millisecond})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.store = store
 }
 
 // apply is the handler's effect, in the middleware's transaction.
@@ -169,7 +176,7 @@ func (w *world) startRouter(o routerOpts) (stop func()) {
 	if o.outer != nil {
 		r.AddMiddleware(o.outer)
 	}
-	r.AddMiddleware(poison, retry.Middleware, mw.Middleware, middleware.Recoverer)
+	r.AddMiddleware(poison, retry.Middleware, middleware.Timeout(time.Second), mw.Middleware, middleware.Recoverer)
 	// The router closes a handler's publisher when it stops: each router
 	// gets its own.
 	out, err := consumer.NewPublisher(&consumer.PublisherConfig{Brokers: w.brokers, Logger: quietLogger()})

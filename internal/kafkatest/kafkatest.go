@@ -241,3 +241,47 @@ func EndOffsets(t testing.TB, topic string, partitions int) map[int]int64 {
 	}
 	return out
 }
+
+// ReadAll reads every record of topic up to its current end offsets and
+// returns them in partition order (each partition in offset order).
+func ReadAll(t testing.TB, topic string, partitions int, d time.Duration) []kafka.Message {
+	t.Helper()
+	brokers := Brokers(t)
+	end := EndOffsets(t, topic, partitions)
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var wg sync.WaitGroup
+	per := make([][]kafka.Message, partitions)
+	errs := make([]error, partitions)
+	for p := 0; p < partitions; p++ {
+		if end[p] == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxWait: 100 * time.Millisecond, MaxBytes: 10 << 20})
+			defer r.Close()
+			for {
+				m, err := r.FetchMessage(ctx)
+				if err != nil {
+					errs[p] = fmt.Errorf("partition %d after %d records: %w", p, len(per[p]), err)
+					return
+				}
+				per[p] = append(per[p], m)
+				if m.Offset+1 >= end[p] {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("kafkatest: read %s: %v", topic, err)
+	}
+	var out []kafka.Message
+	for _, ms := range per {
+		out = append(out, ms...)
+	}
+	return out
+}

@@ -1,0 +1,396 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/internal/kafkatest"
+	"github.com/exactly-go/exactly/internal/pgtest"
+	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/outbox"
+	"github.com/exactly-go/exactly/pgstore"
+)
+
+func quiet() *slog.Logger {
+	if os.Getenv("EXACTLY_TEST_DEBUG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+type event struct {
+	Key string `json:"key"`
+	Seq int    `json:"seq"`
+}
+
+type fixture struct {
+	db     *pgtest.DB
+	w      *outbox.Writer
+	topic  string
+	parts  int
+	pub    *consumer.Publisher
+	mu     sync.Mutex
+	wanted map[string]event // committed messages by UUID
+}
+
+func newFixture(t testing.TB, parts int) *fixture {
+	f := &fixture{db: pgtest.New(t), topic: kafkatest.Topic(t, parts), parts: parts, wanted: map[string]event{}}
+	var err error
+	if f.w, err = outbox.NewWriter(&outbox.Config{Schema: f.db.Schema}); err != nil {
+		t.Fatal(err)
+	}
+	if f.pub, err = consumer.NewPublisher(&consumer.PublisherConfig{Brokers: kafkatest.Brokers(t), Logger: quiet()}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.pub.Close() })
+	return f
+}
+
+func (f *fixture) relay(t testing.TB, pub message.Publisher, cfg *outbox.RelayConfig) *outbox.Relay {
+	c := outbox.RelayConfig{PollInterval: 50 * time.Millisecond, RetryBackoff: 10 * time.Millisecond, Logger: quiet()}
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Config.Schema = f.db.Schema
+	if c.Logger == nil {
+		c.Logger = quiet()
+	}
+	r, err := outbox.NewRelay(f.db.Pool, pub, &c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// write writes txs transactions of perTx messages over keys; a tenth of the
+// transactions roll back. Sequence numbers per key follow write order.
+func (f *fixture) write(t *testing.T, txs, perTx, keys int) {
+	ctx := context.Background()
+	seq := map[string]int{}
+	for i := 0; i < txs; i++ {
+		tx, err := f.db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rollback := rand.IntN(10) == 0
+		batch := map[string]event{}
+		var msgs []*message.Message
+		local := map[string]int{}
+		for j := 0; j < perTx; j++ {
+			k := fmt.Sprint("key-", rand.IntN(keys))
+			local[k]++
+			ev := event{Key: k, Seq: seq[k] + local[k]}
+			payload, _ := json.Marshal(ev)
+			m := message.NewMessage(watermill.NewUUID(), payload)
+			m.Metadata.Set(outbox.KeyMetadata, k)
+			msgs = append(msgs, m)
+			batch[m.UUID] = ev
+		}
+		if err := f.w.WriteTx(ctx, tx, f.topic, msgs...); err != nil {
+			t.Fatal(err)
+		}
+		if rollback {
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for k, n := range local {
+			seq[k] += n
+		}
+		f.mu.Lock()
+		for u, ev := range batch {
+			f.wanted[u] = ev
+		}
+		f.mu.Unlock()
+	}
+}
+
+func (f *fixture) pending(t testing.TB) int {
+	var n int
+	if err := f.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+f.db.Table("exactly_outbox")+" WHERE status = 'PENDING'").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// check reads the topic and verifies: every committed message is there,
+// nothing else, each key in order; dups counts re-sent copies (same UUID).
+func (f *fixture) check(t *testing.T, allowDuplicates bool) (dups int) {
+	got := kafkatest.ReadAll(t, f.topic, f.parts, time.Minute)
+	seen := map[string]int{}
+	last := map[string]int{}
+	for _, m := range got {
+		var u string
+		for _, h := range m.Headers {
+			if h.Key == consumer.UUIDHeader {
+				u = string(h.Value)
+			}
+		}
+		want, ok := f.wanted[u]
+		if !ok {
+			t.Fatalf("message %s on Kafka was never committed (payload %s)", u, m.Value)
+		}
+		var ev event
+		if err := json.Unmarshal(m.Value, &ev); err != nil || ev != want || string(m.Key) != want.Key {
+			t.Fatalf("message %s: key %s payload %s, want %+v", u, m.Key, m.Value, want)
+		}
+		seen[u]++
+		if seen[u] > 1 {
+			dups++
+			continue // a re-sent copy; its first copy was checked for order
+		}
+		if ev.Seq <= last[ev.Key] {
+			t.Fatalf("key %s out of order: seq %d after %d", ev.Key, ev.Seq, last[ev.Key])
+		}
+		last[ev.Key] = ev.Seq
+	}
+	if len(seen) != len(f.wanted) {
+		t.Fatalf("%d of %d committed messages reached Kafka", len(seen), len(f.wanted))
+	}
+	if dups > 0 && !allowDuplicates {
+		t.Fatalf("%d duplicates", dups)
+	}
+	return dups
+}
+
+// 10 000 messages in 200 transactions, some rolled back: exactly the
+// committed ones reach Kafka, in per-key order.
+func TestCommittedOnlyInKeyOrder(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 4)
+	f.write(t, 200, 50, 40)
+	r := f.relay(t, f.pub, &outbox.RelayConfig{BatchSize: 500, PollInterval: 50 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	testenv.WaitFor(t, 2*time.Minute, "the outbox to drain", func() bool { return f.pending(t) == 0 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	f.check(t, false)
+	st, err := r.Stats(context.Background())
+	if err != nil || st.Pending != 0 || st.Dead != 0 {
+		t.Fatalf("stats %+v %v", st, err)
+	}
+}
+
+// crashingPublisher publishes, then "kills" its relay after n publishes:
+// the batch's rows are on Kafka but not marked.
+type crashingPublisher struct {
+	message.Publisher
+	left  atomic.Int64
+	crash func()
+}
+
+func (c *crashingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	err := c.Publisher.Publish(topic, msgs...)
+	if c.left.Add(-1) == 0 {
+		c.crash()
+		return errors.New("relay killed")
+	}
+	return err
+}
+
+// The relay killed mid-batch and restarted: nothing lost; re-sent messages
+// carry their original UUIDs.
+func TestRelayKilledMidBatch(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 2)
+	f.write(t, 40, 25, 10)
+	ctx, kill := context.WithCancel(context.Background())
+	cp := &crashingPublisher{Publisher: f.pub, crash: kill}
+	cp.left.Store(3)
+	r := f.relay(t, cp, &outbox.RelayConfig{BatchSize: 50})
+	_ = r.Run(ctx) // returns once killed
+	if left := f.pending(t); left == 0 {
+		t.Fatal("the kill came too late: nothing left pending")
+	}
+	r2 := f.relay(t, f.pub, nil)
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	go r2.Run(ctx2)
+	testenv.WaitFor(t, 2*time.Minute, "the outbox to drain", func() bool { return f.pending(t) == 0 })
+	if dups := f.check(t, true); dups == 0 {
+		t.Fatal("the killed batch was not re-sent: the test did not kill mid-batch")
+	}
+}
+
+// Two relays at once: nothing lost, nothing sent twice, per-key order kept.
+func TestTwoRelays(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	var published [2]atomic.Int64
+	for i := range 2 {
+		r := f.relay(t, f.pub, &outbox.RelayConfig{BatchSize: 20, PollInterval: 20 * time.Millisecond,
+			Hooks: outbox.HooksFunc(func(_ context.Context, ev outbox.BatchEvent) { published[i].Add(int64(ev.Published)) })})
+		wg.Add(1)
+		go func() { defer wg.Done(); r.Run(ctx) }()
+	}
+	f.write(t, 100, 30, 25) // written while the relays run
+	testenv.WaitFor(t, 2*time.Minute, "the outbox to drain", func() bool { return f.pending(t) == 0 })
+	cancel()
+	wg.Wait()
+	f.check(t, false)
+	if published[0].Load() == 0 || published[1].Load() == 0 {
+		t.Errorf("one relay did all the work: %d and %d", published[0].Load(), published[1].Load())
+	}
+}
+
+// A message the broker rejects (over its size limit) is retried with
+// back-off, counted, moved to DEAD after MaxAttempts, and never holds up
+// other keys.
+func TestRejectedMessageGoesDead(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	ctx := context.Background()
+	tx, err := f.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	huge := message.NewMessage(watermill.NewUUID(), []byte(strings.Repeat("x", 2<<20)))
+	huge.Metadata.Set(outbox.KeyMetadata, "bad")
+	if err := f.w.WriteTx(ctx, tx, f.topic, huge); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.write(t, 10, 10, 5)
+	var failed, dead atomic.Int64
+	r := f.relay(t, f.pub, &outbox.RelayConfig{MaxAttempts: 3, RetryBackoff: 10 * time.Millisecond, PollInterval: 20 * time.Millisecond,
+		Hooks: outbox.HooksFunc(func(_ context.Context, ev outbox.BatchEvent) { failed.Add(int64(ev.Failed)); dead.Add(int64(ev.Dead)) })})
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go r.Run(rctx)
+	testenv.WaitFor(t, time.Minute, "the rejected message to go DEAD", func() bool {
+		st, err := r.Stats(ctx)
+		return err == nil && st.Dead == 1 && st.Pending == 0
+	})
+	cancel()
+	f.check(t, false)
+	var attempts int
+	var lastErr string
+	if err := f.db.Pool.QueryRow(ctx, "SELECT attempts, last_error FROM "+f.db.Table("exactly_outbox")+" WHERE status = 'DEAD'").Scan(&attempts, &lastErr); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 3 || lastErr == "" || failed.Load() != 3 || dead.Load() != 1 {
+		t.Fatalf("attempts %d, last error %q, failures %d, dead %d", attempts, lastErr, failed.Load(), dead.Load())
+	}
+}
+
+// The dedupe middleware writes a handler's outputs into the outbox in the
+// handler's transaction; a redelivered command writes nothing more.
+func TestMiddlewareOutputsThroughOutbox(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	commands := kafkatest.Topic(t, 2)
+	brokers := kafkatest.Brokers(t)
+	store, err := pgstore.New(f.db.Pool, &pgstore.Config{Schema: f.db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := consumer.NewMiddleware(store, &consumer.Config{Scope: "emitter", Outputs: f.w.Outputs(f.topic), Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 50 commands, each produced twice with the same UUID.
+	wr := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: commands, RequiredAcks: kafka.RequireAll, BatchTimeout: 5 * time.Millisecond}
+	var recs []kafka.Message
+	for i := 0; i < 50; i++ {
+		u := watermill.NewUUID()
+		rec := kafka.Message{Key: []byte(fmt.Sprint("k", i%5)), Value: []byte(fmt.Sprint(i)), Headers: []kafka.Header{{Key: consumer.UUIDHeader, Value: []byte(u)}}}
+		recs = append(recs, rec, rec)
+	}
+	if err := wr.WriteMessages(context.Background(), recs...); err != nil {
+		t.Fatal(err)
+	}
+	wr.Close()
+	var mu sync.Mutex
+	emitted := map[string]string{} // event UUID -> command payload
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	group := kafkatest.Name("g")
+	sub, err := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: brokers, ConsumerGroup: group, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handled := atomic.Int64{}
+	router.AddConsumerHandler("emitter", commands, sub, func(*message.Message) error {
+		handled.Add(1)
+		return nil
+	}).AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
+		return mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+			if _, err := h(msg); err != nil {
+				return nil, err
+			}
+			ev := message.NewMessage(watermill.NewUUID(), []byte("event for "+string(msg.Payload)))
+			ev.Metadata.Set(outbox.KeyMetadata, msg.Metadata.Get(consumer.MetadataKafkaKey))
+			mu.Lock()
+			emitted[ev.UUID] = string(msg.Payload)
+			mu.Unlock()
+			return []*message.Message{ev}, nil
+		})
+	})
+	rctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go router.Run(rctx)
+	r := f.relay(t, f.pub, nil)
+	go r.Run(rctx)
+	end := kafkatest.EndOffsets(t, commands, 2)
+	testenv.WaitFor(t, time.Minute, "every delivery to be acked", func() bool {
+		got := kafkatest.CommittedOffsets(t, group, commands, 2)
+		return got[0] == end[0] && got[1] == end[1]
+	})
+	if n := handled.Load(); n != 50 {
+		t.Fatalf("handler ran %d times for 50 commands delivered twice", n)
+	}
+	testenv.WaitFor(t, time.Minute, "the outbox to drain", func() bool {
+		var n int
+		_ = f.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+f.db.Table("exactly_outbox")+" WHERE status = 'PUBLISHED'").Scan(&n)
+		return n == 50 && f.pending(t) == 0
+	})
+	got := kafkatest.ReadAll(t, f.topic, 1, time.Minute)
+	if len(got) != 50 {
+		t.Fatalf("%d events on Kafka, want 50 (one per command)", len(got))
+	}
+	for _, m := range got {
+		var u string
+		for _, h := range m.Headers {
+			if h.Key == consumer.UUIDHeader {
+				u = string(h.Value)
+			}
+		}
+		mu.Lock()
+		cmd, ok := emitted[u]
+		mu.Unlock()
+		if !ok || string(m.Value) != "event for "+cmd {
+			t.Fatalf("event %s %q was not emitted by a committed run", u, m.Value)
+		}
+	}
+}

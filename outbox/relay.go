@@ -1,0 +1,473 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// RelayConfig configures a Relay.
+type RelayConfig struct {
+	Config
+	// BatchSize is how many rows one transaction publishes. Defaults to 100.
+	BatchSize int
+	// PollInterval is the polling floor when no notification arrives.
+	// Defaults to 1s.
+	PollInterval time.Duration
+	// RetryBackoff is the first pause before a failed message is tried
+	// again; it doubles per attempt up to MaxRetryBackoff. Defaults to
+	// 100ms and 1m.
+	RetryBackoff, MaxRetryBackoff time.Duration
+	// MaxAttempts moves a message that failed this many times to the DEAD
+	// status, where operators see it (Stats, the table) and where it no
+	// longer holds up the messages after it. Defaults to 10.
+	MaxAttempts int
+	// DeletePublished deletes rows once published instead of marking them
+	// PUBLISHED (and deleting them after PublishedRetention). Defaults to false.
+	DeletePublished bool
+	// PublishedRetention is how long PUBLISHED rows are kept, for audits.
+	// Defaults to 24h.
+	PublishedRetention time.Duration
+	// Hooks receives an event per batch. Defaults to none.
+	Hooks Hooks
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// BatchEvent describes one published batch.
+type BatchEvent struct {
+	Lane      int
+	Published int
+	// Failed counts publish failures in the batch (to be retried).
+	Failed int
+	// Dead counts messages moved to DEAD in the batch.
+	Dead int
+	// Lag is the age of the oldest message published in the batch.
+	Lag time.Duration
+}
+
+// Hooks receives relay events, for metrics.
+type Hooks interface {
+	OnBatch(ctx context.Context, ev BatchEvent)
+}
+
+// HooksFunc adapts a function to Hooks.
+type HooksFunc func(ctx context.Context, ev BatchEvent)
+
+// OnBatch calls f.
+func (f HooksFunc) OnBatch(ctx context.Context, ev BatchEvent) { f(ctx, ev) }
+
+// Relay publishes committed outbox rows through any Watermill publisher,
+// at least once and in id order per partition key. Several relays may run
+// at once: a lane (a sixteenth of the keys) is worked by one relay at a
+// time, under a session advisory lock. A relay that dies mid-batch leaves
+// its rows pending; they are published again with their original UUIDs,
+// which consumers deduplicate.
+type Relay struct {
+	pool   *pgxpool.Pool
+	pub    message.Publisher
+	cfg    RelayConfig
+	table  string
+	q      relayQueries
+	lockID int64
+}
+
+type relayQueries struct {
+	fetch, published, deleted, failed, cleanup, stats string
+}
+
+// NewRelay returns a Relay that reads the outbox on pool and publishes with pub.
+func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg *RelayConfig) (*Relay, error) {
+	if pool == nil || pub == nil {
+		return nil, errors.New("outbox: NewRelay needs a pool and a publisher")
+	}
+	var c RelayConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	base, table, err := c.Config.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	c.Config = base
+	if c.BatchSize == 0 {
+		c.BatchSize = 100
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.PollInterval, time.Second)
+	def(&c.RetryBackoff, 100*time.Millisecond)
+	def(&c.MaxRetryBackoff, time.Minute)
+	def(&c.PublishedRetention, 24*time.Hour)
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 10
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.BatchSize < 0 || c.MaxAttempts < 0 || c.PollInterval < 0 || c.RetryBackoff < 0 || c.MaxRetryBackoff < 0 || c.PublishedRetention < 0 {
+		return nil, errors.New("outbox: RelayConfig sizes and durations must not be negative")
+	}
+	h := fnv.New64a()
+	h.Write([]byte("exactly/outbox/" + c.Schema + "." + c.Table))
+	return &Relay{pool: pool, pub: pub, cfg: c, table: table, lockID: int64(h.Sum64() &^ 0xff), q: relayQueries{
+		fetch: `SELECT id, topic, coalesce(partition_key, ''), uuid, metadata, payload, attempts, next_attempt_at <= now(), created_at
+FROM ` + table + ` WHERE lane = $1 AND status = 'PENDING' ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED`,
+		published: `UPDATE ` + table + ` SET status = 'PUBLISHED', published_at = now(), attempts = attempts + 1, last_error = NULL WHERE id = ANY($1)`,
+		deleted:   `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
+		failed: `UPDATE ` + table + ` SET attempts = attempts + 1, last_error = $2,
+    next_attempt_at = now() + $3::float8 * interval '1 microsecond',
+    status = CASE WHEN attempts + 1 >= $4 THEN 'DEAD' ELSE status END
+WHERE id = $1 RETURNING status`,
+		cleanup: `DELETE FROM ` + table + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + table + `
+    WHERE status = 'PUBLISHED' AND published_at < now() - $1::float8 * interval '1 microsecond' LIMIT 1000))`,
+		stats: `SELECT count(*) FILTER (WHERE status = 'PENDING'), count(*) FILTER (WHERE status = 'DEAD'),
+    min(created_at) FILTER (WHERE status = 'PENDING') FROM ` + table,
+	}}, nil
+}
+
+// Run relays until ctx is done: it wakes on LISTEN/NOTIFY when rows are
+// written and polls every PollInterval as a floor. It returns nil when ctx
+// is cancelled (after finishing the batch in hand).
+func (r *Relay) Run(ctx context.Context) error {
+	wake := make(chan struct{}, 1)
+	go r.listen(ctx, wake)
+	lastCleanup := time.Time{}
+	for {
+		n, err := r.RunOnce(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			r.cfg.Logger.Warn("outbox: relay pass failed", "table", r.table, "err", err)
+		}
+		if time.Since(lastCleanup) > time.Minute && !r.cfg.DeletePublished {
+			if _, err := r.Cleanup(ctx); err != nil && ctx.Err() == nil {
+				r.cfg.Logger.Warn("outbox: cleanup failed", "table", r.table, "err", err)
+			}
+			lastCleanup = time.Now()
+		}
+		if n > 0 && err == nil {
+			continue // there may be more
+		}
+		t := time.NewTimer(r.cfg.PollInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// listen turns notifications into wake-ups, reconnecting with back-off.
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+	channelPayload := r.cfg.Schema + "." + r.cfg.Table
+	for backoff := 100 * time.Millisecond; ctx.Err() == nil; backoff = min(2*backoff, 10*time.Second) {
+		conn, err := r.pool.Acquire(ctx)
+		if err != nil {
+			_ = sleep(ctx, backoff)
+			continue
+		}
+		if _, err := conn.Exec(ctx, "LISTEN exactly_outbox"); err != nil {
+			conn.Release()
+			_ = sleep(ctx, backoff)
+			continue
+		}
+		for {
+			n, err := conn.Conn().WaitForNotification(ctx)
+			if err != nil {
+				break
+			}
+			backoff = 100 * time.Millisecond
+			if n.Payload == channelPayload {
+				select {
+				case wake <- struct{}{}:
+				default:
+				}
+			}
+		}
+		// The connection may be mid-wait: never hand it back to the pool.
+		_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		conn.Release()
+	}
+}
+
+// RunOnce makes one pass over the lanes that no other relay holds and
+// returns how many messages it published.
+func (r *Relay) RunOnce(ctx context.Context) (int, error) {
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: relay: %w", err)
+	}
+	defer conn.Release()
+	total := 0
+	var errs []error
+	for _, lane := range rand.Perm(Lanes) {
+		if ctx.Err() != nil {
+			break
+		}
+		var locked bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", r.lockID+int64(lane)).Scan(&locked); err != nil {
+			return total, fmt.Errorf("outbox: relay: lane lock: %w", err)
+		}
+		if !locked {
+			continue
+		}
+		n, err := r.drainLane(ctx, conn.Conn(), lane)
+		total += n
+		if err != nil {
+			errs = append(errs, err)
+		}
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_, uerr := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", r.lockID+int64(lane))
+		cancel()
+		if uerr != nil {
+			_ = conn.Conn().Close(uctx) // never return a connection that may hold a lane
+			return total, fmt.Errorf("outbox: relay: lane unlock: %w", uerr)
+		}
+	}
+	return total, errors.Join(errs...)
+}
+
+type row struct {
+	id        int64
+	topic     string
+	key       string
+	uuid      string
+	metadata  []byte
+	payload   []byte
+	attempts  int
+	due       bool
+	createdAt time.Time
+}
+
+func (r *Relay) drainLane(ctx context.Context, conn *pgx.Conn, lane int) (int, error) {
+	total := 0
+	for {
+		n, full, err := r.batch(ctx, conn, lane)
+		total += n
+		if err != nil || !full || ctx.Err() != nil {
+			return total, err
+		}
+	}
+}
+
+// batch publishes one batch of the lane in one transaction.
+func (r *Relay) batch(ctx context.Context, conn *pgx.Conn, lane int) (published int, full bool, err error) {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return 0, false, fmt.Errorf("outbox: begin: %w", err)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
+	rows, err := tx.Query(ctx, r.q.fetch, lane, r.cfg.BatchSize)
+	if err != nil {
+		return 0, false, fmt.Errorf("outbox: fetch: %w", err)
+	}
+	var batch []row
+	for rows.Next() {
+		var x row
+		if err := rows.Scan(&x.id, &x.topic, &x.key, &x.uuid, &x.metadata, &x.payload, &x.attempts, &x.due, &x.createdAt); err != nil {
+			rows.Close()
+			return 0, false, fmt.Errorf("outbox: fetch: %w", err)
+		}
+		batch = append(batch, x)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, false, fmt.Errorf("outbox: fetch: %w", err)
+	}
+	if len(batch) == 0 {
+		return 0, false, nil
+	}
+	ev := BatchEvent{Lane: lane}
+	blocked := map[string]bool{} // keys whose earlier message is waiting
+	var done []int64
+	var oldest time.Time
+	// Publish runs of publishable rows for the same topic together.
+	var run []row
+	flush := func() error {
+		if len(run) == 0 {
+			return nil
+		}
+		ok, failedAt, perr := r.publish(run)
+		for _, x := range run[:ok] {
+			done = append(done, x.id)
+			if oldest.IsZero() || x.createdAt.Before(oldest) {
+				oldest = x.createdAt
+			}
+		}
+		if perr != nil {
+			x := run[failedAt]
+			ev.Failed++
+			backoff := min(r.cfg.RetryBackoff<<min(x.attempts, 20), r.cfg.MaxRetryBackoff)
+			var status string
+			if err := tx.QueryRow(ctx, r.q.failed, x.id, perr.Error(), float64(backoff.Microseconds()), r.cfg.MaxAttempts).Scan(&status); err != nil {
+				return fmt.Errorf("outbox: record failure of %s: %w", x.uuid, err)
+			}
+			if status == "DEAD" {
+				ev.Dead++
+				r.cfg.Logger.Error("outbox: message is DEAD after repeated publish failures", "uuid", x.uuid, "topic", x.topic, "attempts", x.attempts+1, "err", perr)
+			} else {
+				r.cfg.Logger.Warn("outbox: publish failed; will retry", "uuid", x.uuid, "topic", x.topic, "attempts", x.attempts+1, "backoff", backoff, "err", perr)
+				if x.key != "" {
+					blocked[x.key] = true
+				}
+			}
+			// The rest of the run is tried again in the next pass (or below,
+			// for other keys).
+			rest := run[failedAt+1:]
+			run = nil
+			for _, y := range rest {
+				if y.key != "" && blocked[y.key] {
+					continue
+				}
+				run = append(run, y)
+			}
+			return nil
+		}
+		run = run[:0]
+		return nil
+	}
+	for _, x := range batch {
+		if x.key != "" && blocked[x.key] {
+			continue
+		}
+		if !x.due {
+			if x.key != "" {
+				blocked[x.key] = true
+			}
+			continue
+		}
+		if len(run) > 0 && run[0].topic != x.topic {
+			if err := flushAll(flush, &run); err != nil {
+				return 0, false, err
+			}
+			if x.key != "" && blocked[x.key] {
+				continue
+			}
+		}
+		run = append(run, x)
+	}
+	if err := flushAll(flush, &run); err != nil {
+		return 0, false, err
+	}
+	if len(done) > 0 {
+		q := r.q.published
+		if r.cfg.DeletePublished {
+			q = r.q.deleted
+		}
+		if _, err := tx.Exec(ctx, q, done); err != nil {
+			return 0, false, fmt.Errorf("outbox: mark published: %w", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, false, fmt.Errorf("outbox: commit: %w", err)
+	}
+	ev.Published = len(done)
+	if !oldest.IsZero() {
+		ev.Lag = time.Since(oldest)
+	}
+	if r.cfg.Hooks != nil {
+		r.cfg.Hooks.OnBatch(ctx, ev)
+	}
+	return len(done), len(batch) == r.cfg.BatchSize && ev.Failed == 0, nil
+}
+
+// flushAll flushes until the run is empty (a failure leaves a shorter run).
+func flushAll(flush func() error, run *[]row) error {
+	for len(*run) > 0 {
+		if err := flush(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// publish sends rows (one topic) and reports how many leading rows went
+// out; on failure, failedAt is the row that failed.
+func (r *Relay) publish(rows []row) (ok, failedAt int, err error) {
+	msgs := make([]*message.Message, len(rows))
+	for i, x := range rows {
+		m := message.NewMessage(x.uuid, x.payload)
+		if err := json.Unmarshal(x.metadata, &m.Metadata); err != nil {
+			return i, i, fmt.Errorf("outbox: metadata of %s: %w", x.uuid, err)
+		}
+		msgs[i] = m
+	}
+	if err := r.pub.Publish(rows[0].topic, msgs...); err == nil {
+		return len(rows), 0, nil
+	}
+	// Find the failing message, keeping order: one at a time.
+	for i, m := range msgs {
+		if err := r.pub.Publish(rows[i].topic, m); err != nil {
+			return i, i, err
+		}
+	}
+	return len(rows), 0, nil
+}
+
+// Cleanup deletes PUBLISHED rows older than PublishedRetention, in batches,
+// and returns how many it deleted.
+func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
+	var total int64
+	for {
+		tag, err := r.pool.Exec(ctx, r.q.cleanup, float64(r.cfg.PublishedRetention.Microseconds()))
+		if err != nil {
+			return total, fmt.Errorf("outbox: cleanup: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < 1000 {
+			return total, nil
+		}
+	}
+}
+
+// Stats describes the outbox, for metrics.
+type Stats struct {
+	Pending int64
+	Dead    int64
+	// Lag is the age of the oldest pending message; 0 when none.
+	Lag time.Duration
+}
+
+// Stats reads the outbox's counts and lag.
+func (r *Relay) Stats(ctx context.Context) (Stats, error) {
+	var st Stats
+	var oldest *time.Time
+	if err := r.pool.QueryRow(ctx, r.q.stats).Scan(&st.Pending, &st.Dead, &oldest); err != nil {
+		return st, fmt.Errorf("outbox: stats: %w", err)
+	}
+	if oldest != nil {
+		st.Lag = time.Since(*oldest)
+	}
+	return st, nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,152 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/internal/sqlident"
+)
+
+// Lanes is the number of lanes partition keys are spread over; at most this
+// many relays work at once.
+const Lanes = 16
+
+// KeyMetadata is the metadata field that carries a message's partition key
+// (the Kafka record key), as the consumer package's Publisher reads it.
+const KeyMetadata = "kafka_key"
+
+// Config names the outbox table.
+type Config struct {
+	// Schema holds the table. Defaults to "public".
+	Schema string
+	// Table is the outbox table. Defaults to "exactly_outbox".
+	Table string
+	// PartitionKeyFunc returns a message's partition key: messages with the
+	// same key are published in the order they were written. Defaults to
+	// the KeyMetadata field; no key means no order across messages.
+	PartitionKeyFunc func(topic string, msg *message.Message) (string, error)
+}
+
+func (c *Config) withDefaults() (Config, string, error) {
+	var o Config
+	if c != nil {
+		o = *c
+	}
+	if o.Schema == "" {
+		o.Schema = "public"
+	}
+	if o.Table == "" {
+		o.Table = "exactly_outbox"
+	}
+	if o.PartitionKeyFunc == nil {
+		o.PartitionKeyFunc = func(_ string, m *message.Message) (string, error) { return m.Metadata.Get(KeyMetadata), nil }
+	}
+	if err := sqlident.Check("outbox: Config.Schema", o.Schema); err != nil {
+		return o, "", err
+	}
+	if err := sqlident.Check("outbox: Config.Table", o.Table); err != nil {
+		return o, "", err
+	}
+	return o, sqlident.Qualified(o.Schema, o.Table), nil
+}
+
+// Writer writes messages into the outbox in the caller's transaction: they
+// are published after, and only if, that transaction commits.
+type Writer struct {
+	cfg    Config
+	insert string
+}
+
+// NewWriter returns a Writer. cfg may be nil.
+func NewWriter(cfg *Config) (*Writer, error) {
+	c, table, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Writer{cfg: c, insert: `INSERT INTO ` + table + ` (topic, partition_key, uuid, metadata, payload, lane)
+SELECT $1, k, u, m, p, l FROM unnest($2::text[], $3::text[], $4::jsonb[], $5::bytea[], $6::smallint[]) AS t(k, u, m, p, l)`}, nil
+}
+
+func lane(key, uuid string) int16 {
+	h := fnv.New32a()
+	if key != "" {
+		h.Write([]byte(key))
+	} else {
+		h.Write([]byte(uuid))
+	}
+	return int16(h.Sum32() % Lanes)
+}
+
+// WriteTx stores msgs for topic in tx, in order, with one statement.
+func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*message.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	if topic == "" {
+		return errors.New("outbox: WriteTx: topic is empty")
+	}
+	if tx == nil {
+		return errors.New("outbox: WriteTx: tx is nil")
+	}
+	keys := make([]*string, len(msgs))
+	uuids := make([]string, len(msgs))
+	mds := make([][]byte, len(msgs))
+	payloads := make([][]byte, len(msgs))
+	lanes := make([]int16, len(msgs))
+	for i, m := range msgs {
+		if m.UUID == "" {
+			return fmt.Errorf("outbox: message %d for %s has no UUID: consumers deduplicate by it", i, topic)
+		}
+		k, err := w.cfg.PartitionKeyFunc(topic, m)
+		if err != nil {
+			return fmt.Errorf("outbox: partition key of %s: %w", m.UUID, err)
+		}
+		if k != "" {
+			keys[i] = &k
+		}
+		md := m.Metadata
+		if k != "" && md.Get(KeyMetadata) != k {
+			md = make(message.Metadata, len(m.Metadata)+1)
+			for mk, mv := range m.Metadata {
+				md[mk] = mv
+			}
+			md[KeyMetadata] = k
+		}
+		if md == nil {
+			md = message.Metadata{}
+		}
+		if mds[i], err = json.Marshal(md); err != nil {
+			return fmt.Errorf("outbox: metadata of %s: %w", m.UUID, err)
+		}
+		uuids[i], payloads[i], lanes[i] = m.UUID, m.Payload, lane(k, m.UUID)
+		if payloads[i] == nil {
+			payloads[i] = []byte{}
+		}
+	}
+	if _, err := tx.Exec(ctx, w.insert, topic, keys, uuids, mds, payloads, lanes); err != nil {
+		return fmt.Errorf("outbox: write %d message(s) for %s: %w", len(msgs), topic, err)
+	}
+	return nil
+}
+
+// Outputs returns a writer of a handler's output messages to topic, for
+// consumer.Config.Outputs: the outputs then leave through the outbox in the
+// handler's transaction.
+func (w *Writer) Outputs(topic string) *OutputsWriter { return &OutputsWriter{w: w, topic: topic} }
+
+// OutputsWriter writes a handler's outputs to one topic.
+type OutputsWriter struct {
+	w     *Writer
+	topic string
+}
+
+// WriteOutputsTx implements consumer.OutputsWriter.
+func (o *OutputsWriter) WriteOutputsTx(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+	return o.w.WriteTx(ctx, tx, o.topic, msgs...)
+}
