@@ -2,7 +2,11 @@
 GO ?= go
 PKGS ?= ./...
 
-.PHONY: test test-short bench lint services services-stop up down
+.PHONY: demo test test-short bench lint services services-stop up down
+
+# The ledger demo: needs Postgres at DATABASE_URL; Kafka in-process unless KAFKA_BROKERS is set.
+demo:
+	$(GO) run ./examples/ledger-consumer demo
 
 # The whole suite against real Postgres and Kafka, with the race detector.
 # Services come from TEST_DATABASE_URL / TEST_KAFKA_BROKERS, testcontainers

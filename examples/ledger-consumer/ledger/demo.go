@@ -1,0 +1,298 @@
+package ledger
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/exactly-go/exactly/migrations"
+)
+
+// DefaultDatabaseURL is used when DATABASE_URL is not set.
+const DefaultDatabaseURL = "postgres://postgres:postgres@localhost:5432/postgres"
+
+// DemoConfig configures Demo.
+type DemoConfig struct {
+	// DatabaseURL defaults to DefaultDatabaseURL.
+	DatabaseURL string
+	// Schema is dropped and re-created. Defaults to "ledger_demo".
+	Schema string
+	// Brokers; when empty an in-process Kafka broker is started.
+	Brokers []string
+	Load    LoadConfig
+	// Progress receives a line per second while the worker runs; nil for none.
+	Progress io.Writer
+	// NoDedupe runs the worker without the dedupe middleware.
+	NoDedupe bool
+	// Replay consumes the whole topic a second time with a new consumer
+	// group (same handler scope) after the first pass: every record is then
+	// a redelivery, and the balances must not move.
+	Replay bool
+	Logger *slog.Logger
+}
+
+// Summary is the demo's result.
+type Summary struct {
+	// Verify is what Verify found on the topic and in Postgres.
+	Verify Report
+	// Workload is what was produced.
+	Workload Workload
+	// Worker counts what the worker's middleware saw.
+	Worker  Counts
+	Elapsed time.Duration
+	// Replayed counts the second pass (DemoConfig.Replay).
+	Replayed      Counts
+	ReplayElapsed time.Duration
+	Broker        string
+}
+
+// Counts are the worker's totals.
+type Counts struct {
+	Applied, Duplicates, KeyReused, DeadLettered, Rejected int64
+}
+
+// Match reports whether the balances are as expected.
+func (s Summary) Match() bool { return s.Verify.Match() }
+
+// Print writes the summary for people.
+func (s Summary) Print(w io.Writer) {
+	match := "yes"
+	if !s.Match() {
+		match = "NO"
+	}
+	fmt.Fprintf(w, `
+ledger demo (%s)
+  records produced     %d (%d commands, %d duplicates, %d key reuses, %d malformed)
+  applied              %d (each command once; rule violations included)
+  duplicates skipped   %d
+  rejected by rules    %d (recorded and emitted as events)
+  key reuse caught     %d
+  dead-lettered        %d
+  accounts             %d
+  elapsed              %v (%.0f records/s)
+  balances match       %s
+`, s.Broker, s.Verify.Records, s.Workload.Unique, s.Workload.Duplicates, s.Workload.KeyReused, s.Workload.Malformed,
+		s.Worker.Applied, s.Worker.Duplicates, s.Worker.Rejected, s.Worker.KeyReused, s.Worker.DeadLettered, s.Verify.Accounts,
+		s.Elapsed.Round(time.Millisecond), float64(s.Verify.Records)/s.Elapsed.Seconds(), match)
+	if s.ReplayElapsed > 0 {
+		fmt.Fprintf(w, "  replayed the topic    %d records in %v (%.0f records/s): %d applied again, %d duplicates skipped\n",
+			s.Verify.Records, s.ReplayElapsed.Round(time.Millisecond), float64(s.Verify.Records)/s.ReplayElapsed.Seconds(),
+			s.Replayed.Applied, s.Replayed.Duplicates)
+	}
+	for _, m := range s.Verify.Mismatches {
+		fmt.Fprintln(w, "  mismatch:", m)
+	}
+}
+
+// Demo migrates, produces a workload with duplicates and bad inputs,
+// consumes it with the worker until the group has caught up, and verifies
+// the balances.
+func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
+	if cfg.DatabaseURL == "" {
+		cfg.DatabaseURL = DefaultDatabaseURL
+	}
+	if cfg.Schema == "" {
+		cfg.Schema = "ledger_demo"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	var sum Summary
+	pool, err := connect(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return sum, err
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{cfg.Schema}.Sanitize()+" CASCADE"); err != nil {
+		return sum, fmt.Errorf("ledger: reset schema: %w", err)
+	}
+	if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: cfg.Schema}); err != nil {
+		return sum, err
+	}
+	if err := Setup(ctx, pool, cfg.Schema); err != nil {
+		return sum, err
+	}
+	sum.Broker = "Kafka at " + fmt.Sprint(cfg.Brokers)
+	if len(cfg.Brokers) == 0 {
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation())
+		if err != nil {
+			return sum, fmt.Errorf("ledger: in-process Kafka: %w", err)
+		}
+		defer cluster.Close()
+		cfg.Brokers = cluster.ListenAddrs()
+		sum.Broker = "in-process Kafka broker"
+	}
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	run := hex.EncodeToString(b)
+	wcfg := Config{Schema: cfg.Schema, Brokers: cfg.Brokers, Commands: "ledger.commands." + run, Events: "ledger.events." + run,
+		DeadLetter: "ledger.dlq." + run, Group: "ledger-demo-" + run, NoDedupe: cfg.NoDedupe, Logger: cfg.Logger}
+	if err := createTopics(ctx, cfg.Brokers, map[string]int{wcfg.Commands: 6, wcfg.Events: 3, wcfg.DeadLetter: 1}); err != nil {
+		return sum, err
+	}
+	sum.Workload = Generate(cfg.Load)
+	if err := Produce(ctx, cfg.Brokers, wcfg.Commands, sum.Workload.Records); err != nil {
+		return sum, err
+	}
+	if sum.Worker, sum.Elapsed, err = runUntilCaughtUp(ctx, pool, wcfg, cfg.Progress, len(sum.Workload.Records)); err != nil {
+		return sum, err
+	}
+	if cfg.Replay {
+		wcfg.Group += "-replay"
+		if sum.Replayed, sum.ReplayElapsed, err = runUntilCaughtUp(ctx, pool, wcfg, cfg.Progress, len(sum.Workload.Records)); err != nil {
+			return sum, err
+		}
+	}
+	sum.Verify, err = Verify(ctx, pool, cfg.Schema, cfg.Brokers, wcfg.Commands)
+	return sum, err
+}
+
+func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(url)
+	var pool *pgxpool.Pool
+	if err == nil {
+		// A connection per partition handler, plus the relay's two.
+		pcfg.MaxConns = max(pcfg.MaxConns, 16)
+		pool, err = pgxpool.NewWithConfig(ctx, pcfg)
+	}
+	if err == nil {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = pool.Ping(pctx)
+		cancel()
+		if err != nil {
+			pool.Close()
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ledger: cannot reach Postgres at %s: %w\n  start one with `docker compose up -d postgres` (or scripts/postgres.sh start), or set DATABASE_URL", redact(url), err)
+	}
+	return pool, nil
+}
+
+// redact hides the password in a database URL.
+func redact(url string) string {
+	if cfg, err := pgx.ParseConfig(url); err == nil && cfg.Password != "" {
+		return fmt.Sprintf("postgres://%s:***@%s:%d/%s", cfg.User, cfg.Host, cfg.Port, cfg.Database)
+	}
+	return url
+}
+
+func createTopics(ctx context.Context, brokers []string, topics map[string]int) error {
+	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	var cfgs []kafka.TopicConfig
+	for t, n := range topics {
+		cfgs = append(cfgs, kafka.TopicConfig{Topic: t, NumPartitions: n, ReplicationFactor: 1})
+	}
+	res, err := c.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: cfgs})
+	if err != nil {
+		return fmt.Errorf("ledger: create topics: %w", err)
+	}
+	for t, err := range res.Errors {
+		if err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+			return fmt.Errorf("ledger: create topic %s: %w", t, err)
+		}
+	}
+	return nil
+}
+
+// waitCaughtUp polls the group's committed offsets until they reach the
+// topic's end, printing progress.
+func waitCaughtUp(ctx context.Context, brokers []string, group, topic string, w *Worker, progress io.Writer, total int, done <-chan error) error {
+	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	lastPrint := time.Now()
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-done:
+			return fmt.Errorf("ledger: worker stopped early: %v", err)
+		case <-tick.C:
+		}
+		behind, consumed, err := lag(ctx, c, group, topic)
+		if err == nil && behind == 0 && consumed > 0 {
+			return nil
+		}
+		if progress != nil && time.Since(lastPrint) >= time.Second {
+			m := w.Metrics
+			fmt.Fprintf(progress, "  consumed %d/%d  applied %d  duplicates %d  rejected %d  dead-lettered %d\n",
+				consumed, total, m.Applied.Load(), m.Duplicates.Load(), m.Rejected.Load(), m.DeadLettered.Load())
+			lastPrint = time.Now()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("ledger: group %s still %d behind after 10 minutes", group, behind)
+		}
+	}
+}
+
+// lag returns how far group is behind on topic, and how much it consumed.
+func lag(ctx context.Context, c *kafka.Client, group, topic string) (behind, consumed int64, err error) {
+	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil || len(md.Topics) != 1 {
+		return 0, 0, fmt.Errorf("metadata: %v", err)
+	}
+	n := len(md.Topics[0].Partitions)
+	ps := make([]int, n)
+	req := make([]kafka.OffsetRequest, n)
+	for i := range ps {
+		ps[i], req[i] = i, kafka.LastOffsetOf(i)
+	}
+	offs, err := c.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: req}})
+	if err != nil {
+		return 0, 0, err
+	}
+	committed, err := c.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: ps}})
+	if err != nil {
+		return 0, 0, err
+	}
+	got := map[int]int64{}
+	for _, p := range committed.Topics[topic] {
+		if p.CommittedOffset > 0 {
+			got[p.Partition] = p.CommittedOffset
+		}
+	}
+	for _, p := range offs.Topics[topic] {
+		behind += p.LastOffset - got[p.Partition]
+		consumed += got[p.Partition]
+	}
+	return behind, consumed, nil
+}
+
+// runUntilCaughtUp runs a worker until its group has consumed the whole
+// commands topic, and returns its counts and how long it took.
+func runUntilCaughtUp(ctx context.Context, pool *pgxpool.Pool, wcfg Config, progress io.Writer, total int) (Counts, time.Duration, error) {
+	worker, err := NewWorker(pool, wcfg)
+	if err != nil {
+		return Counts{}, 0, err
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- worker.Run(wctx) }()
+	if err := waitCaughtUp(ctx, wcfg.Brokers, wcfg.Group, wcfg.Commands, worker, progress, total, done); err != nil {
+		stop()
+		<-done
+		return Counts{}, 0, err
+	}
+	elapsed := time.Since(start)
+	stop()
+	if err := <-done; err != nil {
+		return Counts{}, 0, err
+	}
+	m := worker.Metrics
+	return Counts{Applied: m.Applied.Load(), Duplicates: m.Duplicates.Load(), KeyReused: m.KeyReused.Load(),
+		DeadLettered: m.DeadLettered.Load(), Rejected: m.Rejected.Load()}, elapsed, nil
+}

@@ -1,0 +1,137 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/exactly-go/exactly/consumer"
+)
+
+// LoadConfig shapes a generated workload.
+type LoadConfig struct {
+	// Commands is the number of distinct commands. Defaults to 2000.
+	Commands int
+	// Accounts is the number of accounts. Defaults to 50.
+	Accounts int
+	// Duplicates is the share of extra records that re-send an earlier
+	// command unchanged (same command_id). Defaults to 0.10.
+	Duplicates float64
+	// KeyReuse is the share of extra records that re-use an earlier
+	// command_id with a different amount. Defaults to 0.02.
+	KeyReuse float64
+	// Malformed is the share of extra records that are not valid commands.
+	// Defaults to 0.02.
+	Malformed float64
+	// Seed makes the workload reproducible. Defaults to the current time.
+	Seed uint64
+}
+
+func (c *LoadConfig) defaults() {
+	if c.Commands == 0 {
+		c.Commands = 2000
+	}
+	if c.Accounts == 0 {
+		c.Accounts = 50
+	}
+	if c.Duplicates == 0 {
+		c.Duplicates = 0.10
+	}
+	if c.KeyReuse == 0 {
+		c.KeyReuse = 0.02
+	}
+	if c.Malformed == 0 {
+		c.Malformed = 0.02
+	}
+	if c.Seed == 0 {
+		c.Seed = uint64(time.Now().UnixNano())
+	}
+}
+
+// Workload is a generated sequence of records, in produce order.
+type Workload struct {
+	Records                                  []kafka.Message
+	Unique, Duplicates, KeyReused, Malformed int
+}
+
+// Generate makes a workload: every account is topped up, then random
+// commands follow (some of which break a rule and will be rejected), with
+// duplicates, key reuses and malformed records mixed in after the commands
+// they copy. Records are keyed by account, so an account's commands keep
+// their order on Kafka.
+func Generate(cfg LoadConfig) Workload {
+	cfg.defaults()
+	rnd := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
+	var w Workload
+	var sent []kafka.Message
+	holds := map[string][]string{} // account -> hold ids
+	emit := func(c Command) {
+		payload, _ := json.Marshal(c)
+		rec := kafka.Message{Key: []byte(c.Account), Value: payload, Headers: []kafka.Header{{Key: consumer.UUIDHeader, Value: []byte(c.CommandID)}}}
+		w.Records = append(w.Records, rec)
+		sent = append(sent, rec)
+		w.Unique++
+	}
+	account := func(i int) string { return fmt.Sprintf("acc-%03d", i) }
+	for i := 0; i < cfg.Accounts && w.Unique < cfg.Commands; i++ {
+		emit(Command{CommandID: watermill.NewUUID(), Type: Topup, Account: account(i), Amount: 500 + rnd.Int64N(500)})
+	}
+	for w.Unique < cfg.Commands {
+		a := account(rnd.IntN(cfg.Accounts))
+		c := Command{CommandID: watermill.NewUUID(), Account: a, Amount: 1 + rnd.Int64N(200)}
+		hs := holds[a]
+		switch r := rnd.Float64(); {
+		case r < 0.25 || (len(hs) == 0 && r < 0.7):
+			c.Type = Topup
+		case r < 0.55 || len(hs) == 0:
+			c.Type, c.HoldID = Hold, "hold-"+c.CommandID[:8]
+			holds[a] = append(hs, c.HoldID)
+		case r < 0.75:
+			c.Type, c.HoldID = Capture, hs[rnd.IntN(len(hs))]
+		case r < 0.88:
+			c.Type, c.HoldID = Release, hs[rnd.IntN(len(hs))]
+		default:
+			c.Type, c.HoldID = Refund, hs[rnd.IntN(len(hs))]
+		}
+		emit(c)
+		if rnd.Float64() < cfg.Duplicates {
+			w.Records = append(w.Records, sent[rnd.IntN(len(sent))])
+			w.Duplicates++
+		}
+		if rnd.Float64() < cfg.KeyReuse {
+			orig := sent[rnd.IntN(len(sent))]
+			var oc Command
+			_ = json.Unmarshal(orig.Value, &oc)
+			oc.Amount += 1 + rnd.Int64N(50)
+			payload, _ := json.Marshal(oc)
+			w.Records = append(w.Records, kafka.Message{Key: orig.Key, Value: payload, Headers: orig.Headers})
+			w.KeyReused++
+		}
+		if rnd.Float64() < cfg.Malformed {
+			bad := [][]byte{[]byte("not json at all"), []byte(`{"type":"steal","account":"` + a + `","amount":5}`), {}, []byte(`{"command_id":"x","type":"topup","account":"` + a + `","amount":-3}`)}
+			w.Records = append(w.Records, kafka.Message{Key: []byte(a), Value: bad[rnd.IntN(len(bad))],
+				Headers: []kafka.Header{{Key: consumer.UUIDHeader, Value: []byte(watermill.NewUUID())}}})
+			w.Malformed++
+		}
+	}
+	return w
+}
+
+// Produce writes the workload's records to topic in order.
+func Produce(ctx context.Context, brokers []string, topic string, recs []kafka.Message) error {
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Murmur2Balancer{},
+		RequiredAcks: kafka.RequireAll, BatchSize: 500, BatchTimeout: 10 * time.Millisecond, MaxAttempts: 10}
+	defer w.Close()
+	for i := 0; i < len(recs); i += 1000 {
+		end := min(i+1000, len(recs))
+		if err := w.WriteMessages(ctx, recs[i:end]...); err != nil {
+			return fmt.Errorf("ledger: produce to %s: %w", topic, err)
+		}
+	}
+	return nil
+}

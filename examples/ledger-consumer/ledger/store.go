@@ -1,0 +1,97 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Setup creates the ledger's tables in schema (the schema must exist).
+func Setup(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	s := pgx.Identifier{schema}.Sanitize()
+	_, err := pool.Exec(ctx, `
+CREATE TABLE IF NOT EXISTS `+s+`.accounts (
+    id        text PRIMARY KEY,
+    available bigint NOT NULL DEFAULT 0 CHECK (available >= 0),
+    held      bigint NOT NULL DEFAULT 0 CHECK (held >= 0)
+);
+CREATE TABLE IF NOT EXISTS `+s+`.holds (
+    id       text PRIMARY KEY,
+    account  text NOT NULL,
+    amount   bigint NOT NULL,
+    captured bigint NOT NULL DEFAULT 0,
+    released bigint NOT NULL DEFAULT 0,
+    refunded bigint NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS `+s+`.rejections (
+    command_id text PRIMARY KEY,
+    type       text NOT NULL,
+    account    text NOT NULL,
+    reason     text NOT NULL,
+    at         timestamptz NOT NULL DEFAULT now()
+);`)
+	if err != nil {
+		return fmt.Errorf("ledger: setup: %w", err)
+	}
+	return nil
+}
+
+// txState is State on a transaction; rows it reads are locked until commit.
+type txState struct {
+	ctx    context.Context
+	tx     pgx.Tx
+	schema string
+}
+
+func (s *txState) t(name string) string { return pgx.Identifier{s.schema, name}.Sanitize() }
+
+func (s *txState) Account(id string) (Account, error) {
+	var a Account
+	err := s.tx.QueryRow(s.ctx, "SELECT available, held FROM "+s.t("accounts")+" WHERE id = $1 FOR UPDATE", id).Scan(&a.Available, &a.Held)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Account{}, nil
+	}
+	return a, err
+}
+
+func (s *txState) SetAccount(id string, a Account) error {
+	_, err := s.tx.Exec(s.ctx, "INSERT INTO "+s.t("accounts")+" (id, available, held) VALUES ($1, $2, $3) ON CONFLICT (id) DO UPDATE SET available = excluded.available, held = excluded.held", id, a.Available, a.Held)
+	return err
+}
+
+func (s *txState) Hold(id string) (HoldState, bool, error) {
+	var h HoldState
+	err := s.tx.QueryRow(s.ctx, "SELECT account, amount, captured, released, refunded FROM "+s.t("holds")+" WHERE id = $1 FOR UPDATE", id).
+		Scan(&h.Account, &h.Amount, &h.Captured, &h.Released, &h.Refunded)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return HoldState{}, false, nil
+	}
+	return h, err == nil, err
+}
+
+func (s *txState) SetHold(id string, h HoldState) error {
+	_, err := s.tx.Exec(s.ctx, "INSERT INTO "+s.t("holds")+" (id, account, amount, captured, released, refunded) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO UPDATE SET captured = excluded.captured, released = excluded.released, refunded = excluded.refunded",
+		id, h.Account, h.Amount, h.Captured, h.Released, h.Refunded)
+	return err
+}
+
+// Balances reads every account's balances.
+func Balances(ctx context.Context, pool *pgxpool.Pool, schema string) (map[string]Account, error) {
+	rows, err := pool.Query(ctx, "SELECT id, available, held FROM "+pgx.Identifier{schema, "accounts"}.Sanitize())
+	if err != nil {
+		return nil, fmt.Errorf("ledger: balances: %w", err)
+	}
+	out := map[string]Account{}
+	for rows.Next() {
+		var id string
+		var a Account
+		if err := rows.Scan(&id, &a.Available, &a.Held); err != nil {
+			return nil, err
+		}
+		out[id] = a
+	}
+	return out, rows.Err()
+}

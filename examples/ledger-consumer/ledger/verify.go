@@ -1,0 +1,148 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/dedupe"
+)
+
+// Report is what Verify found.
+type Report struct {
+	Records, Unique, Duplicates, KeyReused, Malformed int
+	Accounts                                          int
+	// Mismatches lists accounts whose balances differ from the expected ones.
+	Mismatches []string
+}
+
+// Match reports whether every balance is as expected.
+func (r Report) Match() bool { return len(r.Mismatches) == 0 }
+
+// Verify reads the commands topic from the start to its end, recomputes the
+// balances that applying each valid command exactly once gives (first
+// occurrence of a command_id wins; a later copy is a duplicate, or a key
+// reuse if its payload differs; malformed records apply nothing) and
+// compares them with the accounts table.
+func Verify(ctx context.Context, pool *pgxpool.Pool, schema string, brokers []string, topic string) (Report, error) {
+	recs, err := readTopic(ctx, brokers, topic)
+	if err != nil {
+		return Report{}, err
+	}
+	var rep Report
+	st := NewMemState()
+	seen := map[string]dedupe.Fingerprint{}
+	for _, part := range recs {
+		for _, m := range part {
+			rep.Records++
+			var id string
+			for _, h := range m.Headers {
+				if h.Key == consumer.UUIDHeader {
+					id = string(h.Value)
+				}
+			}
+			fp := dedupe.FingerprintOf(m.Value)
+			if prev, ok := seen[id]; ok {
+				if prev == fp {
+					rep.Duplicates++
+				} else {
+					rep.KeyReused++
+				}
+				continue
+			}
+			seen[id] = fp
+			c, err := Parse(m.Value)
+			if err != nil || id == "" {
+				rep.Malformed++
+				continue
+			}
+			rep.Unique++
+			if err := Apply(st, c); err != nil && !IsRejection(err) {
+				return rep, err
+			}
+		}
+	}
+	got, err := Balances(ctx, pool, schema)
+	if err != nil {
+		return rep, err
+	}
+	names := map[string]bool{}
+	for a := range st.Accounts {
+		names[a] = true
+	}
+	for a := range got {
+		names[a] = true
+	}
+	for a := range names {
+		if want, have := st.Accounts[a], got[a]; want != have {
+			rep.Mismatches = append(rep.Mismatches, fmt.Sprintf("%s: available %d held %d, want %d and %d", a, have.Available, have.Held, want.Available, want.Held))
+		}
+	}
+	sort.Strings(rep.Mismatches)
+	rep.Accounts = len(names)
+	return rep, nil
+}
+
+// readTopic reads every partition of topic from the start to its current
+// end, each in offset order.
+func readTopic(ctx context.Context, brokers []string, topic string) ([][]kafka.Message, error) {
+	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: metadata of %s: %w", topic, err)
+	}
+	if len(md.Topics) != 1 || md.Topics[0].Error != nil {
+		return nil, fmt.Errorf("ledger: topic %s: %v", topic, md.Topics)
+	}
+	n := len(md.Topics[0].Partitions)
+	req := make([]kafka.OffsetRequest, n)
+	for i := range req {
+		req[i] = kafka.LastOffsetOf(i)
+	}
+	offs, err := c.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: req}})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: end offsets of %s: %w", topic, err)
+	}
+	end := map[int]int64{}
+	for _, p := range offs.Topics[topic] {
+		end[p.Partition] = p.LastOffset
+	}
+	out := make([][]kafka.Message, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for p := 0; p < n; p++ {
+		if end[p] == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxWait: 100 * time.Millisecond})
+			defer r.Close()
+			for {
+				m, err := r.FetchMessage(ctx)
+				if err != nil {
+					errs[p] = fmt.Errorf("ledger: read %s/%d: %w", topic, p, err)
+					return
+				}
+				out[p] = append(out[p], m)
+				if m.Offset+1 >= end[p] {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
