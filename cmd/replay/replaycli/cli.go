@@ -1,0 +1,272 @@
+// Package replaycli is the replay tool: it redelivers Kafka topics and
+// proves that their consumers deduplicate. cmd/replay is a thin main over it.
+package replaycli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+)
+
+// Exit codes.
+const (
+	ExitOK           = 0
+	ExitDoubleApply  = 1 // verify: something was applied twice
+	ExitUsage        = 2
+	ExitKafka        = 3 // broker unreachable or failing
+	ExitDatabase     = 4
+	ExitChecksum     = 5
+	ExitEmptyRange   = 6
+	ExitGroupActive  = 7
+	ExitUnknownTopic = 8
+	ExitUnknownGroup = 9
+	ExitTimeout      = 10
+)
+
+const usage = `replay: redeliver Kafka topics and prove that consumers deduplicate.
+
+Commands:
+  replay copy    re-publish a range of a topic (keys, headers and per-partition order kept)
+  replay rewind  reset an inactive consumer group's offsets (dry run unless --execute)
+  replay verify  snapshot, redeliver, wait for the consumer, snapshot, report; exit 1 on any double application
+
+Examples:
+  # redeliver all of ledger.commands into itself, twice, and see nothing move
+  replay verify --brokers localhost:9092 --topic ledger.commands --group ledger-consumer \
+      --scope ledger-consumer --schema ledger \
+      --checksum-sql 'SELECT id, available, held FROM ledger.accounts ORDER BY id' --duplicate 2
+
+  # same UUIDs with changed payloads: the consumer must report key reuse and apply nothing
+  replay verify ... --mutate
+
+  # copy yesterday's records of partition 3 into a scratch topic, dry run first
+  replay copy --brokers localhost:9092 --from ledger.commands --to scratch --partition 3 \
+      --from-time 2026-11-28T00:00:00Z --to-time 2026-11-29T00:00:00Z --dry-run
+
+  # show, then apply, a rewind of a stopped group by 1000 records per partition
+  replay rewind --brokers localhost:9092 --group ledger-consumer --topic ledger.commands --back 1000
+  replay rewind ... --back 1000 --execute
+
+Environment: KAFKA_BROKERS for --brokers, DATABASE_URL for --database-url.
+Exit codes: 0 ok, 1 double application, 2 usage, 3 Kafka, 4 database, 5 checksum query,
+6 empty range, 7 group active, 8 unknown topic, 9 unknown group, 10 consumer did not catch up.
+Run "replay COMMAND -h" for a command's flags.
+`
+
+// Main runs the tool and returns its exit code.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stderr, usage)
+		if len(args) == 0 {
+			return ExitUsage
+		}
+		return ExitOK
+	}
+	cmd := args[0]
+	fs := flag.NewFlagSet("replay "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "Kafka bootstrap addresses, comma-separated (default $KAFKA_BROKERS)")
+	asJSON := fs.Bool("json", false, "print the report as JSON (for CI)")
+	var (
+		from, to, topic, group, dbURL, sql, scope, schema, table string
+		partition                                                int
+		fromOff, toOff, toOffset, back                           int64
+		fromTime, toTime, atTime                                 string
+		dup                                                      int
+		mutateP, dry, execute                                    bool
+		ttl, timeout                                             time.Duration
+	)
+	rangeFlags := func() {
+		fs.IntVar(&partition, "partition", -1, "only this partition (default all)")
+		fs.Int64Var(&fromOff, "from-offset", -1, "first offset (default the log start)")
+		fs.Int64Var(&toOff, "to-offset", -1, "end offset, exclusive (default the log end)")
+		fs.StringVar(&fromTime, "from-time", "", "first record time, RFC 3339")
+		fs.StringVar(&toTime, "to-time", "", "end record time, RFC 3339, exclusive")
+		fs.IntVar(&dup, "duplicate", 1, "write each record N times")
+		fs.BoolVar(&mutateP, "mutate", false, "change each payload, keep its UUID (the consumer must report key reuse)")
+	}
+	switch cmd {
+	case "copy":
+		fs.StringVar(&from, "from", "", "source topic (required)")
+		fs.StringVar(&to, "to", "", "target topic (default the source)")
+		rangeFlags()
+		fs.BoolVar(&dry, "dry-run", false, "show what would be written; write nothing")
+	case "rewind":
+		fs.StringVar(&group, "group", "", "consumer group (required)")
+		fs.StringVar(&topic, "topic", "", "topic (required)")
+		fs.Int64Var(&toOffset, "to-offset", -1, "set every partition to this offset")
+		fs.StringVar(&atTime, "to-time", "", "set each partition to its first record at or after this time, RFC 3339")
+		fs.Int64Var(&back, "back", 0, "move each partition back by N records")
+		fs.BoolVar(&execute, "execute", false, "commit the new offsets (default: show the plan only)")
+	case "verify":
+		fs.StringVar(&topic, "topic", "", "the consumer's topic (required)")
+		fs.StringVar(&group, "group", "", "the consumer's group (required)")
+		fs.StringVar(&dbURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL (default $DATABASE_URL)")
+		fs.StringVar(&sql, "checksum-sql", "", "query over the state that must not change (required)")
+		fs.StringVar(&scope, "scope", "", "dedupe scope of the consumer (its handler name) to classify keys")
+		fs.StringVar(&schema, "schema", "public", "schema of the dedupe table")
+		fs.StringVar(&table, "table", "exactly_keys", "dedupe table")
+		fs.DurationVar(&ttl, "ttl", 7*24*time.Hour, "the consumer's key TTL")
+		fs.DurationVar(&timeout, "timeout", 5*time.Minute, "how long to wait for the consumer to catch up")
+		rangeFlags()
+	default:
+		fmt.Fprintf(stderr, "replay: unknown command %q\n\n%s", cmd, usage)
+		return ExitUsage
+	}
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return ExitOK
+		}
+		return ExitUsage
+	}
+	usageErr := func(msg string) int {
+		fmt.Fprintln(stderr, "replay "+cmd+": "+msg)
+		return ExitUsage
+	}
+	if *brokers == "" {
+		return usageErr("--brokers (or KAFKA_BROKERS) is required")
+	}
+	bs := strings.Split(*brokers, ",")
+	parseTime := func(name, v string) (time.Time, bool) {
+		if v == "" {
+			return time.Time{}, true
+		}
+		t, err := time.Parse(time.RFC3339, v)
+		if err != nil {
+			fmt.Fprintf(stderr, "replay %s: --%s %q is not an RFC 3339 time\n", cmd, name, v)
+			return t, false
+		}
+		return t, true
+	}
+	r := Range{Partition: partition, FromOffset: fromOff, ToOffset: toOff}
+	var ok bool
+	if r.FromTime, ok = parseTime("from-time", fromTime); !ok {
+		return ExitUsage
+	}
+	if r.ToTime, ok = parseTime("to-time", toTime); !ok {
+		return ExitUsage
+	}
+	prog := newProgress(stderr)
+	var report any
+	var err error
+	pass := true
+	switch cmd {
+	case "copy":
+		if from == "" {
+			return usageErr("--from is required")
+		}
+		report, err = Copy(ctx, CopyOpts{Brokers: bs, From: from, To: to, Range: r, Duplicate: dup, Mutate: mutateP, DryRun: dry, Progress: prog})
+	case "rewind":
+		if group == "" || topic == "" {
+			return usageErr("--group and --topic are required")
+		}
+		at, ok := parseTime("to-time", atTime)
+		if !ok {
+			return ExitUsage
+		}
+		report, err = Rewind(ctx, RewindOpts{Brokers: bs, Group: group, Topic: topic, ToOffset: toOffset, ToTime: at, Back: back, Execute: execute})
+	case "verify":
+		if topic == "" || group == "" || sql == "" || dbURL == "" {
+			return usageErr("--topic, --group, --checksum-sql and --database-url (or DATABASE_URL) are required")
+		}
+		var rep VerifyReport
+		rep, err = Verify(ctx, VerifyOpts{
+			Copy:        CopyOpts{Brokers: bs, From: topic, Range: r, Duplicate: dup, Mutate: mutateP, Progress: prog},
+			DatabaseURL: dbURL, Group: group, ChecksumSQL: sql, Scope: scope, Schema: schema, Table: table, TTL: ttl, Timeout: timeout,
+			Warn: func(f string, a ...any) { fmt.Fprintf(stderr, "replay verify: warning: "+f+"\n", a...) },
+		})
+		report, pass = rep, rep.Pass
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "replay %s: %s\n", cmd, strings.ReplaceAll(err.Error(), dbURL, Redact(dbURL)))
+		return exitCode(err)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(report)
+	} else {
+		printReport(stdout, report)
+	}
+	if !pass {
+		return ExitDoubleApply
+	}
+	return ExitOK
+}
+
+func exitCode(err error) int {
+	switch {
+	case errors.Is(err, errEmptyRange):
+		return ExitEmptyRange
+	case errors.Is(err, errGroupActive):
+		return ExitGroupActive
+	case errors.Is(err, errUnknownTopic):
+		return ExitUnknownTopic
+	case errors.Is(err, errUnknownGroup):
+		return ExitUnknownGroup
+	case errors.Is(err, errChecksum):
+		return ExitChecksum
+	case errors.Is(err, errDatabase):
+		return ExitDatabase
+	case errors.Is(err, errTimeout):
+		return ExitTimeout
+	case errors.Is(err, errUsage):
+		return ExitUsage
+	}
+	return ExitKafka
+}
+
+func printReport(w io.Writer, report any) {
+	switch r := report.(type) {
+	case CopyResult:
+		verb := "copied"
+		if r.DryRun {
+			verb = "would copy (dry run)"
+		}
+		fmt.Fprintf(w, "%s %d record(s) from %s to %s as %d record(s) in %s\n", verb, r.Read, r.From, r.To, r.Written, r.Elapsed)
+		for _, s := range r.Spans {
+			fmt.Fprintf(w, "  partition %d: offsets %d..%d\n", s.Partition, s.From, s.To)
+		}
+	case RewindPlan:
+		state := "plan (dry run; add --execute to apply)"
+		if r.Executed {
+			state = "applied"
+		}
+		fmt.Fprintf(w, "rewind of group %s on %s: %s; %d record(s) will be delivered again\n", r.Group, r.Topic, state, r.Redelivered)
+		for _, m := range r.Moves {
+			fmt.Fprintf(w, "  partition %d: %d -> %d\n", m.Partition, m.Current, m.New)
+		}
+	case VerifyReport:
+		verdict := "PASS: nothing was applied twice"
+		if !r.Pass {
+			verdict = "FAIL: the replay changed the state"
+			if r.ReApplied > 0 {
+				verdict += fmt.Sprintf(" (%d key(s) applied again)", r.ReApplied)
+			}
+		}
+		fmt.Fprintf(w, `replay verify of %s (group %s)
+  replayed       %d
+  deduplicated   %d
+  re-applied     %d
+  key reused     %d
+  expired keys   %d (records older than the key TTL)
+  untracked      %d (no key: not claimed by the dedupe middleware)
+  checksum       %s… (%d rows) -> %s… (%d rows)
+%s
+`, r.Topic, r.Group, r.Replayed, r.Deduplicated, r.ReApplied, r.KeyReused, r.ExpiredKeys, r.Untracked,
+			short(r.ChecksumBefore), r.RowsBefore, short(r.ChecksumAfter), r.RowsAfter, verdict)
+	}
+}
+
+func short(s string) string {
+	if len(s) > 12 {
+		return s[:12]
+	}
+	return s
+}

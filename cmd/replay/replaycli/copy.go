@@ -1,0 +1,164 @@
+package replaycli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// CopyOpts configures Copy.
+type CopyOpts struct {
+	Brokers []string
+	From    string // source topic
+	To      string // target topic; defaults to From (a redelivery)
+	Range   Range
+	// Duplicate writes each record this many times. Defaults to 1.
+	Duplicate int
+	// Mutate changes each payload while keeping its UUID header: a consumer
+	// with the dedupe middleware must report key reuse and apply nothing.
+	Mutate bool
+	// DryRun resolves the range and reports what would be written.
+	DryRun   bool
+	Progress *progress
+	// each sees every record read and the payload written for it; it is
+	// called concurrently for different partitions.
+	each func(m kafka.Message, written []byte)
+}
+
+// CopyResult reports a copy.
+type CopyResult struct {
+	From    string `json:"from"`
+	To      string `json:"to"`
+	Spans   []span `json:"spans"`
+	Read    int64  `json:"read"`
+	Written int64  `json:"written"`
+	DryRun  bool   `json:"dry_run"`
+	// Oldest is the timestamp of the oldest record read (zero when none).
+	Oldest  time.Time `json:"oldest,omitzero"`
+	Elapsed string    `json:"elapsed"`
+}
+
+// errEmptyRange: the range holds no records.
+var errEmptyRange = fmt.Errorf("the range holds no records")
+
+// Copy re-publishes a range of a topic, keeping keys, headers (the message
+// UUID) and per-partition order.
+func Copy(ctx context.Context, o CopyOpts) (CopyResult, error) {
+	if o.To == "" {
+		o.To = o.From
+	}
+	if o.Duplicate == 0 {
+		o.Duplicate = 1
+	}
+	res := CopyResult{From: o.From, To: o.To, DryRun: o.DryRun}
+	if o.Duplicate < 1 {
+		return res, fmt.Errorf("%w: --duplicate must be 1 or more", errUsage)
+	}
+	k := newKafka(o.Brokers)
+	spans, err := k.resolve(ctx, o.From, o.Range)
+	if err != nil {
+		return res, err
+	}
+	res.Spans = spans
+	var total int64
+	for _, s := range spans {
+		total += s.count()
+	}
+	if total == 0 {
+		return res, errEmptyRange
+	}
+	if _, err := k.partitions(ctx, o.To); err != nil {
+		return res, err
+	}
+	start := time.Now()
+	if o.DryRun {
+		res.Written = total * int64(o.Duplicate)
+		res.Read = total
+		res.Elapsed = time.Since(start).String()
+		return res, nil
+	}
+	w := &kafka.Writer{Addr: kafka.TCP(o.Brokers...), Topic: o.To, Balancer: &samePartition{},
+		RequiredAcks: kafka.RequireAll, BatchSize: 500, BatchTimeout: 10 * time.Millisecond, MaxAttempts: 10}
+	defer w.Close()
+	o.Progress.start("copy", total*int64(o.Duplicate))
+	// One batch per partition: partitions are read and written concurrently,
+	// each in order.
+	maxPart := 0
+	for _, s := range spans {
+		maxPart = max(maxPart, s.Partition)
+	}
+	batches := make([][]kafka.Message, maxPart+1)
+	var read, wrote atomic.Int64
+	var oldest sync.Mutex
+	flush := func(p int) error {
+		if len(batches[p]) == 0 {
+			return nil
+		}
+		if err := w.WriteMessages(ctx, batches[p]...); err != nil {
+			return fmt.Errorf("write to %s: %w", o.To, err)
+		}
+		wrote.Add(int64(len(batches[p])))
+		o.Progress.add(int64(len(batches[p])))
+		batches[p] = batches[p][:0]
+		return nil
+	}
+	err = k.read(ctx, o.From, spans, func(m kafka.Message) error {
+		read.Add(1)
+		oldest.Lock()
+		if res.Oldest.IsZero() || m.Time.Before(res.Oldest) {
+			res.Oldest = m.Time
+		}
+		oldest.Unlock()
+		out := kafka.Message{Partition: m.Partition, Key: m.Key, Value: m.Value, Headers: m.Headers}
+		if o.Mutate {
+			out.Value = mutate(m.Value)
+		}
+		if o.each != nil {
+			o.each(m, out.Value)
+		}
+		for i := 0; i < o.Duplicate; i++ {
+			batches[m.Partition] = append(batches[m.Partition], out)
+		}
+		if len(batches[m.Partition]) >= 500 || m.Offset+1 >= spanEnd(spans, m.Partition) {
+			return flush(m.Partition)
+		}
+		return nil
+	})
+	for p := range batches {
+		if err == nil {
+			err = flush(p)
+		}
+	}
+	res.Read, res.Written = read.Load(), wrote.Load()
+	o.Progress.done()
+	res.Elapsed = time.Since(start).Round(time.Millisecond).String()
+	return res, err
+}
+
+// mutate changes a payload: a JSON object gets a "_replay_mutated" field;
+// anything else gets a suffix.
+func mutate(p []byte) []byte {
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(p, &obj) == nil && obj != nil {
+		obj["_replay_mutated"] = json.RawMessage("true")
+		if b, err := json.Marshal(obj); err == nil {
+			return b
+		}
+	}
+	return append(bytes.Clone(p), []byte(" (replay mutated)")...)
+}
+
+func spanEnd(spans []span, p int) int64 {
+	for _, s := range spans {
+		if s.Partition == p {
+			return s.To
+		}
+	}
+	return 0
+}

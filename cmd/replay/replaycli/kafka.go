@@ -1,0 +1,271 @@
+package replaycli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Range selects records per partition: [From, To) offsets, or times.
+type Range struct {
+	// Partition limits the range to one partition; -1 means all.
+	Partition int
+	// FromOffset and ToOffset bound offsets (ToOffset exclusive); -1 means
+	// the start and the end of the log as found when the command starts.
+	FromOffset, ToOffset int64
+	// FromTime and ToTime bound record timestamps instead, when set.
+	FromTime, ToTime time.Time
+}
+
+// AllRange is every record of every partition.
+func AllRange() Range { return Range{Partition: -1, FromOffset: -1, ToOffset: -1} }
+
+// span is one partition's resolved [from, to).
+type span struct {
+	Partition int   `json:"partition"`
+	From      int64 `json:"from"`
+	To        int64 `json:"to"`
+}
+
+func (s span) count() int64 { return max(s.To-s.From, 0) }
+
+type kafkaClient struct {
+	brokers []string
+	c       *kafka.Client
+}
+
+func newKafka(brokers []string) *kafkaClient {
+	return &kafkaClient{brokers: brokers, c: &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}}
+}
+
+// errUnknownTopic and errUnknownGroup are user errors with exit codes.
+var (
+	errUnknownTopic = errors.New("unknown topic")
+	errUnknownGroup = errors.New("unknown consumer group")
+	errUsage        = errors.New("usage")
+)
+
+func (k *kafkaClient) partitions(ctx context.Context, topic string) (int, error) {
+	md, err := k.c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return 0, fmt.Errorf("kafka at %v: %w", k.brokers, err)
+	}
+	if len(md.Topics) != 1 || errors.Is(md.Topics[0].Error, kafka.UnknownTopicOrPartition) || len(md.Topics[0].Partitions) == 0 {
+		return 0, fmt.Errorf("%w %q", errUnknownTopic, topic)
+	}
+	if md.Topics[0].Error != nil {
+		return 0, fmt.Errorf("topic %s: %w", topic, md.Topics[0].Error)
+	}
+	return len(md.Topics[0].Partitions), nil
+}
+
+// offsets lists one offset per partition: first, last (end) or at a time.
+func (k *kafkaClient) offsets(ctx context.Context, topic string, parts []int, req func(p int) kafka.OffsetRequest) (map[int]int64, error) {
+	rs := make([]kafka.OffsetRequest, len(parts))
+	for i, p := range parts {
+		rs[i] = req(p)
+	}
+	res, err := k.c.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: rs}})
+	if err != nil {
+		return nil, fmt.Errorf("list offsets of %s: %w", topic, err)
+	}
+	out := map[int]int64{}
+	for _, p := range res.Topics[topic] {
+		if p.Error != nil {
+			return nil, fmt.Errorf("list offsets of %s/%d: %w", topic, p.Partition, p.Error)
+		}
+		switch {
+		case len(p.Offsets) > 0: // a request by time: the first offset at or after it
+			out[p.Partition] = -1
+			for o := range p.Offsets {
+				out[p.Partition] = o
+			}
+		case p.LastOffset >= 0:
+			out[p.Partition] = p.LastOffset
+		default:
+			out[p.Partition] = -1 // by time, and no record at or after it
+		}
+	}
+	return out, nil
+}
+
+// resolve turns r into per-partition spans of existing records.
+func (k *kafkaClient) resolve(ctx context.Context, topic string, r Range) ([]span, error) {
+	n, err := k.partitions(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	var parts []int
+	if r.Partition >= 0 {
+		if r.Partition >= n {
+			return nil, fmt.Errorf("topic %s has %d partitions, no partition %d", topic, n, r.Partition)
+		}
+		parts = []int{r.Partition}
+	} else {
+		for p := 0; p < n; p++ {
+			parts = append(parts, p)
+		}
+	}
+	first, err := k.listFirst(ctx, topic, parts)
+	if err != nil {
+		return nil, err
+	}
+	end, err := k.offsets(ctx, topic, parts, kafka.LastOffsetOf)
+	if err != nil {
+		return nil, err
+	}
+	var fromT, toT map[int]int64
+	if !r.FromTime.IsZero() {
+		if fromT, err = k.offsets(ctx, topic, parts, func(p int) kafka.OffsetRequest { return kafka.TimeOffsetOf(p, r.FromTime) }); err != nil {
+			return nil, err
+		}
+	}
+	if !r.ToTime.IsZero() {
+		if toT, err = k.offsets(ctx, topic, parts, func(p int) kafka.OffsetRequest { return kafka.TimeOffsetOf(p, r.ToTime) }); err != nil {
+			return nil, err
+		}
+	}
+	var spans []span
+	for _, p := range parts {
+		s := span{Partition: p, From: first[p], To: end[p]}
+		if r.FromOffset >= 0 {
+			s.From = max(s.From, r.FromOffset)
+		}
+		if r.ToOffset >= 0 {
+			s.To = min(s.To, r.ToOffset)
+		}
+		if fromT != nil {
+			if o := fromT[p]; o >= 0 {
+				s.From = max(s.From, o)
+			} else {
+				s.From = s.To // nothing at or after FromTime
+			}
+		}
+		if toT != nil {
+			if o := toT[p]; o >= 0 {
+				s.To = min(s.To, o)
+			}
+		}
+		spans = append(spans, s)
+	}
+	sort.Slice(spans, func(i, j int) bool { return spans[i].Partition < spans[j].Partition })
+	return spans, nil
+}
+
+func (k *kafkaClient) listFirst(ctx context.Context, topic string, parts []int) (map[int]int64, error) {
+	rs := make([]kafka.OffsetRequest, len(parts))
+	for i, p := range parts {
+		rs[i] = kafka.FirstOffsetOf(p)
+	}
+	res, err := k.c.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: rs}})
+	if err != nil {
+		return nil, fmt.Errorf("list offsets of %s: %w", topic, err)
+	}
+	out := map[int]int64{}
+	for _, p := range res.Topics[topic] {
+		if p.Error != nil {
+			return nil, fmt.Errorf("list offsets of %s/%d: %w", topic, p.Partition, p.Error)
+		}
+		out[p.Partition] = p.FirstOffset
+	}
+	return out, nil
+}
+
+// read streams each span's records, partitions concurrently, each in
+// order; each is called from one goroutine per partition.
+func (k *kafkaClient) read(ctx context.Context, topic string, spans []span, each func(kafka.Message) error) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(spans))
+	for i, s := range spans {
+		if s.count() == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: k.brokers, Topic: topic, Partition: s.Partition,
+				MaxWait: 100 * time.Millisecond, MaxBytes: 10 << 20})
+			defer r.Close()
+			if err := r.SetOffset(s.From); err != nil {
+				errs[i] = err
+				return
+			}
+			for {
+				m, err := r.FetchMessage(ctx)
+				if err != nil {
+					errs[i] = fmt.Errorf("read %s/%d: %w", topic, s.Partition, err)
+					return
+				}
+				if m.Offset >= s.To {
+					return
+				}
+				if err := each(m); err != nil {
+					errs[i] = err
+					return
+				}
+				if m.Offset+1 >= s.To {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// samePartition keeps a record in the partition it came from when the
+// target has it, else places it by key as Kafka's Java producer does.
+type samePartition struct{ fallback kafka.Murmur2Balancer }
+
+func (b *samePartition) Balance(msg kafka.Message, partitions ...int) int {
+	for _, p := range partitions {
+		if p == msg.Partition {
+			return p
+		}
+	}
+	return b.fallback.Balance(msg, partitions...)
+}
+
+// groupState describes a consumer group.
+func (k *kafkaClient) groupState(ctx context.Context, group string) (state string, members int, err error) {
+	res, err := k.c.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
+	if err != nil {
+		return "", 0, fmt.Errorf("describe group %s: %w", group, err)
+	}
+	if len(res.Groups) != 1 {
+		return "", 0, fmt.Errorf("%w %q", errUnknownGroup, group)
+	}
+	g := res.Groups[0]
+	if g.Error != nil {
+		return "", 0, fmt.Errorf("describe group %s: %w", group, g.Error)
+	}
+	return g.GroupState, len(g.Members), nil
+}
+
+// committed returns the group's committed offsets on topic (-1: none).
+func (k *kafkaClient) committed(ctx context.Context, group, topic string, n int) (map[int]int64, error) {
+	ps := make([]int, n)
+	for i := range ps {
+		ps[i] = i
+	}
+	res, err := k.c.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: ps}})
+	if err != nil {
+		return nil, fmt.Errorf("committed offsets of %s: %w", group, err)
+	}
+	if res.Error != nil {
+		return nil, fmt.Errorf("committed offsets of %s: %w", group, res.Error)
+	}
+	out := map[int]int64{}
+	for _, p := range res.Topics[topic] {
+		if p.Error != nil {
+			return nil, fmt.Errorf("committed offset of %s on %s/%d: %w", group, topic, p.Partition, p.Error)
+		}
+		out[p.Partition] = p.CommittedOffset
+	}
+	return out, nil
+}
