@@ -52,13 +52,15 @@ func retryTx(err error) bool {
 	return errors.As(err, &r) || (!errors.Is(err, dedupe.ErrInFlight) && IsRetryableError(err))
 }
 
+// doTx is one attempt: BEGIN and the claim go in one round trip, then
+// the function, the result and COMMIT.
 func (s *Store) doTx(ctx context.Context, req dedupe.Request, fn TxFunc) (_ dedupe.Claim, err error) {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: s.cfg.IsoLevel})
+	tx, first, err := s.beginPipelined(ctx, req)
 	if err != nil {
-		return dedupe.Claim{}, classify("begin", err)
+		return dedupe.Claim{}, err
 	}
 	defer rollback(ctx, tx)
-	c, err := s.ClaimTx(ctx, tx, req)
+	c, err := s.claimFrom(ctx, tx, req, dedupe.StatusCompleted, 0, first)
 	if err != nil {
 		return c, err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,6 +30,8 @@ type Store struct {
 	table  string // schema-qualified and quoted
 	q      queries
 	lockID int64
+	// beginSQL opens Do's transactions at Config.IsoLevel.
+	beginSQL string
 }
 
 var _ dedupe.Store[pgx.Tx] = (*Store)(nil)
@@ -46,7 +49,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	table := sqlident.Qualified(c.Schema, c.Table)
 	h := fnv.New64a()
 	h.Write([]byte("exactly/cleanup/" + c.Schema + "." + c.Table))
-	return &Store{pool: pool, cfg: c, table: table, q: newQueries(table), lockID: int64(h.Sum64())}, nil
+	return &Store{pool: pool, cfg: c, table: table, q: newQueries(table), lockID: int64(h.Sum64()),
+		beginSQL: "begin isolation level " + strings.ToLower(string(c.IsoLevel))}, nil
 }
 
 // Config returns the store's configuration with defaults filled in.
@@ -68,23 +72,50 @@ func (s *Store) ttl(req dedupe.Request) time.Duration {
 // FOR UPDATE read when the conflicting row was not in the statement's
 // snapshot, the decision table, and a fenced takeover of an expired lease.
 func (s *Store) claim(ctx context.Context, db DBTX, req dedupe.Request, status dedupe.Status, lease time.Duration) (dedupe.Claim, error) {
-	if err := req.Validate(); err != nil {
-		return dedupe.Claim{}, err
-	}
+	return s.claimFrom(ctx, db, req, status, lease, nil)
+}
+
+// claimArgs are claimSQL's arguments.
+func (s *Store) claimArgs(req dedupe.Request, status dedupe.Status, lease time.Duration) []any {
 	var topic *string
 	var partition *int32
 	var offset *int64
 	if req.Source != (dedupe.Source{}) {
 		topic, partition, offset = &req.Source.Topic, &req.Source.Partition, &req.Source.Offset
 	}
+	return []any{req.Key.Scope, req.Key.ID, string(req.Fingerprint), string(status), topic, partition, offset, micros(lease), micros(s.ttl(req))}
+}
+
+// scanned is one scanOne result, for a claim statement sent ahead (Do
+// pipelines it with BEGIN).
+type scanned struct {
+	rec      dedupe.Record
+	inserted bool
+	now      time.Time
+	found    bool
+	err      error
+}
+
+// claimFrom is claim whose first claim statement's result, when first is
+// not nil, was already read.
+func (s *Store) claimFrom(ctx context.Context, db DBTX, req dedupe.Request, status dedupe.Status, lease time.Duration, first *scanned) (dedupe.Claim, error) {
+	if err := req.Validate(); err != nil {
+		return dedupe.Claim{}, err
+	}
+	args := s.claimArgs(req, status, lease)
 	scope, id := req.Key.Scope, req.Key.ID
-	ttl := micros(s.ttl(req))
+	topic, partition, offset, ttl := args[4], args[5], args[6], args[8]
 	// A takeover can lose its race to another worker; the loop re-reads and
 	// decides again. A handful of rounds is plenty: each lost round means
 	// another worker made progress.
 	for round := 0; round < 8; round++ {
-		rec, inserted, now, found, err := scanOne(db.QueryRow(ctx, s.q.claim,
-			scope, id, string(req.Fingerprint), string(status), topic, partition, offset, micros(lease), ttl))
+		var r scanned
+		if round == 0 && first != nil {
+			r = *first
+		} else {
+			r.rec, r.inserted, r.now, r.found, r.err = scanOne(db.QueryRow(ctx, s.q.claim, args...))
+		}
+		rec, inserted, now, found, err := r.rec, r.inserted, r.now, r.found, r.err
 		if err != nil {
 			return dedupe.Claim{}, classify("claim "+req.Key.String(), err)
 		}

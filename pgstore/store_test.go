@@ -383,3 +383,68 @@ func TestCleanupDoesNotHoldUpClaims(t *testing.T) {
 		t.Fatalf("stats %+v %v", st, err)
 	}
 }
+
+// Do's transaction (BEGIN pipelined with the claim) behaves as pgx's: a
+// nested Begin is a savepoint, and the transaction is closed after Do.
+func TestDoTransactionSemantics(t *testing.T) {
+	s, db := newStore(t, nil)
+	ctx := context.Background()
+	var kept pgx.Tx
+	_, err := s.Do(ctx, dedupetest.Req("s", "nested", "p"), func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		kept = tx
+		if err := apply(ctx, db, tx, "outer"); err != nil {
+			return nil, err
+		}
+		inner, err := tx.Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := apply(ctx, db, inner, "rolled-back"); err != nil {
+			return nil, err
+		}
+		if err := inner.Rollback(ctx); err != nil {
+			return nil, err
+		}
+		inner2, err := tx.Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := apply(ctx, db, inner2, "released"); err != nil {
+			return nil, err
+		}
+		if err := inner2.Commit(ctx); err != nil {
+			return nil, err
+		}
+		b := &pgx.Batch{}
+		b.Queue("SELECT 1")
+		return nil, tx.SendBatch(ctx, b).Close()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]int{"outer": 1, "rolled-back": 0, "released": 1} {
+		if n, err := applied(ctx, db, id); err != nil || n != want {
+			t.Errorf("%s applied %d times (%v), want %d", id, n, err, want)
+		}
+	}
+	if _, err := kept.Exec(ctx, "SELECT 1"); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("Exec after Do: %v, want ErrTxClosed", err)
+	}
+	if err := kept.Commit(ctx); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("Commit after Do: %v, want ErrTxClosed", err)
+	}
+	// A statement error aborts the transaction; Do reports it and the
+	// connection goes back to the pool usable.
+	_, err = s.Do(ctx, dedupetest.Req("s", "broken", "p"), func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		_, err := tx.Exec(ctx, "SELECT 1/0")
+		return nil, err
+	})
+	if err == nil || !strings.Contains(err.Error(), "22012") {
+		t.Fatalf("err = %v, want division by zero", err)
+	}
+	for i := 0; i < 10; i++ { // every pooled connection is idle and usable again
+		if _, err := s.Do(ctx, dedupetest.Req("s", fmt.Sprint("after-", i), "p"), func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
