@@ -20,31 +20,23 @@ import (
 
 const benchMessages = 20000
 
-var benchTopic struct {
-	once  sync.Once
-	name  string
-	parts int
-}
-
-// seedTopic produces benchMessages records (with UUID headers) once per run.
+// seedTopic produces benchMessages records (with UUID headers) into a new
+// 4-partition topic, deleted when b ends.
 func seedTopic(b *testing.B) string {
 	brokers := kafkatest.Brokers(b)
-	benchTopic.once.Do(func() {
-		benchTopic.parts = 4
-		benchTopic.name = kafkatest.Name("bench")
-		kafkatest.CreateTopic(b, benchTopic.name, benchTopic.parts)
-		w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: benchTopic.name, Balancer: &kafka.Murmur2Balancer{},
-			RequiredAcks: kafka.RequireAll, BatchSize: 1000, BatchTimeout: 10 * time.Millisecond}
-		defer w.Close()
-		recs := make([]kafka.Message, benchMessages)
-		for i := range recs {
-			recs[i] = record(watermill.NewUUID(), fmt.Sprint("acc-", i%101), 1)
-		}
-		if err := w.WriteMessages(context.Background(), recs...); err != nil {
-			b.Fatal(err)
-		}
-	})
-	return benchTopic.name
+	name := kafkatest.Name("bench")
+	kafkatest.CreateTopic(b, name, 4)
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: name, Balancer: &kafka.Murmur2Balancer{},
+		RequiredAcks: kafka.RequireAll, BatchSize: 1000, BatchTimeout: 10 * time.Millisecond}
+	defer w.Close()
+	recs := make([]kafka.Message, benchMessages)
+	for i := range recs {
+		recs[i] = record(watermill.NewUUID(), fmt.Sprint("acc-", i%101), 1)
+	}
+	if err := w.WriteMessages(context.Background(), recs...); err != nil {
+		b.Fatal(err)
+	}
+	return name
 }
 
 // BenchmarkSubscriber compares consuming the same pre-produced topic (20 000

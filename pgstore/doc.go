@@ -18,7 +18,10 @@
 // or, on a transaction of your own, ClaimTx then CompleteTx before Commit.
 //
 // A new key costs one statement before the handler and at most one after it
-// (none when there is no result to store); a duplicate costs one. The claim:
+// (none when there is no result to store); a duplicate costs one. Do sends
+// BEGIN and the claim in one round trip (a pgx batch), so its transaction
+// costs no more round trips than one without deduplication; the pgx.Tx it
+// hands to fn does all that pgx's does except LargeObjects. The claim:
 //
 //	WITH ins AS (
 //	    INSERT INTO exactly_keys AS k (scope, key, fingerprint, status, attempts, source_topic,
@@ -68,7 +71,8 @@
 // # Retention
 //
 // Keys expire TTL after completion (Config.TTL, 7 days by default: Kafka's
-// default retention). Cleanup deletes expired keys in batches with
+// default retention). Cleanup (or RunCleanup, on an interval) deletes
+// expired keys in batches with
 // FOR UPDATE SKIP LOCKED, so it never waits for (or holds up) a claim, and a
 // session advisory lock keeps it to one runner per table.
 //

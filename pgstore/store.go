@@ -290,6 +290,34 @@ func (s *Store) Cleanup(ctx context.Context, opts *dedupe.CleanupOpts) (int64, e
 	return total, nil
 }
 
+// RunCleanup calls Cleanup every interval until ctx is done, logging what it
+// deleted; another runner holding the lock is not an error. It returns nil
+// when ctx is cancelled.
+func (s *Store) RunCleanup(ctx context.Context, every time.Duration, opts *dedupe.CleanupOpts) error {
+	if every <= 0 {
+		return fmt.Errorf("pgstore: RunCleanup: interval is %v: set a positive duration", every)
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		n, err := s.Cleanup(ctx, opts)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, dedupe.ErrCleanupBusy):
+		case err != nil:
+			s.cfg.Logger.WarnContext(ctx, "pgstore: cleanup failed", "table", s.table, "err", err)
+		case n > 0:
+			s.cfg.Logger.InfoContext(ctx, "pgstore: expired keys deleted", "table", s.table, "deleted", n)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
 // Stats implements dedupe.Store. It counts the whole table: run it on a
 // metrics interval, not per message.
 func (s *Store) Stats(ctx context.Context) (dedupe.Stats, error) {

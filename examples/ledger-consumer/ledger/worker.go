@@ -224,8 +224,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	var wg sync.WaitGroup
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
-	wg.Add(1)
+	wg.Add(2)
 	go func() { defer wg.Done(); _ = relay.Run(relayCtx) }()
+	go func() { defer wg.Done(); _ = w.store.RunCleanup(relayCtx, time.Minute, nil) }()
 
 	var srv *http.Server
 	if w.cfg.MetricsAddr != "" {
