@@ -10,6 +10,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/exactly-go/exactly/internal/clock"
 )
 
 // StartOffset says where a consumer group with no committed offset starts.
@@ -219,7 +221,7 @@ func (s *Subscriber) runGroup(ctx context.Context, topic string, out chan<- *mes
 		}
 		if err != nil {
 			s.log().Warn("consumer: joining group failed; retrying", "group", s.cfg.ConsumerGroup, "topic", topic, "err", err, "backoff", backoff)
-			if sleepCtx(ctx, backoff) != nil {
+			if clock.Sleep(ctx, backoff) != nil {
 				return
 			}
 			backoff = min(2*backoff, 5*time.Second)
@@ -345,7 +347,7 @@ func (s *Subscriber) consumePartition(subCtx, stopCtx context.Context, topic str
 		}
 		if err != nil {
 			s.log().Warn("consumer: fetch failed; retrying", "topic", topic, "partition", partition, "err", err)
-			if sleepCtx(stopCtx, backoff) != nil {
+			if clock.Sleep(stopCtx, backoff) != nil {
 				return
 			}
 			backoff = min(2*backoff, 5*time.Second)
@@ -394,7 +396,7 @@ func (s *Subscriber) deliver(subCtx, stopCtx context.Context, km kafka.Message, 
 			}
 			return false
 		}
-		if sleepCtx(stopCtx, backoff) != nil {
+		if clock.Sleep(stopCtx, backoff) != nil {
 			return false
 		}
 		backoff = min(2*backoff, s.cfg.MaxNackBackoff)
@@ -412,7 +414,7 @@ func (s *Subscriber) runWithoutGroup(ctx context.Context, topic string, out chan
 			break
 		}
 		s.log().Debug("consumer: waiting for topic metadata", "topic", topic, "err", err)
-		if sleepCtx(ctx, backoff) != nil {
+		if clock.Sleep(ctx, backoff) != nil {
 			return
 		}
 	}
@@ -457,15 +459,4 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 		return fmt.Errorf("consumer: create topic %s: %w", topic, err)
 	}
 	return nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/internal/clock"
 )
 
 // RelayConfig configures a Relay.
@@ -180,12 +182,12 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 	for backoff := 100 * time.Millisecond; ctx.Err() == nil; backoff = min(2*backoff, 10*time.Second) {
 		conn, err := r.pool.Acquire(ctx)
 		if err != nil {
-			_ = sleep(ctx, backoff)
+			_ = clock.Sleep(ctx, backoff)
 			continue
 		}
 		if _, err := conn.Exec(ctx, "LISTEN exactly_outbox"); err != nil {
 			conn.Release()
-			_ = sleep(ctx, backoff)
+			_ = clock.Sleep(ctx, backoff)
 			continue
 		}
 		for {
@@ -459,15 +461,4 @@ func (r *Relay) Stats(ctx context.Context) (Stats, error) {
 		st.Lag = time.Since(*oldest)
 	}
 	return st, nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

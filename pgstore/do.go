@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/clock"
 )
 
 // TxFunc is the work that Do runs once per key, in the transaction that
@@ -37,7 +38,7 @@ func (s *Store) Do(ctx context.Context, req dedupe.Request, fn TxFunc) (dedupe.C
 			return c, err
 		}
 		s.cfg.Logger.DebugContext(ctx, "pgstore: retrying transaction", "key", req.Key.String(), "attempt", attempt, "err", err)
-		if err := sleep(ctx, backoff/2+rand.N(backoff)); err != nil {
+		if err := clock.Sleep(ctx, backoff/2+rand.N(backoff)); err != nil {
 			return c, err
 		}
 		backoff = min(2*backoff, time.Second)
@@ -120,15 +121,4 @@ func rollback(ctx context.Context, tx pgx.Tx) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_ = tx.Rollback(ctx)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
