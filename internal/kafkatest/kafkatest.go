@@ -189,7 +189,9 @@ func CreateTopic(t testing.TB, topic string, n int) {
 }
 
 // CommittedOffsets returns the group's committed offset per partition of
-// topic (partitions without a commit are absent).
+// topic (partitions without a commit are absent). A coordinator that is
+// still starting (a fresh broker creates __consumer_offsets on first use) is
+// waited for.
 func CommittedOffsets(t testing.TB, group, topic string, partitions int) map[int]int64 {
 	t.Helper()
 	c := Client(t)
@@ -197,25 +199,46 @@ func CommittedOffsets(t testing.TB, group, topic string, partitions int) map[int
 	for i := range ps {
 		ps[i] = i
 	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, err := committed(c, group, topic, ps)
+		if err == nil {
+			return out
+		}
+		if !Transient(err) || time.Now().After(deadline) {
+			t.Fatalf("kafkatest: offset fetch: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Transient reports whether err is a group coordinator that is moving or
+// still loading: asking again shortly succeeds.
+func Transient(err error) bool {
+	return errors.Is(err, kafka.NotCoordinatorForGroup) || errors.Is(err, kafka.GroupCoordinatorNotAvailable) ||
+		errors.Is(err, kafka.GroupLoadInProgress)
+}
+
+func committed(c *kafka.Client, group, topic string, ps []int) (map[int]int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	res, err := c.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: ps}})
 	if err != nil {
-		t.Fatalf("kafkatest: offset fetch: %v", err)
+		return nil, err
 	}
 	if res.Error != nil {
-		t.Fatalf("kafkatest: offset fetch: %v", res.Error)
+		return nil, res.Error
 	}
 	out := map[int]int64{}
 	for _, p := range res.Topics[topic] {
 		if p.Error != nil {
-			t.Fatalf("kafkatest: offset fetch %s/%d: %v", topic, p.Partition, p.Error)
+			return nil, fmt.Errorf("%s/%d: %w", topic, p.Partition, p.Error)
 		}
 		if p.CommittedOffset >= 0 {
 			out[p.Partition] = p.CommittedOffset
 		}
 	}
-	return out
+	return out, nil
 }
 
 // EndOffsets returns the log-end offset of each partition of topic.

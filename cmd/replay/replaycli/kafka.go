@@ -231,8 +231,24 @@ func (b *samePartition) Balance(msg kafka.Message, partitions ...int) int {
 	return b.fallback.Balance(msg, partitions...)
 }
 
-// groupState describes a consumer group.
+// groupState describes a consumer group, waiting up to 30s for a
+// coordinator that is moving or loading.
 func (k *kafkaClient) groupState(ctx context.Context, group string) (state string, members int, err error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		state, members, err = k.groupStateOnce(ctx, group)
+		if err == nil || !transient(err) || time.Now().After(deadline) {
+			return state, members, err
+		}
+		select {
+		case <-ctx.Done():
+			return "", 0, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (k *kafkaClient) groupStateOnce(ctx context.Context, group string) (state string, members int, err error) {
 	res, err := k.c.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
 	if err != nil {
 		return "", 0, fmt.Errorf("describe group %s: %w", group, err)
@@ -247,8 +263,30 @@ func (k *kafkaClient) groupState(ctx context.Context, group string) (state strin
 	return g.GroupState, len(g.Members), nil
 }
 
-// committed returns the group's committed offsets on topic (-1: none).
+// transient: the group coordinator is moving or still loading.
+func transient(err error) bool {
+	return errors.Is(err, kafka.NotCoordinatorForGroup) || errors.Is(err, kafka.GroupCoordinatorNotAvailable) ||
+		errors.Is(err, kafka.GroupLoadInProgress)
+}
+
+// committed returns the group's committed offsets on topic (-1: none),
+// waiting up to 30s for a coordinator that is moving or loading.
 func (k *kafkaClient) committed(ctx context.Context, group, topic string, n int) (map[int]int64, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, err := k.committedOnce(ctx, group, topic, n)
+		if err == nil || !transient(err) || time.Now().After(deadline) {
+			return out, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (k *kafkaClient) committedOnce(ctx context.Context, group, topic string, n int) (map[int]int64, error) {
 	ps := make([]int, n)
 	for i := range ps {
 		ps[i] = i
