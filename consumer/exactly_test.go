@@ -40,6 +40,10 @@ func TestProducedThreeTimesAppliedOnce(t *testing.T) {
 	if n := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys")); n != len(exp) {
 		t.Errorf("%d keys stored, want %d", n, len(exp))
 	}
+	// Each key records where its message came from.
+	if n := w.count("SELECT count(*) FROM "+w.db.Table("exactly_keys")+" WHERE source_topic = $1 AND source_partition BETWEEN 0 AND 3 AND source_offset >= 0", w.topic); n != len(exp) {
+		t.Errorf("%d keys with their source, want %d", n, len(exp))
+	}
 	if a, d := hooks.get(consumer.OutcomeApplied), hooks.get(consumer.OutcomeDuplicate); a != len(exp) || d != 2*len(exp) {
 		t.Errorf("hooks: %d applied, %d duplicates; want %d and %d", a, d, len(exp), 2*len(exp))
 	}
@@ -263,5 +267,53 @@ func TestPayloadShapes(t *testing.T) {
 	}
 	if n := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys")); n != 3 {
 		t.Fatalf("%d keys, want 3", n)
+	}
+}
+
+// Lease mode: the handler runs outside any transaction (its effect leaves
+// the database); duplicates do not run it, a failure releases the key so the
+// redelivery takes it over, and the key counts the attempts.
+func TestLeaseMode(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 2)
+	exp, recs := commands(100)
+	w.produce(append(recs, recs...)...)
+	var mu sync.Mutex
+	effects, calls := map[string]int{}, map[string]int{}
+	h := func(msg *message.Message) ([]*message.Message, error) {
+		if _, ok := consumer.Tx(msg); ok {
+			return nil, errors.New("a transaction in lease mode")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		calls[msg.UUID]++
+		if calls[msg.UUID] == 1 && msg.UUID[0]%4 == 0 {
+			return nil, errors.New("payment API timed out")
+		}
+		effects[msg.UUID]++ // the external call succeeded
+		return nil, nil
+	}
+	group := kafkatest.Name("g")
+	w.startRouter(routerOpts{group: group, handler: h, cfg: &consumer.Config{Scope: "payments", Lease: 30 * time.Second}})
+	w.waitCaughtUp(group, 2*time.Minute)
+	mu.Lock()
+	defer mu.Unlock()
+	retried := 0
+	for u := range exp {
+		if effects[u] != 1 {
+			t.Errorf("%s: external effect ran %d times", u, effects[u])
+		}
+		if calls[u] > 1 {
+			retried++
+		}
+	}
+	if retried == 0 {
+		t.Fatal("no handler failure was injected")
+	}
+	if n := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys") + " WHERE scope = 'payments' AND status = 'COMPLETED'"); n != len(exp) {
+		t.Fatalf("%d completed keys, want %d", n, len(exp))
+	}
+	if n := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys") + " WHERE attempts = 2"); n != retried {
+		t.Fatalf("%d keys with 2 attempts, want %d (one per failed first attempt)", n, retried)
 	}
 }

@@ -394,3 +394,42 @@ func TestMiddlewareOutputsThroughOutbox(t *testing.T) {
 		}
 	}
 }
+
+// Published rows are kept for PublishedRetention, then deleted by Cleanup;
+// pending and dead rows are never deleted.
+func TestCleanupOfPublishedRows(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	f.write(t, 5, 4, 3)
+	ctx := context.Background()
+	r := f.relay(t, f.pub, &outbox.RelayConfig{PublishedRetention: time.Hour})
+	for f.pending(t) > 0 {
+		if _, err := r.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := r.Cleanup(ctx); err != nil || n != 0 {
+		t.Fatalf("Cleanup within the retention deleted %d (%v)", n, err)
+	}
+	if _, err := f.db.Pool.Exec(ctx, "UPDATE "+f.db.Table("exactly_outbox")+" SET published_at = now() - interval '2 hours'"); err != nil {
+		t.Fatal(err)
+	}
+	// One more pending row that must survive.
+	tx, err := f.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.w.WriteTx(ctx, tx, f.topic, message.NewMessage(watermill.NewUUID(), []byte("later"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n, err := r.Cleanup(ctx)
+	if err != nil || int(n) != len(f.wanted) {
+		t.Fatalf("Cleanup deleted %d (%v), want the %d published rows", n, err, len(f.wanted))
+	}
+	if f.pending(t) != 1 {
+		t.Fatal("cleanup deleted a pending row")
+	}
+}

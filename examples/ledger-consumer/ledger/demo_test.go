@@ -2,11 +2,19 @@ package ledger_test
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/exactly-go/exactly/examples/ledger-consumer/ledger"
 	"github.com/exactly-go/exactly/internal/kafkatest"
 	"github.com/exactly-go/exactly/internal/pgtest"
+	"github.com/exactly-go/exactly/internal/testenv"
 )
 
 func demo(t *testing.T, noDedupe bool) ledger.Summary {
@@ -59,5 +67,59 @@ func TestDemoWithoutDedupeFailsVerify(t *testing.T) {
 	t.Parallel()
 	if sum := demo(t, true); sum.Match() {
 		t.Fatal("verify passed for a consumer that applies duplicates")
+	}
+}
+
+// The worker serves /healthz while it runs and /metrics fed by the hooks.
+func TestWorkerServesMetricsAndHealth(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	db := pgtest.New(t)
+	ctx := context.Background()
+	if err := ledger.Setup(ctx, db.Pool, db.Schema); err != nil {
+		t.Fatal(err)
+	}
+	commands := kafkatest.Topic(t, 2)
+	wl := ledger.Generate(ledger.LoadConfig{Commands: 60, Accounts: 5, Seed: 3})
+	if err := ledger.Produce(ctx, brokers, commands, wl.Records); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	group := kafkatest.Name("g")
+	w, err := ledger.NewWorker(db.Pool, ledger.Config{Schema: db.Schema, Brokers: brokers, Commands: commands,
+		Events: kafkatest.Topic(t, 1), DeadLetter: kafkatest.Topic(t, 1), Group: group, MetricsAddr: addr,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	defer func() { cancel(); <-done }()
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	testenv.WaitFor(t, time.Minute, "/healthz to answer 200", func() bool { code, _ := get("/healthz"); return code == 200 })
+	end := kafkatest.EndOffsets(t, commands, 2)
+	testenv.WaitFor(t, time.Minute, "the worker to catch up", func() bool {
+		got := kafkatest.CommittedOffsets(t, group, commands, 2)
+		return got[0] == end[0] && got[1] == end[1]
+	})
+	code, body := get("/metrics")
+	want := fmt.Sprintf(`exactly_messages_total{outcome="applied"} %d`, wl.Unique)
+	if code != 200 || !strings.Contains(body, want) || !strings.Contains(body, "exactly_handler_seconds_bucket") ||
+		!strings.Contains(body, "exactly_dead_lettered_total") || !strings.Contains(body, "exactly_outbox_lag_seconds") {
+		t.Fatalf("/metrics %d, want %q among:\n%s", code, want, body)
 	}
 }
