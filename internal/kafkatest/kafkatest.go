@@ -33,7 +33,7 @@ const LocalAddr = "127.0.0.1:9092"
 
 // Image is the Kafka image used with testcontainers; it matches the version
 // in docker-compose.yml and scripts/kafka/pom.xml.
-const Image = "apache/kafka:4.1.1"
+const Image = "apache/kafka:4.4.0"
 
 // Kind says where the broker came from.
 type Kind string
