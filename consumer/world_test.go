@@ -45,7 +45,13 @@ type command struct {
 
 func newWorld(t testing.TB, partitions int) *world {
 	t.Helper()
-	w := &world{t: t, db: pgtest.New(t), brokers: kafkatest.Brokers(t), partitions: partitions}
+	return newWorldOn(t, kafkatest.Brokers(t), partitions)
+}
+
+// newWorldOn is newWorld on the given brokers.
+func newWorldOn(t testing.TB, brokers []string, partitions int) *world {
+	t.Helper()
+	w := &world{t: t, db: pgtest.New(t), brokers: brokers, partitions: partitions}
 	ctx := context.Background()
 	if _, err := w.db.Pool.Exec(ctx, fmt.Sprintf(`
 		CREATE TABLE %s (account text PRIMARY KEY, balance bigint NOT NULL);
@@ -54,9 +60,10 @@ func newWorld(t testing.TB, partitions int) *world {
 		t.Fatal(err)
 	}
 	w.useStore(w.db.Pool)
-	w.topic = kafkatest.Topic(t, partitions)
-	w.dlq = kafkatest.Topic(t, 1)
-	w.out = kafkatest.Topic(t, 1)
+	w.topic, w.dlq, w.out = kafkatest.Name("t"), kafkatest.Name("dlq"), kafkatest.Name("out")
+	kafkatest.CreateTopicOn(t, brokers, w.topic, partitions)
+	kafkatest.CreateTopicOn(t, brokers, w.dlq, 1)
+	kafkatest.CreateTopicOn(t, brokers, w.out, 1)
 	var err error
 	w.pub, err = consumer.NewPublisher(&consumer.PublisherConfig{Brokers: w.brokers, Logger: quietLogger()})
 	if err != nil {
@@ -249,9 +256,9 @@ func (w *world) applied() int {
 // the topic: every record was acked.
 func (w *world) waitCaughtUp(group string, d time.Duration) {
 	w.t.Helper()
-	end := kafkatest.EndOffsets(w.t, w.topic, w.partitions)
+	end := kafkatest.EndOffsetsOn(w.t, w.brokers, w.topic, w.partitions)
 	testenv.WaitFor(w.t, d, "group "+group+" to commit up to "+fmt.Sprint(end), func() bool {
-		got := kafkatest.CommittedOffsets(w.t, group, w.topic, w.partitions)
+		got := kafkatest.CommittedOffsetsOn(w.t, w.brokers, group, w.topic, w.partitions)
 		for p, o := range end {
 			if got[p] != o {
 				return false

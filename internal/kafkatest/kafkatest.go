@@ -142,7 +142,11 @@ func Name(prefix string) string {
 // Client returns a kafka-go admin client for the broker.
 func Client(t testing.TB) *kafka.Client {
 	t.Helper()
-	return &kafka.Client{Addr: kafka.TCP(Brokers(t)...), Timeout: 10 * time.Second}
+	return clientOn(Brokers(t))
+}
+
+func clientOn(brokers []string) *kafka.Client {
+	return &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
 }
 
 // Topic creates a unique topic with n partitions, waits until every
@@ -157,7 +161,13 @@ func Topic(t testing.TB, n int) string {
 // CreateTopic creates topic with n partitions and waits until it serves.
 func CreateTopic(t testing.TB, topic string, n int) {
 	t.Helper()
-	c := Client(t)
+	CreateTopicOn(t, Brokers(t), topic, n)
+}
+
+// CreateTopicOn is CreateTopic on the given brokers.
+func CreateTopicOn(t testing.TB, brokers []string, topic string, n int) {
+	t.Helper()
+	c := clientOn(brokers)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	res, err := c.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
@@ -194,7 +204,13 @@ func CreateTopic(t testing.TB, topic string, n int) {
 // waited for.
 func CommittedOffsets(t testing.TB, group, topic string, partitions int) map[int]int64 {
 	t.Helper()
-	c := Client(t)
+	return CommittedOffsetsOn(t, Brokers(t), group, topic, partitions)
+}
+
+// CommittedOffsetsOn is CommittedOffsets on the given brokers.
+func CommittedOffsetsOn(t testing.TB, brokers []string, group, topic string, partitions int) map[int]int64 {
+	t.Helper()
+	c := clientOn(brokers)
 	ps := make([]int, partitions)
 	for i := range ps {
 		ps[i] = i
@@ -244,7 +260,13 @@ func committed(c *kafka.Client, group, topic string, ps []int) (map[int]int64, e
 // EndOffsets returns the log-end offset of each partition of topic.
 func EndOffsets(t testing.TB, topic string, partitions int) map[int]int64 {
 	t.Helper()
-	c := Client(t)
+	return EndOffsetsOn(t, Brokers(t), topic, partitions)
+}
+
+// EndOffsetsOn is EndOffsets on the given brokers.
+func EndOffsetsOn(t testing.TB, brokers []string, topic string, partitions int) map[int]int64 {
+	t.Helper()
+	c := clientOn(brokers)
 	req := make([]kafka.OffsetRequest, partitions)
 	for i := range req {
 		req[i] = kafka.LastOffsetOf(i)
