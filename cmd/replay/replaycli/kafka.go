@@ -64,8 +64,26 @@ func (k *kafkaClient) partitions(ctx context.Context, topic string) (int, error)
 	return len(md.Topics[0].Partitions), nil
 }
 
-// offsets lists one offset per partition: first, last (end) or at a time.
+// offsets lists one offset per partition: the end (LastOffsetOf) or the
+// first at or after a time (TimeOffsetOf; -1 when there is none).
 func (k *kafkaClient) offsets(ctx context.Context, topic string, parts []int, req func(p int) kafka.OffsetRequest) (map[int]int64, error) {
+	return k.list(ctx, topic, parts, req, func(p kafka.PartitionOffsets) int64 {
+		for o := range p.Offsets { // a request by time
+			return o
+		}
+		if p.LastOffset >= 0 {
+			return p.LastOffset
+		}
+		return -1
+	})
+}
+
+// listFirst lists each partition's first offset.
+func (k *kafkaClient) listFirst(ctx context.Context, topic string, parts []int) (map[int]int64, error) {
+	return k.list(ctx, topic, parts, kafka.FirstOffsetOf, func(p kafka.PartitionOffsets) int64 { return p.FirstOffset })
+}
+
+func (k *kafkaClient) list(ctx context.Context, topic string, parts []int, req func(p int) kafka.OffsetRequest, pick func(kafka.PartitionOffsets) int64) (map[int]int64, error) {
 	rs := make([]kafka.OffsetRequest, len(parts))
 	for i, p := range parts {
 		rs[i] = req(p)
@@ -79,17 +97,7 @@ func (k *kafkaClient) offsets(ctx context.Context, topic string, parts []int, re
 		if p.Error != nil {
 			return nil, fmt.Errorf("list offsets of %s/%d: %w", topic, p.Partition, p.Error)
 		}
-		switch {
-		case len(p.Offsets) > 0: // a request by time: the first offset at or after it
-			out[p.Partition] = -1
-			for o := range p.Offsets {
-				out[p.Partition] = o
-			}
-		case p.LastOffset >= 0:
-			out[p.Partition] = p.LastOffset
-		default:
-			out[p.Partition] = -1 // by time, and no record at or after it
-		}
+		out[p.Partition] = pick(p)
 	}
 	return out, nil
 }
@@ -155,25 +163,6 @@ func (k *kafkaClient) resolve(ctx context.Context, topic string, r Range) ([]spa
 	}
 	sort.Slice(spans, func(i, j int) bool { return spans[i].Partition < spans[j].Partition })
 	return spans, nil
-}
-
-func (k *kafkaClient) listFirst(ctx context.Context, topic string, parts []int) (map[int]int64, error) {
-	rs := make([]kafka.OffsetRequest, len(parts))
-	for i, p := range parts {
-		rs[i] = kafka.FirstOffsetOf(p)
-	}
-	res, err := k.c.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: rs}})
-	if err != nil {
-		return nil, fmt.Errorf("list offsets of %s: %w", topic, err)
-	}
-	out := map[int]int64{}
-	for _, p := range res.Topics[topic] {
-		if p.Error != nil {
-			return nil, fmt.Errorf("list offsets of %s/%d: %w", topic, p.Partition, p.Error)
-		}
-		out[p.Partition] = p.FirstOffset
-	}
-	return out, nil
 }
 
 // read streams each span's records, partitions concurrently, each in
