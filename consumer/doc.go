@@ -34,6 +34,12 @@
 // (metadata "reason_poisoned"); other errors are retried and then nacked,
 // and the Subscriber delivers the same message again after a back-off.
 //
+// # Retention
+//
+// A key must outlive every way its message can come back. CheckTTL compares
+// the store's TTL with the topic's retention.ms; call it at startup and
+// warn (or refuse to start) when records outlive their keys.
+//
 // # Why it is exactly once
 //
 // The handler's writes and the key commit in one Postgres transaction, and

@@ -217,6 +217,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		h = func(msg *message.Message) error { _, err := tx(msg); return err }
 	}
 	router.AddConsumerHandler(Scope, w.cfg.Commands, sub, h)
+	if err := consumer.CheckTTL(ctx, w.cfg.Brokers, consumer.Security{}, w.cfg.Commands, w.store.Config().TTL); err != nil {
+		log.Warn("ledger: key retention", "err", err)
+	}
 
 	relay, err := outbox.NewRelay(w.pool, pub, &outbox.RelayConfig{Config: outbox.Config{Schema: w.cfg.Schema}, Hooks: w.Metrics, Logger: log, PollInterval: 200 * time.Millisecond})
 	if err != nil {

@@ -1,0 +1,41 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/kafkatest"
+)
+
+func TestCheckTTL(t *testing.T) {
+	t.Parallel()
+	kafkatest.RequireReal(t)
+	brokers := kafkatest.Brokers(t)
+	ctx := context.Background()
+	topic := kafkatest.Name("retention")
+	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	res, err := c.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: 1, ReplicationFactor: 1,
+		ConfigEntries: []kafka.ConfigEntry{{ConfigName: "retention.ms", ConfigValue: "3600000"}}}}})
+	if err != nil || res.Errors[topic] != nil {
+		t.Fatal(err, res.Errors[topic])
+	}
+	t.Cleanup(func() {
+		_, _ = c.DeleteTopics(context.Background(), &kafka.DeleteTopicsRequest{Topics: []string{topic}})
+	})
+	if err := consumer.CheckTTL(ctx, brokers, consumer.Security{}, topic, dedupe.DefaultTTL); err != nil {
+		t.Fatalf("7-day TTL on a 1-hour topic: %v", err)
+	}
+	err = consumer.CheckTTL(ctx, brokers, consumer.Security{}, topic, time.Minute)
+	if !errors.Is(err, consumer.ErrTTLTooShort) {
+		t.Fatalf("1-minute TTL on a 1-hour topic: %v, want ErrTTLTooShort", err)
+	}
+	if err := consumer.CheckTTL(ctx, brokers, consumer.Security{}, kafkatest.Name("missing"), time.Hour); err == nil || errors.Is(err, consumer.ErrTTLTooShort) {
+		t.Fatalf("unknown topic: %v", err)
+	}
+}
