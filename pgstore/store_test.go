@@ -16,6 +16,7 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/dedupe/dedupetest"
 	"github.com/exactly-go/exactly/internal/pgtest"
+	"github.com/exactly-go/exactly/internal/testenv"
 	"github.com/exactly-go/exactly/pgstore"
 )
 
@@ -192,13 +193,17 @@ func TestRepeatableReadSerializationFailureIsRetryable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer second.Rollback(ctx)
-	if _, err := second.Exec(ctx, "SELECT 1"); err != nil { // take the snapshot now
+	var pid int
+	if err := second.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil { // also takes the snapshot
 		t.Fatal(err)
 	}
 	errc := make(chan error, 1)
 	go func() { _, err := s.ClaimTx(ctx, second, req); errc <- err }()
-	// Give the second claim time to block on the first's uncommitted key.
-	time.Sleep(100 * time.Millisecond)
+	testenv.WaitFor(t, 10*time.Second, "the second claim to wait on the first's key", func() bool {
+		var waiting bool
+		err := db.Pool.QueryRow(ctx, "SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&waiting)
+		return err == nil && waiting
+	})
 	if err := first.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
