@@ -46,10 +46,11 @@ type fixture struct {
 	pub    *consumer.Publisher
 	mu     sync.Mutex
 	wanted map[string]event // committed messages by UUID
+	seq    map[string]int   // last committed sequence number per key
 }
 
 func newFixture(t testing.TB, parts int) *fixture {
-	f := &fixture{db: pgtest.New(t), topic: kafkatest.Topic(t, parts), parts: parts, wanted: map[string]event{}}
+	f := &fixture{db: pgtest.New(t), topic: kafkatest.Topic(t, parts), parts: parts, wanted: map[string]event{}, seq: map[string]int{}}
 	var err error
 	if f.w, err = outbox.NewWriter(&outbox.Config{Schema: f.db.Schema}); err != nil {
 		t.Fatal(err)
@@ -81,7 +82,7 @@ func (f *fixture) relay(t testing.TB, pub message.Publisher, cfg *outbox.RelayCo
 // transactions roll back. Sequence numbers per key follow write order.
 func (f *fixture) write(t *testing.T, txs, perTx, keys int) {
 	ctx := context.Background()
-	seq := map[string]int{}
+	seq := f.seq
 	for i := 0; i < txs; i++ {
 		tx, err := f.db.Pool.Begin(ctx)
 		if err != nil {
@@ -240,17 +241,18 @@ func TestRelayKilledMidBatch(t *testing.T) {
 func TestTwoRelays(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 4)
+	f.write(t, 100, 30, 25) // a backlog both relays start on at once
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
 	var published [2]atomic.Int64
 	for i := range 2 {
-		r := f.relay(t, f.pub, &outbox.RelayConfig{BatchSize: 20, PollInterval: 20 * time.Millisecond,
+		r := f.relay(t, f.pub, &outbox.RelayConfig{BatchSize: 5, PollInterval: 20 * time.Millisecond,
 			Hooks: outbox.HooksFunc(func(_ context.Context, ev outbox.BatchEvent) { published[i].Add(int64(ev.Published)) })})
 		wg.Add(1)
 		go func() { defer wg.Done(); r.Run(ctx) }()
 	}
-	f.write(t, 100, 30, 25) // written while the relays run
+	f.write(t, 50, 30, 25) // and more written while they run
 	testenv.WaitFor(t, 2*time.Minute, "the outbox to drain", func() bool { return f.pending(t) == 0 })
 	cancel()
 	wg.Wait()
