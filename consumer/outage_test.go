@@ -1,6 +1,7 @@
 package consumer_test
 
 import (
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,7 +31,9 @@ func ownBroker(t *testing.T) (string, int) {
 		t.Fatal(err)
 	}
 	run := filepath.Join(t.TempDir(), "kafka")
-	env := append(os.Environ(), "KAFKA_PORT=19092", "KAFKA_CONTROLLER_PORT=19093", "KAFKA_RUN_DIR="+run, "KAFKA_HEAP=384m")
+	// Fresh ports each time: kafka-go pools connections by address, and a
+	// pooled connection to an earlier broker on the same port would be stale.
+	env := append(os.Environ(), "KAFKA_PORT="+freePort(t), "KAFKA_CONTROLLER_PORT="+freePort(t), "KAFKA_RUN_DIR="+run, "KAFKA_HEAP=384m")
 	start := exec.Command("bash", script, "start")
 	start.Env = env
 	out, err := start.Output()
@@ -55,6 +58,16 @@ func ownBroker(t *testing.T) (string, int) {
 		t.Fatal(err)
 	}
 	return strings.TrimSpace(string(out)), pid
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 }
 
 // A Kafka outage mid-stream: the broker freezes for longer than the group's
