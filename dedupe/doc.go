@@ -1,0 +1,18 @@
+// Package dedupe is the core of exactly: what a message's idempotency key
+// is, how a payload is fingerprinted, what a stored key looks like, and
+// what to do when a key is already there. It imports only the standard
+// library; pgstore implements its Store on Postgres, and dedupetest holds
+// the conformance suite and an in-memory Store.
+//
+//	key, err := dedupe.NewKey("ledger-consumer", msg.UUID) // scope = the handler's stable name
+//	fp := dedupe.FingerprintOf(msg.Payload)                 // or dedupe.JSONFingerprint for unstable JSON
+//
+//	outcome, err := dedupe.Decide(stored, fp, now)
+//	// OutcomeDuplicate: skip the handler, return stored.Result
+//	// *KeyReusedError:  same key, other payload — permanent, dead-letter it
+//	// *InFlightError:   another worker holds the lease — retry later
+//	// OutcomeTakeover:  the lease expired — run the handler again
+//
+// Errors are classified for routers: IsPermanent (never retry: dead-letter)
+// and IsRetryable (try again later).
+package dedupe
