@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -72,4 +73,51 @@ func BenchmarkMessageTx(b *testing.B) {
 			}
 		})
 	})
+}
+
+// BenchmarkMessageTxRatio interleaves the plain transaction and Do with a new
+// key in the same loop, so both see the same machine load, and reports the
+// throughput ratio dedupe/plain (the goal is at least 0.80):
+//
+//	go test -run '^$' -bench MessageTxRatio -count 5 -benchtime 4000x ./pgstore
+func BenchmarkMessageTxRatio(b *testing.B) {
+	s, db := newStore(b, nil)
+	ctx := context.Background()
+	accounts := db.Table("accounts")
+	if _, err := db.Pool.Exec(ctx, "CREATE TABLE "+accounts+" (id int PRIMARY KEY, balance bigint NOT NULL);"+
+		"INSERT INTO "+accounts+" SELECT g, 0 FROM generate_series(0, 999) g"); err != nil {
+		b.Fatal(err)
+	}
+	update := "UPDATE " + accounts + " SET balance = balance + 1 WHERE id = $1"
+	handler := func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		_, err := tx.Exec(ctx, update, rand.IntN(1000))
+		return nil, err
+	}
+	var seq atomic.Int64
+	var plainNs, dedupeNs atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			start := time.Now()
+			tx, err := db.Pool.Begin(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := handler(ctx, tx); err != nil {
+				b.Fatal(err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				b.Fatal(err)
+			}
+			mid := time.Now()
+			req := dedupetest.Req("bench", fmt.Sprint("ratio-", seq.Add(1)), `{"amount":1}`)
+			if c, err := s.Do(ctx, req, handler); err != nil || c.Outcome != dedupe.OutcomeNew {
+				b.Fatal(c.Outcome, err)
+			}
+			plainNs.Add(int64(mid.Sub(start)))
+			dedupeNs.Add(int64(time.Since(mid)))
+		}
+	})
+	b.ReportMetric(float64(plainNs.Load())/float64(dedupeNs.Load()), "dedupe/plain")
+	b.ReportMetric(float64(plainNs.Load())/float64(b.N), "plain-ns/op")
+	b.ReportMetric(float64(dedupeNs.Load())/float64(b.N), "dedupe-ns/op")
 }
