@@ -108,7 +108,7 @@ func TestKeyReusedGoesToDeadLetter(t *testing.T) {
 	w.startRouter(routerOpts{group: group, hooks: hooks})
 	w.waitCaughtUp(group, time.Minute)
 	w.assertExactlyOnce(map[string]command{u: {Account: "acc-1", Amount: 10}})
-	dead := readTopic(t, w.brokers, w.dlq, 1, 20*time.Second)
+	dead := w.readTopic(w.dlq)
 	if len(dead) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(dead))
 	}
@@ -132,7 +132,7 @@ func TestMissingKeyPolicies(t *testing.T) {
 		w.startRouter(routerOpts{group: group})
 		w.waitCaughtUp(group, time.Minute)
 		w.assertExactlyOnce(nil)
-		dead := readTopic(t, w.brokers, w.dlq, 1, 20*time.Second)
+		dead := w.readTopic(w.dlq)
 		if len(dead) != 1 || !strings.Contains(header(dead[0], middleware.ReasonForPoisonedKey), "invalid key") {
 			t.Fatalf("dead letters %d: %+v", len(dead), dead)
 		}
@@ -221,14 +221,14 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	}
 	stop()
 	// Nothing was published by the crashed consumer.
-	if got := readTopic(t, w.brokers, w.out, 1, 2*time.Second); len(got) != 0 {
+	if got := w.readTopic(w.out); len(got) != 0 {
 		t.Fatalf("crashed consumer published %d outputs", len(got))
 	}
 	hooks := &countingHooks{}
 	w.startRouter(routerOpts{group: group, hooks: hooks})
 	w.waitCaughtUp(group, time.Minute)
 	w.assertExactlyOnce(exp)
-	outs := readTopic(t, w.brokers, w.out, 1, 20*time.Second)
+	outs := w.readTopic(w.out)
 	if len(outs) != 1 || header(outs[0], consumer.UUIDHeader) != first[0].UUID || string(outs[0].Value) != `{"applied":"`+u+`"}` {
 		t.Fatalf("outputs %d, want the stored one with UUID %s: %+v", len(outs), first[0].UUID, outs)
 	}

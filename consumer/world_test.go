@@ -333,22 +333,11 @@ func commands(n int) (map[string]command, []kafka.Message) {
 	return exp, recs
 }
 
-// readTopic reads every record of topic (one partition) until it has n or d passes.
-func readTopic(t *testing.T, brokers []string, topic string, n int, d time.Duration) []kafka.Message {
-	t.Helper()
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
-	defer r.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	var out []kafka.Message
-	for len(out) < n {
-		m, err := r.ReadMessage(ctx)
-		if err != nil {
-			break
-		}
-		out = append(out, m)
-	}
-	return out
+// readTopic reads every record of a one-partition topic up to its end.
+// Whatever a handler publishes is on Kafka before its message is acked, so
+// after waitCaughtUp the end offsets are final.
+func (w *world) readTopic(topic string) []kafka.Message {
+	return kafkatest.ReadAllOn(w.t, w.brokers, topic, 1, time.Minute)
 }
 
 func header(m kafka.Message, key string) string {

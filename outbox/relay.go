@@ -303,11 +303,31 @@ func (r *Relay) batch(ctx context.Context, conn *pgx.Conn, lane int) (published 
 	blocked := map[string]bool{} // keys whose earlier message is waiting
 	var done []int64
 	var oldest time.Time
-	// Publish runs of publishable rows for the same topic together.
-	var run []row
-	flush := func() error {
+	// Publish runs of consecutive publishable rows for one topic together.
+	// After a failure the scan resumes behind the failed row: later rows of
+	// its key are blocked, the others are gathered again.
+	for i := 0; i < len(batch); {
+		var run []row
+		var at []int // run[k] is batch[at[k]]
+		j := i
+		for ; j < len(batch); j++ {
+			x := batch[j]
+			if x.key != "" && blocked[x.key] {
+				continue
+			}
+			if !x.due {
+				if x.key != "" {
+					blocked[x.key] = true
+				}
+				continue
+			}
+			if len(run) > 0 && run[0].topic != x.topic {
+				break
+			}
+			run, at = append(run, x), append(at, j)
+		}
 		if len(run) == 0 {
-			return nil
+			break
 		}
 		ok, failedAt, perr := r.publish(run)
 		for _, x := range run[:ok] {
@@ -316,60 +336,21 @@ func (r *Relay) batch(ctx context.Context, conn *pgx.Conn, lane int) (published 
 				oldest = x.createdAt
 			}
 		}
-		if perr != nil {
-			x := run[failedAt]
-			ev.Failed++
-			backoff := min(r.cfg.RetryBackoff<<min(x.attempts, 20), r.cfg.MaxRetryBackoff)
-			var status string
-			if err := tx.QueryRow(ctx, r.q.failed, x.id, perr.Error(), float64(backoff.Microseconds()), r.cfg.MaxAttempts).Scan(&status); err != nil {
-				return fmt.Errorf("outbox: record failure of %s: %w", x.uuid, err)
-			}
-			if status == "DEAD" {
-				ev.Dead++
-				r.cfg.Logger.Error("outbox: message is DEAD after repeated publish failures", "uuid", x.uuid, "topic", x.topic, "attempts", x.attempts+1, "err", perr)
-			} else {
-				r.cfg.Logger.Warn("outbox: publish failed; will retry", "uuid", x.uuid, "topic", x.topic, "attempts", x.attempts+1, "backoff", backoff, "err", perr)
-				if x.key != "" {
-					blocked[x.key] = true
-				}
-			}
-			// The rest of the run is tried again in the next pass (or below,
-			// for other keys).
-			rest := run[failedAt+1:]
-			run = nil
-			for _, y := range rest {
-				if y.key != "" && blocked[y.key] {
-					continue
-				}
-				run = append(run, y)
-			}
-			return nil
-		}
-		run = run[:0]
-		return nil
-	}
-	for _, x := range batch {
-		if x.key != "" && blocked[x.key] {
+		if perr == nil {
+			i = j
 			continue
 		}
-		if !x.due {
-			if x.key != "" {
-				blocked[x.key] = true
-			}
-			continue
+		dead, err := r.recordFailure(ctx, tx, run[failedAt], perr)
+		if err != nil {
+			return 0, false, err
 		}
-		if len(run) > 0 && run[0].topic != x.topic {
-			if err := flushAll(flush, &run); err != nil {
-				return 0, false, err
-			}
-			if x.key != "" && blocked[x.key] {
-				continue
-			}
+		ev.Failed++
+		if dead {
+			ev.Dead++ // a DEAD message no longer holds up its key
+		} else if k := run[failedAt].key; k != "" {
+			blocked[k] = true
 		}
-		run = append(run, x)
-	}
-	if err := flushAll(flush, &run); err != nil {
-		return 0, false, err
+		i = at[failedAt] + 1
 	}
 	if len(done) > 0 {
 		q := r.q.published
@@ -393,14 +374,20 @@ func (r *Relay) batch(ctx context.Context, conn *pgx.Conn, lane int) (published 
 	return len(done), len(batch) == r.cfg.BatchSize && ev.Failed == 0, nil
 }
 
-// flushAll flushes until the run is empty (a failure leaves a shorter run).
-func flushAll(flush func() error, run *[]row) error {
-	for len(*run) > 0 {
-		if err := flush(); err != nil {
-			return err
-		}
+// recordFailure counts a failed attempt of x with back-off, or moves it to
+// DEAD after MaxAttempts, and reports which.
+func (r *Relay) recordFailure(ctx context.Context, tx pgx.Tx, x row, perr error) (dead bool, err error) {
+	backoff := min(r.cfg.RetryBackoff<<min(x.attempts, 20), r.cfg.MaxRetryBackoff)
+	var status string
+	if err := tx.QueryRow(ctx, r.q.failed, x.id, perr.Error(), float64(backoff.Microseconds()), r.cfg.MaxAttempts).Scan(&status); err != nil {
+		return false, fmt.Errorf("outbox: record failure of %s: %w", x.uuid, err)
 	}
-	return nil
+	if status == "DEAD" {
+		r.cfg.Logger.Error("outbox: message is DEAD after repeated publish failures", "uuid", x.uuid, "topic", x.topic, "attempts", x.attempts+1, "err", perr)
+		return true, nil
+	}
+	r.cfg.Logger.Warn("outbox: publish failed; will retry", "uuid", x.uuid, "topic", x.topic, "attempts", x.attempts+1, "backoff", backoff, "err", perr)
+	return false, nil
 }
 
 // publish sends rows (one topic) and reports how many leading rows went

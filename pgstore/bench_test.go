@@ -12,19 +12,15 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/dedupe/dedupetest"
+	"github.com/exactly-go/exactly/pgstore"
 )
 
-// BenchmarkMessageTx compares one message's transaction with a one-UPDATE
-// handler: plain (no deduplication), with the claim (a new key each time),
-// and the duplicate path (the handler does not run). Compare ns/op side by
-// side from one run:
-//
-//	go test -run '^$' -bench MessageTx -count 5 ./pgstore
-func BenchmarkMessageTx(b *testing.B) {
+// benchSetup makes a store and an accounts table, the one-UPDATE handler,
+// and the plain transaction that runs it without deduplication.
+func benchSetup(b *testing.B) (*pgstore.Store, pgstore.TxFunc, func(context.Context) error) {
 	s, db := newStore(b, nil)
-	ctx := context.Background()
 	accounts := db.Table("accounts")
-	if _, err := db.Pool.Exec(ctx, "CREATE TABLE "+accounts+" (id int PRIMARY KEY, balance bigint NOT NULL);"+
+	if _, err := db.Pool.Exec(context.Background(), "CREATE TABLE "+accounts+" (id int PRIMARY KEY, balance bigint NOT NULL);"+
 		"INSERT INTO "+accounts+" SELECT g, 0 FROM generate_series(0, 999) g"); err != nil {
 		b.Fatal(err)
 	}
@@ -33,18 +29,34 @@ func BenchmarkMessageTx(b *testing.B) {
 		_, err := tx.Exec(ctx, update, rand.IntN(1000))
 		return nil, err
 	}
+	plain := func(ctx context.Context) error {
+		tx, err := db.Pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx)
+		if _, err := handler(ctx, tx); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}
+	return s, handler, plain
+}
+
+// BenchmarkMessageTx compares one message's transaction with a one-UPDATE
+// handler: plain (no deduplication), with the claim (a new key each time),
+// and the duplicate path (the handler does not run). Compare ns/op side by
+// side from one run:
+//
+//	go test -run '^$' -bench MessageTx -count 5 ./pgstore
+func BenchmarkMessageTx(b *testing.B) {
+	s, handler, plain := benchSetup(b)
+	ctx := context.Background()
 	var seq atomic.Int64
 	b.Run("plain", func(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				tx, err := db.Pool.Begin(ctx)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if _, err := handler(ctx, tx); err != nil {
-					b.Fatal(err)
-				}
-				if err := tx.Commit(ctx); err != nil {
+				if err := plain(ctx); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -81,31 +93,14 @@ func BenchmarkMessageTx(b *testing.B) {
 //
 //	go test -run '^$' -bench MessageTxRatio -count 5 -benchtime 4000x ./pgstore
 func BenchmarkMessageTxRatio(b *testing.B) {
-	s, db := newStore(b, nil)
+	s, handler, plain := benchSetup(b)
 	ctx := context.Background()
-	accounts := db.Table("accounts")
-	if _, err := db.Pool.Exec(ctx, "CREATE TABLE "+accounts+" (id int PRIMARY KEY, balance bigint NOT NULL);"+
-		"INSERT INTO "+accounts+" SELECT g, 0 FROM generate_series(0, 999) g"); err != nil {
-		b.Fatal(err)
-	}
-	update := "UPDATE " + accounts + " SET balance = balance + 1 WHERE id = $1"
-	handler := func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
-		_, err := tx.Exec(ctx, update, rand.IntN(1000))
-		return nil, err
-	}
 	var seq atomic.Int64
 	var plainNs, dedupeNs atomic.Int64
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			start := time.Now()
-			tx, err := db.Pool.Begin(ctx)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if _, err := handler(ctx, tx); err != nil {
-				b.Fatal(err)
-			}
-			if err := tx.Commit(ctx); err != nil {
+			if err := plain(ctx); err != nil {
 				b.Fatal(err)
 			}
 			mid := time.Now()

@@ -1,6 +1,7 @@
 package dedupetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"sync"
@@ -212,7 +213,7 @@ func (s *MemStore) CompleteTx(ctx context.Context, tx *MemTx, c dedupe.Claim, re
 	if !ok || tx.ended {
 		return errors.New("dedupetest: CompleteTx of a key not claimed in this transaction")
 	}
-	rec.Result = clone(dedupe.Record{Result: result}).Result
+	rec.Result = bytes.Clone(result)
 	tx.writes[c.Record.Key] = rec
 	return nil
 }
@@ -249,7 +250,7 @@ func (s *MemStore) Complete(ctx context.Context, c dedupe.Claim, result []byte) 
 	}
 	now := s.now()
 	rec.Status, rec.CompletedAt, rec.LockedUntil = dedupe.StatusCompleted, now, time.Time{}
-	rec.Result = clone(dedupe.Record{Result: result}).Result
+	rec.Result = bytes.Clone(result)
 	rec.ExpiresAt = now.Add(s.ttl(dedupe.Request{}))
 	s.committed[c.Record.Key] = rec
 	return nil

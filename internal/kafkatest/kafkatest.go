@@ -291,8 +291,13 @@ func EndOffsetsOn(t testing.TB, brokers []string, topic string, partitions int) 
 // returns them in partition order (each partition in offset order).
 func ReadAll(t testing.TB, topic string, partitions int, d time.Duration) []kafka.Message {
 	t.Helper()
-	brokers := Brokers(t)
-	end := EndOffsets(t, topic, partitions)
+	return ReadAllOn(t, Brokers(t), topic, partitions, d)
+}
+
+// ReadAllOn is ReadAll on the given brokers.
+func ReadAllOn(t testing.TB, brokers []string, topic string, partitions int, d time.Duration) []kafka.Message {
+	t.Helper()
+	end := EndOffsetsOn(t, brokers, topic, partitions)
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	var wg sync.WaitGroup
