@@ -22,6 +22,14 @@ as_postgres() {
 ready() { pg_isready -q -h 127.0.0.1 -p "$PGPORT" 2>/dev/null; }
 
 start() {
+	# Only the URL goes to stdout: callers capture it. pg_ctlcluster, psql and
+	# createdb talk on stdout too ("Removed stale pid file."), so they write
+	# to stderr.
+	prepare >&2
+	echo "postgres://postgres:$PGPASS@127.0.0.1:$PGPORT/$TESTDB?sslmode=disable"
+}
+
+prepare() {
 	if ! ready; then
 		if ! command -v pg_ctlcluster >/dev/null; then
 			echo "postgres.sh: PostgreSQL is not installed (no pg_ctlcluster)." >&2
@@ -43,7 +51,6 @@ start() {
 			as_postgres createdb -p "$PGPORT" "$TESTDB"
 		fi
 	fi
-	echo "postgres://postgres:$PGPASS@127.0.0.1:$PGPORT/$TESTDB?sslmode=disable"
 }
 
 case "${1:-}" in
