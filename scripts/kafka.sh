@@ -31,7 +31,15 @@ die() { echo "kafka.sh: $*" >&2; exit 1; }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
+# running: the pid file names a live broker of this run directory (a stale
+# pid file whose pid now belongs to another process does not count).
+running() {
+	[ -f "$pidfile" ] || return 1
+	local pid
+	pid=$(cat "$pidfile")
+	kill -0 "$pid" 2>/dev/null || return 1
+	tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "kafka.Kafka $run/server.properties"
+}
 
 fetch() {
 	[ -f "$cache/.complete" ] && return 0
@@ -39,7 +47,7 @@ fetch() {
 	command -v mvn >/dev/null || die "Maven is not installed: it fetches Kafka $version from Maven Central (apt-get install maven)"
 	echo "kafka.sh: fetching Kafka $version from Maven Central into $cache" >&2
 	rm -rf "$cache.tmp"
-	mvn -q -B -f "$pom" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$cache.tmp/libs" >&2 ||
+	mvn -q -B -Dstyle.color=never -f "$pom" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$cache.tmp/libs" >&2 ||
 		die "could not fetch Kafka $version with Maven (see the output above)"
 	rm -rf "$cache"
 	mv "$cache.tmp" "$cache"
