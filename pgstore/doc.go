@@ -34,6 +34,7 @@
 //	SELECT *, clock_timestamp() FROM ins
 //	UNION ALL
 //	SELECT false, <columns>, clock_timestamp() FROM exactly_keys WHERE scope = $1 AND key = $2
+//	    AND NOT EXISTS (SELECT FROM ins)
 //
 // A row with inserted = true means "new": the key is written COMPLETED at
 // once, because nothing outside the transaction can see it before commit and

@@ -14,7 +14,9 @@ const (
 	//
 	// When the conflicting row was committed by a transaction that this
 	// statement waited for, the row is not in the statement's snapshot and
-	// nothing comes back: the caller then runs lockSQL.
+	// nothing comes back: the caller then runs lockSQL. The second branch
+	// runs only when nothing was inserted (a one-time filter in the plan), so
+	// a new key costs no extra index lookup.
 	claimSQL = `WITH ins AS (
     INSERT INTO {T} AS k (scope, key, fingerprint, status, attempts, source_topic, source_partition,
                         source_offset, created_at, completed_at, locked_until, expires_at)
@@ -27,7 +29,8 @@ const (
 )
 SELECT *, clock_timestamp() FROM ins
 UNION ALL
-SELECT false, ` + cols + `, clock_timestamp() FROM {T} WHERE scope = $1 AND key = $2`
+SELECT false, ` + cols + `, clock_timestamp() FROM {T} WHERE scope = $1 AND key = $2
+    AND NOT EXISTS (SELECT FROM ins)`
 
 	// lockSQL is the seed's phase 1b: read the conflicting row, waiting for
 	// any transaction that holds it.
