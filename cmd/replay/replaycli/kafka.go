@@ -83,7 +83,13 @@ func (k *kafkaClient) listFirst(ctx context.Context, topic string, parts []int) 
 	return k.list(ctx, topic, parts, kafka.FirstOffsetOf, func(p kafka.PartitionOffsets) int64 { return p.FirstOffset })
 }
 
+// list lists offsets, waiting up to 30s for partitions whose leader is
+// moving (as right after a topic is created or a broker restarts).
 func (k *kafkaClient) list(ctx context.Context, topic string, parts []int, req func(p int) kafka.OffsetRequest, pick func(kafka.PartitionOffsets) int64) (map[int]int64, error) {
+	return retry(ctx, func() (map[int]int64, error) { return k.listOnce(ctx, topic, parts, req, pick) })
+}
+
+func (k *kafkaClient) listOnce(ctx context.Context, topic string, parts []int, req func(p int) kafka.OffsetRequest, pick func(kafka.PartitionOffsets) int64) (map[int]int64, error) {
 	rs := make([]kafka.OffsetRequest, len(parts))
 	for i, p := range parts {
 		rs[i] = req(p)
@@ -223,18 +229,15 @@ func (b *samePartition) Balance(msg kafka.Message, partitions ...int) int {
 // groupState describes a consumer group, waiting up to 30s for a
 // coordinator that is moving or loading.
 func (k *kafkaClient) groupState(ctx context.Context, group string) (state string, members int, err error) {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		state, members, err = k.groupStateOnce(ctx, group)
-		if err == nil || !transient(err) || time.Now().After(deadline) {
-			return state, members, err
-		}
-		select {
-		case <-ctx.Done():
-			return "", 0, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
+	type desc struct {
+		state   string
+		members int
 	}
+	d, err := retry(ctx, func() (desc, error) {
+		state, members, err := k.groupStateOnce(ctx, group)
+		return desc{state, members}, err
+	})
+	return d.state, d.members, err
 }
 
 func (k *kafkaClient) groupStateOnce(ctx context.Context, group string) (state string, members int, err error) {
@@ -252,27 +255,45 @@ func (k *kafkaClient) groupStateOnce(ctx context.Context, group string) (state s
 	return g.GroupState, len(g.Members), nil
 }
 
-// transient: the group coordinator is moving or still loading.
+// transient: a partition leader or group coordinator is moving or still
+// loading; asking again shortly succeeds.
 func transient(err error) bool {
-	return errors.Is(err, kafka.NotCoordinatorForGroup) || errors.Is(err, kafka.GroupCoordinatorNotAvailable) ||
-		errors.Is(err, kafka.GroupLoadInProgress)
+	for _, e := range []kafka.Error{
+		kafka.LeaderNotAvailable, kafka.NotLeaderForPartition, kafka.FencedLeaderEpoch, kafka.UnknownLeaderEpoch,
+		kafka.OffsetNotAvailable, kafka.RequestTimedOut, kafka.NotController,
+		kafka.NotCoordinatorForGroup, kafka.GroupCoordinatorNotAvailable, kafka.GroupLoadInProgress,
+	} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// retryWindow is how long retry keeps asking while the error is transient.
+const retryWindow = 30 * time.Second
+
+// retry calls f until it succeeds, fails with an error that is not
+// transient, or retryWindow has passed.
+func retry[T any](ctx context.Context, f func() (T, error)) (T, error) {
+	deadline := time.Now().Add(retryWindow)
+	for {
+		v, err := f()
+		if err == nil || !transient(err) || time.Now().After(deadline) {
+			return v, err
+		}
+		select {
+		case <-ctx.Done():
+			return v, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // committed returns the group's committed offsets on topic (-1: none),
 // waiting up to 30s for a coordinator that is moving or loading.
 func (k *kafkaClient) committed(ctx context.Context, group, topic string, n int) (map[int]int64, error) {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		out, err := k.committedOnce(ctx, group, topic, n)
-		if err == nil || !transient(err) || time.Now().After(deadline) {
-			return out, err
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	return retry(ctx, func() (map[int]int64, error) { return k.committedOnce(ctx, group, topic, n) })
 }
 
 func (k *kafkaClient) committedOnce(ctx context.Context, group, topic string, n int) (map[int]int64, error) {
