@@ -25,6 +25,7 @@ import (
 	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/exactly-go/exactly/internal/kafkaretry"
 	"github.com/exactly-go/exactly/internal/testenv"
 )
 
@@ -189,7 +190,10 @@ func CreateTopicOn(t testing.TB, brokers []string, topic string, n int) {
 				return false
 			}
 		}
-		return true
+		// Metadata names a leader before the leader serves the partition:
+		// wait until it answers for every partition.
+		_, err = endOffsets(ctx, c, topic, n)
+		return err == nil
 	})
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -215,24 +219,11 @@ func CommittedOffsetsOn(t testing.TB, brokers []string, group, topic string, par
 	for i := range ps {
 		ps[i] = i
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		out, err := committed(c, group, topic, ps)
-		if err == nil {
-			return out
-		}
-		if !Transient(err) || time.Now().After(deadline) {
-			t.Fatalf("kafkatest: offset fetch: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	out, err := kafkaretry.Do(context.Background(), 30*time.Second, func() (map[int]int64, error) { return committed(c, group, topic, ps) })
+	if err != nil {
+		t.Fatalf("kafkatest: offset fetch: %v", err)
 	}
-}
-
-// Transient reports whether err is a group coordinator that is moving or
-// still loading: asking again shortly succeeds.
-func Transient(err error) bool {
-	return errors.Is(err, kafka.NotCoordinatorForGroup) || errors.Is(err, kafka.GroupCoordinatorNotAvailable) ||
-		errors.Is(err, kafka.GroupLoadInProgress)
+	return out
 }
 
 func committed(c *kafka.Client, group, topic string, ps []int) (map[int]int64, error) {
@@ -267,24 +258,35 @@ func EndOffsets(t testing.TB, topic string, partitions int) map[int]int64 {
 func EndOffsetsOn(t testing.TB, brokers []string, topic string, partitions int) map[int]int64 {
 	t.Helper()
 	c := clientOn(brokers)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	out, err := kafkaretry.Do(ctx, 30*time.Second, func() (map[int]int64, error) { return endOffsets(ctx, c, topic, partitions) })
+	if err != nil {
+		t.Fatalf("kafkatest: %v", err)
+	}
+	return out
+}
+
+func endOffsets(ctx context.Context, c *kafka.Client, topic string, partitions int) (map[int]int64, error) {
 	req := make([]kafka.OffsetRequest, partitions)
 	for i := range req {
 		req[i] = kafka.LastOffsetOf(i)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	res, err := c.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: req}})
 	if err != nil {
-		t.Fatalf("kafkatest: list offsets: %v", err)
+		return nil, fmt.Errorf("list offsets of %s: %w", topic, err)
 	}
 	out := map[int]int64{}
 	for _, p := range res.Topics[topic] {
 		if p.Error != nil {
-			t.Fatalf("kafkatest: list offsets %s/%d: %v", topic, p.Partition, p.Error)
+			return nil, fmt.Errorf("list offsets of %s/%d: %w", topic, p.Partition, p.Error)
 		}
 		out[p.Partition] = p.LastOffset
 	}
-	return out
+	if len(out) != partitions {
+		return nil, fmt.Errorf("list offsets of %s: %d of %d partitions answered", topic, len(out), partitions)
+	}
+	return out, nil
 }
 
 // ReadAll reads every record of topic up to its current end offsets and

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/exactly-go/exactly/internal/kafkaretry"
 )
 
 // Range selects records per partition: [From, To) offsets, or times.
@@ -255,39 +257,10 @@ func (k *kafkaClient) groupStateOnce(ctx context.Context, group string) (state s
 	return g.GroupState, len(g.Members), nil
 }
 
-// transient: a partition leader or group coordinator is moving or still
-// loading; asking again shortly succeeds.
-func transient(err error) bool {
-	for _, e := range []kafka.Error{
-		kafka.LeaderNotAvailable, kafka.NotLeaderForPartition, kafka.FencedLeaderEpoch, kafka.UnknownLeaderEpoch,
-		kafka.OffsetNotAvailable, kafka.RequestTimedOut, kafka.NotController,
-		kafka.NotCoordinatorForGroup, kafka.GroupCoordinatorNotAvailable, kafka.GroupLoadInProgress,
-	} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
-}
-
-// retryWindow is how long retry keeps asking while the error is transient.
-const retryWindow = 30 * time.Second
-
-// retry calls f until it succeeds, fails with an error that is not
-// transient, or retryWindow has passed.
+// retry waits up to 30s for a partition leader or group coordinator that
+// is moving or still loading.
 func retry[T any](ctx context.Context, f func() (T, error)) (T, error) {
-	deadline := time.Now().Add(retryWindow)
-	for {
-		v, err := f()
-		if err == nil || !transient(err) || time.Now().After(deadline) {
-			return v, err
-		}
-		select {
-		case <-ctx.Done():
-			return v, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	return kafkaretry.Do(ctx, 30*time.Second, f)
 }
 
 // committed returns the group's committed offsets on topic (-1: none),

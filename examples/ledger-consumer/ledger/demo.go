@@ -245,11 +245,10 @@ func lag(ctx context.Context, c *kafka.Client, group, topic string) (behind, con
 	}
 	n := len(md.Topics[0].Partitions)
 	ps := make([]int, n)
-	req := make([]kafka.OffsetRequest, n)
 	for i := range ps {
-		ps[i], req[i] = i, kafka.LastOffsetOf(i)
+		ps[i] = i
 	}
-	offs, err := c.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: req}})
+	end, err := endOffsets(ctx, c, topic, n)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -257,15 +256,21 @@ func lag(ctx context.Context, c *kafka.Client, group, topic string) (behind, con
 	if err != nil {
 		return 0, 0, err
 	}
+	if committed.Error != nil {
+		return 0, 0, committed.Error
+	}
 	got := map[int]int64{}
 	for _, p := range committed.Topics[topic] {
+		if p.Error != nil {
+			return 0, 0, p.Error
+		}
 		if p.CommittedOffset > 0 {
 			got[p.Partition] = p.CommittedOffset
 		}
 	}
-	for _, p := range offs.Topics[topic] {
-		behind += p.LastOffset - got[p.Partition]
-		consumed += got[p.Partition]
+	for p, last := range end {
+		behind += last - got[p]
+		consumed += got[p]
 	}
 	return behind, consumed, nil
 }

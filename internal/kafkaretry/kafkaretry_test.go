@@ -1,17 +1,18 @@
-package replaycli
+package kafkaretry
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 )
 
 func TestRetryWaitsOutLeaderMoves(t *testing.T) {
 	calls := 0
-	v, err := retry(context.Background(), func() (int, error) {
+	v, err := Do(context.Background(), time.Minute, func() (int, error) {
 		calls++
 		if calls < 3 {
 			return 0, fmt.Errorf("list offsets of t/0: %w", kafka.NotLeaderForPartition)
@@ -24,9 +25,9 @@ func TestRetryWaitsOutLeaderMoves(t *testing.T) {
 }
 
 func TestRetryStopsAtOtherErrors(t *testing.T) {
-	for _, want := range []error{errUnknownTopic, kafka.UnknownTopicOrPartition, kafka.TopicAuthorizationFailed, errors.New("boom")} {
+	for _, want := range []error{kafka.UnknownTopicOrPartition, kafka.TopicAuthorizationFailed, errors.New("boom")} {
 		calls := 0
-		_, err := retry(context.Background(), func() (int, error) {
+		_, err := Do(context.Background(), time.Minute, func() (int, error) {
 			calls++
 			return 0, want
 		})
@@ -36,10 +37,21 @@ func TestRetryStopsAtOtherErrors(t *testing.T) {
 	}
 }
 
+func TestRetryGivesUpAfterWindow(t *testing.T) {
+	calls := 0
+	_, err := Do(context.Background(), 250*time.Millisecond, func() (int, error) {
+		calls++
+		return 0, kafka.GroupLoadInProgress
+	})
+	if !errors.Is(err, kafka.GroupLoadInProgress) || calls < 2 || calls > 5 {
+		t.Fatalf("got %v after %d calls; want the last error after 2 to 5", err, calls)
+	}
+}
+
 func TestRetryStopsWhenCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	calls := 0
-	_, err := retry(ctx, func() (int, error) {
+	_, err := Do(ctx, time.Minute, func() (int, error) {
 		calls++
 		cancel()
 		return 0, kafka.LeaderNotAvailable
