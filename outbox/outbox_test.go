@@ -16,6 +16,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/exactly-go/exactly/consumer"
@@ -434,4 +435,80 @@ func TestCleanupOfPublishedRows(t *testing.T) {
 	if f.pending(t) != 1 {
 		t.Fatal("cleanup deleted a pending row")
 	}
+}
+
+// startRelay runs a relay on a pool of its own, whose connections carry
+// the returned application_name.
+func (f *fixture) startRelay(t *testing.T, poll time.Duration) (app string) {
+	t.Helper()
+	url, err := pgtest.URL()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgtest.Config(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app = "relay-" + f.db.Schema
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := outbox.NewRelay(pool, f.pub, &outbox.RelayConfig{Config: outbox.Config{Schema: f.db.Schema}, PollInterval: poll, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		pool.Close()
+	})
+	return app
+}
+
+// waitIdle waits until the relay named app listens for notifications with
+// nothing left to publish.
+func (f *fixture) waitIdle(t *testing.T, app string) {
+	t.Helper()
+	// Idle: it listens, and none of its connections ran a statement for
+	// 300 ms (a pass runs them back to back).
+	testenv.WaitFor(t, 10*time.Second, "the relay to listen and sleep", func() bool {
+		var listening, busy int
+		err := f.db.Pool.QueryRow(context.Background(), `SELECT
+    count(*) FILTER (WHERE query = 'LISTEN exactly_outbox'),
+    count(*) FILTER (WHERE state <> 'idle' OR clock_timestamp() - state_change < interval '300 ms')
+FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&listening, &busy)
+		return err == nil && listening == 1 && busy == 0
+	})
+}
+
+// A relay that sleeps with an hour's poll floor publishes a committed
+// message at once: the insert's NOTIFY wakes it.
+func TestNotifyWakesIdleRelay(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 2)
+	f.waitIdle(t, f.startRelay(t, time.Hour))
+	f.write(t, 5, 3, 4)
+	testenv.WaitFor(t, 10*time.Second, "the notified relay to publish", func() bool { return f.pending(t) == 0 })
+	f.check(t, false)
+}
+
+// With the NOTIFY trigger disabled (to spare busy producers its commit
+// lock) the relay still publishes everything, on its poll floor.
+func TestRelayPollsWithoutNotify(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 2)
+	if _, err := f.db.Pool.Exec(context.Background(), "ALTER TABLE "+f.db.Table("exactly_outbox")+" DISABLE TRIGGER exactly_outbox_notify"); err != nil {
+		t.Fatal(err)
+	}
+	f.startRelay(t, 100*time.Millisecond)
+	f.write(t, 20, 3, 4)
+	testenv.WaitFor(t, 30*time.Second, "the polling relay to publish", func() bool { return f.pending(t) == 0 })
+	f.check(t, false)
 }

@@ -23,7 +23,8 @@ type RelayConfig struct {
 	// BatchSize is how many rows one transaction publishes. Defaults to 100.
 	BatchSize int
 	// PollInterval is the polling floor when no notification arrives.
-	// Defaults to 1s.
+	// Defaults to 1s. With the NOTIFY trigger disabled (see the package
+	// doc) it is the publishing latency: set it short.
 	PollInterval time.Duration
 	// RetryBackoff is the first pause before a failed message is tried
 	// again; it doubles per attempt up to MaxRetryBackoff. Defaults to
