@@ -188,20 +188,22 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	w.produce(recs...)
 	group := kafkatest.Name("g")
 	committed := make(chan []*message.Message, 1)
-	var once sync.Once
+	var dead atomic.Bool
 	// Outermost: after the commit the process hangs, is shut down, and the
 	// message is never acked (the subscriber gives it up after DrainTimeout).
+	// A dead process handles nothing more, not even a redelivery that
+	// arrives while it shuts down.
 	crash := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
+			if dead.Load() {
+				<-msg.Context().Done()
+				return nil, errors.New("process is dead")
+			}
 			outs, err := h(msg)
-			if err == nil {
-				crashed := false
-				once.Do(func() { crashed = true })
-				if crashed {
-					committed <- outs
-					<-msg.Context().Done()
-					return nil, errors.New("process died before the ack")
-				}
+			if err == nil && dead.CompareAndSwap(false, true) {
+				committed <- outs
+				<-msg.Context().Done()
+				return nil, errors.New("process died before the ack")
 			}
 			return outs, err
 		}
