@@ -16,6 +16,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
@@ -499,8 +500,8 @@ func TestNotifyWakesIdleRelay(t *testing.T) {
 	f.check(t, false)
 }
 
-// With the NOTIFY trigger disabled (to spare busy producers its commit
-// lock) the relay still publishes everything, on its poll floor.
+// With the NOTIFY trigger disabled the relay still publishes everything, on
+// its poll floor: notifications only wake it.
 func TestRelayPollsWithoutNotify(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 2)
@@ -511,4 +512,59 @@ func TestRelayPollsWithoutNotify(t *testing.T) {
 	f.write(t, 20, 3, 4)
 	testenv.WaitFor(t, 30*time.Second, "the polling relay to publish", func() bool { return f.pending(t) == 0 })
 	f.check(t, false)
+}
+
+// notifiedWithin listens on a connection of its own while write runs, and
+// reports whether this test's outbox notified within d.
+func (f *fixture) notifiedWithin(t *testing.T, d time.Duration, write func()) bool {
+	t.Helper()
+	url, err := pgtest.URL()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), "LISTEN exactly_outbox"); err != nil {
+		t.Fatal(err)
+	}
+	write()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return false
+		}
+		if n.Payload == f.db.Schema+".exactly_outbox" { // other tests' outboxes share the channel
+			return true
+		}
+	}
+}
+
+// Producers notify only while a relay is registered as sleeping, and not
+// for a registration that expired.
+func TestNotifyOnlyWhileARelayWaits(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	waiters := f.db.Table("exactly_outbox_waiters")
+	exec := func(sql string) {
+		if _, err := f.db.Pool.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write := func() { f.write(t, 1, 2, 2) }
+	if f.notifiedWithin(t, 300*time.Millisecond, write) {
+		t.Error("a commit notified with no relay waiting")
+	}
+	exec("INSERT INTO " + waiters + " VALUES ('r1', now() + interval '1 minute')")
+	if !f.notifiedWithin(t, 10*time.Second, write) {
+		t.Error("a commit did not notify while a relay waits")
+	}
+	exec("UPDATE " + waiters + " SET expires_at = now() - interval '1 second'")
+	if f.notifiedWithin(t, 300*time.Millisecond, write) {
+		t.Error("a commit notified for an expired registration")
+	}
 }

@@ -8,6 +8,8 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -15,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/internal/clock"
+	"github.com/exactly-go/exactly/internal/sqlident"
 )
 
 // RelayConfig configures a Relay.
@@ -23,8 +26,9 @@ type RelayConfig struct {
 	// BatchSize is how many rows one transaction publishes. Defaults to 100.
 	BatchSize int
 	// PollInterval is the polling floor when no notification arrives.
-	// Defaults to 1s. With the NOTIFY trigger disabled (see the package
-	// doc) it is the publishing latency: set it short.
+	// Defaults to 1s. It bounds the wait of a message whose producer did
+	// not notify (see the package doc), and is the publishing latency when
+	// the NOTIFY trigger is disabled.
 	PollInterval time.Duration
 	// RetryBackoff is the first pause before a failed message is tried
 	// again; it doubles per attempt up to MaxRetryBackoff. Defaults to
@@ -82,11 +86,23 @@ type Relay struct {
 	table  string
 	q      relayQueries
 	lockID int64
+
+	// id names this relay in the waiters table; listening is true while
+	// its LISTEN connection is up.
+	id        string
+	waiters   string
+	listening atomic.Bool
 }
 
 type relayQueries struct {
 	fetch, published, deleted, failed, cleanup, stats string
+	register, unregister, pendingDue                  string
 }
+
+// waitGrace is how long a relay that just registered as a waiter gives
+// producers that looked before it registered (and so did not notify) to
+// finish committing, before it checks for their rows and sleeps.
+const waitGrace = 10 * time.Millisecond
 
 // NewRelay returns a Relay that reads the outbox on pool and publishes with pub.
 func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg *RelayConfig) (*Relay, error) {
@@ -125,28 +141,40 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg *RelayConfig) (*Rel
 	}
 	h := fnv.New64a()
 	h.Write([]byte("exactly/outbox/" + c.Schema + "." + c.Table))
-	return &Relay{pool: pool, pub: pub, cfg: c, table: table, lockID: int64(h.Sum64() &^ 0xff), q: relayQueries{
-		fetch: `SELECT id, topic, coalesce(partition_key, ''), uuid, metadata, payload, attempts, next_attempt_at <= now(), created_at
+	waiters := sqlident.Qualified(c.Schema, c.Table+"_waiters")
+	return &Relay{pool: pool, pub: pub, cfg: c, table: table, lockID: int64(h.Sum64() &^ 0xff),
+		id: strconv.FormatUint(rand.Uint64(), 36), waiters: waiters, q: relayQueries{
+			register: `WITH expired AS (DELETE FROM ` + waiters + ` WHERE expires_at < clock_timestamp() AND relay <> $1)
+INSERT INTO ` + waiters + ` (relay, expires_at) VALUES ($1, clock_timestamp() + $2::float8 * interval '1 microsecond')
+ON CONFLICT (relay) DO UPDATE SET expires_at = EXCLUDED.expires_at`,
+			unregister: `DELETE FROM ` + waiters + ` WHERE relay = $1`,
+			pendingDue: `SELECT EXISTS (SELECT FROM ` + table + ` WHERE status = 'PENDING' AND next_attempt_at <= now())`,
+			fetch: `SELECT id, topic, coalesce(partition_key, ''), uuid, metadata, payload, attempts, next_attempt_at <= now(), created_at
 FROM ` + table + ` WHERE lane = $1 AND status = 'PENDING' ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED`,
-		published: `UPDATE ` + table + ` SET status = 'PUBLISHED', published_at = now(), attempts = attempts + 1, last_error = NULL WHERE id = ANY($1)`,
-		deleted:   `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
-		failed: `UPDATE ` + table + ` SET attempts = attempts + 1, last_error = $2,
+			published: `UPDATE ` + table + ` SET status = 'PUBLISHED', published_at = now(), attempts = attempts + 1, last_error = NULL WHERE id = ANY($1)`,
+			deleted:   `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
+			failed: `UPDATE ` + table + ` SET attempts = attempts + 1, last_error = $2,
     next_attempt_at = now() + $3::float8 * interval '1 microsecond',
     status = CASE WHEN attempts + 1 >= $4 THEN 'DEAD' ELSE status END
 WHERE id = $1 RETURNING status`,
-		cleanup: `DELETE FROM ` + table + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + table + `
+			cleanup: `DELETE FROM ` + table + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + table + `
     WHERE status = 'PUBLISHED' AND published_at < now() - $1::float8 * interval '1 microsecond' LIMIT 1000))`,
-		stats: `SELECT count(*) FILTER (WHERE status = 'PENDING'), count(*) FILTER (WHERE status = 'DEAD'),
+			stats: `SELECT count(*) FILTER (WHERE status = 'PENDING'), count(*) FILTER (WHERE status = 'DEAD'),
     min(created_at) FILTER (WHERE status = 'PENDING') FROM ` + table,
-	}}, nil
+		}}, nil
 }
 
 // Run relays until ctx is done: it wakes on LISTEN/NOTIFY when rows are
-// written and polls every PollInterval as a floor. It returns nil when ctx
-// is cancelled (after finishing the batch in hand).
+// written and polls every PollInterval as a floor. Before it sleeps it
+// registers in the waiters table (migration 00003), so that producers
+// notify only while some relay sleeps; a relay with work in hand is not
+// registered and producers commit without the NOTIFY's lock. It returns nil
+// when ctx is cancelled (after finishing the batch in hand).
 func (r *Relay) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
 	go r.listen(ctx, wake)
+	waiters := r.hasWaiters(ctx)
+	defer r.unregister(ctx, waiters)
 	lastCleanup := time.Time{}
 	for {
 		n, err := r.RunOnce(ctx)
@@ -165,6 +193,16 @@ func (r *Relay) Run(ctx context.Context) error {
 		if n > 0 && err == nil {
 			continue // there may be more
 		}
+		registered := waiters && r.listening.Load() && r.register(ctx)
+		if registered && r.pendingDue(ctx) {
+			// Rows of producers that looked before we registered: they
+			// did not notify. One more pass, then sleep in any case (rows
+			// in lanes that other relays hold are theirs to publish).
+			if n, err := r.RunOnce(ctx); n > 0 && err == nil {
+				r.unregister(ctx, true)
+				continue
+			}
+		}
 		t := time.NewTimer(r.cfg.PollInterval)
 		select {
 		case <-ctx.Done():
@@ -174,7 +212,57 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 		t.Stop()
+		if registered {
+			r.unregister(ctx, true) // awake: producers need not notify
+		}
 	}
+}
+
+// hasWaiters reports whether the outbox has a waiters table (migration
+// 00003). Without it the relay never registers, and producers notify as
+// their trigger says.
+func (r *Relay) hasWaiters(ctx context.Context) bool {
+	var ok bool
+	if err := r.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", r.waiters).Scan(&ok); err != nil {
+		return false
+	}
+	return ok
+}
+
+// register records that this relay is about to sleep, for a little more
+// than PollInterval (a relay that dies stops counting after that), waits
+// waitGrace, and reports whether it is registered.
+func (r *Relay) register(ctx context.Context) bool {
+	ttl := 2*r.cfg.PollInterval + 10*time.Second
+	if _, err := r.pool.Exec(ctx, r.q.register, r.id, float64(ttl.Microseconds())); err != nil {
+		if ctx.Err() == nil {
+			r.cfg.Logger.Warn("outbox: relay could not register as a waiter; it will poll", "table", r.table, "err", err)
+		}
+		return false
+	}
+	_ = clock.Sleep(ctx, waitGrace)
+	return true
+}
+
+func (r *Relay) unregister(ctx context.Context, registered bool) {
+	if !registered {
+		return
+	}
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := r.pool.Exec(uctx, r.q.unregister, r.id); err != nil {
+		// Producers go on notifying until the registration expires.
+		r.cfg.Logger.Warn("outbox: relay could not unregister as a waiter", "table", r.table, "err", err)
+	}
+}
+
+// pendingDue reports whether some message is waiting to be published now.
+func (r *Relay) pendingDue(ctx context.Context) bool {
+	var due bool
+	if err := r.pool.QueryRow(ctx, r.q.pendingDue).Scan(&due); err != nil {
+		return true // cannot tell: look
+	}
+	return due
 }
 
 // listen turns notifications into wake-ups, reconnecting with back-off.
@@ -191,9 +279,16 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 			_ = clock.Sleep(ctx, backoff)
 			continue
 		}
+		// Listening: wake the relay so that it registers before it sleeps.
+		r.listening.Store(true)
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
 		for {
 			n, err := conn.Conn().WaitForNotification(ctx)
 			if err != nil {
+				r.listening.Store(false)
 				break
 			}
 			backoff = 100 * time.Millisecond

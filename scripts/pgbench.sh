@@ -10,7 +10,9 @@
 #       client adds.
 #   scripts/pgbench.sh notify [rounds] [seconds] [clients]
 #       a producer writing one outbox row, on a table without the NOTIFY
-#       trigger against the migration's table with it.
+#       trigger against the migration's table while a relay is registered
+#       as sleeping (every commit notifies) and while none is (the relay is
+#       busy: commits do not notify).
 #
 # DATABASE_URL (or TEST_DATABASE_URL) names the server; defaults: 5 rounds of
 # 10 s with 2 clients.
@@ -43,8 +45,18 @@ tps() {
 	pgbench -n -M prepared -c "$clients" -j "$clients" -T "$secs" -f "$here/pgbench/$1.sql" "$url" 2>&1 |
 		sed -n 's/^tps = \([0-9.]*\) .*/\1/p'
 }
+sql() { psql -q -v ON_ERROR_STOP=1 "$url" -c "$1" >/dev/null; }
 for i in $(seq 1 "$rounds"); do
 	b=$(tps "$base")
+	if [ "$what" = notify ]; then
+		sql "INSERT INTO exactly_pgbench.exactly_outbox_waiters VALUES ('pgbench', now() + interval '1 hour')"
+		w=$(tps "$test")
+		sql "DELETE FROM exactly_pgbench.exactly_outbox_waiters"
+		t=$(tps "$test")
+		awk -v b="$b" -v w="$w" -v t="$t" -v i="$i" \
+			'BEGIN { printf "round %d: no trigger %.0f tps; relay sleeping (notify) %.0f tps, ratio %.3f; relay busy (no notify) %.0f tps, ratio %.3f\n", i, b, w, w / b, t, t / b }'
+		continue
+	fi
 	t=$(tps "$test")
 	awk -v b="$b" -v t="$t" -v i="$i" -v bn="$base" -v tn="$test" \
 		'BEGIN { printf "round %d: %s %.0f tps, %s %.0f tps, ratio %.3f\n", i, bn, b, tn, t, t / b }'
