@@ -42,6 +42,8 @@ type Config struct {
 	// handler's transaction (a transactional outbox) instead of the router
 	// publishing them; duplicates then return nothing to publish, since the
 	// first run's outputs are already in the outbox. Transactional mode only.
+	// Register the handler with router.AddHandler: AddConsumerHandler
+	// discards a handler's outputs before any middleware sees them.
 	// Defaults to nil: outputs go back to the router.
 	Outputs OutputsWriter
 	// Hooks receives an Event per message. Defaults to none.

@@ -11,7 +11,8 @@
 //
 // With the dedupe middleware, consumer.Config{Outputs: w.Outputs("ledger.events")}
 // writes a handler's output messages into the outbox in the handler's own
-// transaction.
+// transaction (register it with router.AddHandler: AddConsumerHandler
+// discards outputs before any middleware sees them).
 //
 // The relay is at-least-once: a relay that dies after publishing a batch but
 // before marking it publishes the batch again, with the same UUIDs, which

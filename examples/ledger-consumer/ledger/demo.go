@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/migrations"
 )
 
@@ -53,7 +54,15 @@ type Summary struct {
 	// Replayed counts the second pass (DemoConfig.Replay).
 	Replayed      Counts
 	ReplayElapsed time.Duration
-	Broker        string
+	// Events counts what reached the events topic, after every run.
+	Events EventCount
+	Broker string
+}
+
+// EventCount counts the events topic: records, and distinct event UUIDs.
+// With the middleware each command emits one event, once.
+type EventCount struct {
+	Records, Distinct int
 }
 
 // Counts are the worker's totals.
@@ -80,10 +89,11 @@ ledger demo (%s)
   dead-lettered        %d
   accounts             %d
   elapsed              %v (%.0f records/s)
+  events emitted       %d (%d distinct)
   balances match       %s
 `, s.Broker, s.Verify.Records, s.Workload.Unique, s.Workload.Duplicates, s.Workload.KeyReused, s.Workload.Malformed,
 		s.Worker.Applied, s.Worker.Duplicates, s.Worker.Rejected, s.Worker.KeyReused, s.Worker.DeadLettered, s.Verify.Accounts,
-		s.Elapsed.Round(time.Millisecond), float64(s.Verify.Records)/s.Elapsed.Seconds(), match)
+		s.Elapsed.Round(time.Millisecond), float64(s.Verify.Records)/s.Elapsed.Seconds(), s.Events.Records, s.Events.Distinct, match)
 	if s.ReplayElapsed > 0 {
 		fmt.Fprintf(w, "  replayed the topic    %d records in %v (%.0f records/s): %d applied again, %d duplicates skipped\n",
 			s.Verify.Records, s.ReplayElapsed.Round(time.Millisecond), float64(s.Verify.Records)/s.ReplayElapsed.Seconds(),
@@ -153,8 +163,34 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 			return sum, err
 		}
 	}
-	sum.Verify, err = Verify(ctx, pool, cfg.Schema, cfg.Brokers, wcfg.Commands)
+	if sum.Verify, err = Verify(ctx, pool, cfg.Schema, cfg.Brokers, wcfg.Commands); err != nil {
+		return sum, err
+	}
+	sum.Events, err = countEvents(ctx, cfg.Brokers, wcfg.Events)
 	return sum, err
+}
+
+// countEvents reads the events topic (each worker published its outbox
+// before it returned).
+func countEvents(ctx context.Context, brokers []string, topic string) (EventCount, error) {
+	parts, err := readTopic(ctx, brokers, topic)
+	if err != nil {
+		return EventCount{}, err
+	}
+	var n EventCount
+	seen := map[string]bool{}
+	for _, p := range parts {
+		for _, m := range p {
+			n.Records++
+			for _, h := range m.Headers {
+				if h.Key == consumer.UUIDHeader && !seen[string(h.Value)] {
+					seen[string(h.Value)] = true
+					n.Distinct++
+				}
+			}
+		}
+	}
+	return n, nil
 }
 
 func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {

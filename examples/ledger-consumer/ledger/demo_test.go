@@ -59,6 +59,10 @@ func TestDemoWorkload(t *testing.T) {
 	if c.Rejected == 0 {
 		t.Fatal("no command broke a rule: the workload does not exercise rejections")
 	}
+	// One event per command, once, through both runs.
+	if e := sum.Events; e.Records != w.Unique || e.Distinct != w.Unique {
+		t.Fatalf("events topic: %+v, want %d records, all distinct", e, w.Unique)
+	}
 }
 
 // Without the dedupe middleware the same workload applies duplicates again,

@@ -189,10 +189,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	retry := middleware.Retry{MaxRetries: 3, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second, Multiplier: 2, ShouldRetry: consumer.ShouldRetry}
 	router.AddMiddleware(poison, retry.Middleware, middleware.Timeout(30*time.Second))
-	var h message.NoPublishHandlerFunc
 	if w.cfg.NoDedupe {
 		log.Warn("ledger: the dedupe middleware is OFF: redeliveries will be applied again")
-		h = func(msg *message.Message) error { _, err := w.naive(msg); return err }
+		router.AddConsumerHandler(Scope, w.cfg.Commands, sub, func(msg *message.Message) error { _, err := w.naive(msg); return err })
 		router.AddMiddleware(func(next message.HandlerFunc) message.HandlerFunc {
 			return func(msg *message.Message) ([]*message.Message, error) {
 				start := time.Now()
@@ -213,10 +212,12 @@ func (w *Worker) Run(ctx context.Context) error {
 			return err
 		}
 		router.AddMiddleware(mw.Middleware, middleware.Recoverer)
-		tx := consumer.TxHandler(w.handle)
-		h = func(msg *message.Message) error { _, err := tx(msg); return err }
+		// A handler with outputs (AddHandler, not AddConsumerHandler, which
+		// drops them before the middleware sees them). The middleware
+		// writes them to the outbox in the command's transaction and
+		// returns nothing for the router to publish.
+		router.AddHandler(Scope, w.cfg.Commands, sub, w.cfg.Events, pub, consumer.TxHandler(w.handle))
 	}
-	router.AddConsumerHandler(Scope, w.cfg.Commands, sub, h)
 	if err := consumer.CheckTTL(ctx, w.cfg.Brokers, consumer.Security{}, w.cfg.Commands, w.store.Config().TTL); err != nil {
 		log.Warn("ledger: key retention", "err", err)
 	}
