@@ -42,4 +42,9 @@
 // Registrations expire (a relay that dies stops counting after about
 // 2×PollInterval + 10s). An outbox table without a waiters table (a custom
 // table, or one migrated only to 00002) keeps notifying as its trigger says.
+// A relay built before migration 00003 never registers, so after that
+// migration it is not notified and publishes on its PollInterval: upgrade
+// relays with the migration. A producer in REPEATABLE READ or SERIALIZABLE
+// looks for waiters in its snapshot, so it may miss a relay that registered
+// after the snapshot was taken; that message too waits for PollInterval.
 package outbox

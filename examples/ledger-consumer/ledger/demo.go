@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
@@ -54,15 +55,18 @@ type Summary struct {
 	// Replayed counts the second pass (DemoConfig.Replay).
 	Replayed      Counts
 	ReplayElapsed time.Duration
-	// Events counts what reached the events topic, after every run.
-	Events EventCount
-	Broker string
+	// Events and DeadLetters count what reached those topics, after every
+	// run.
+	Events, DeadLetters TopicCount
+	Broker              string
 }
 
-// EventCount counts the events topic: records, and distinct event UUIDs.
-// With the middleware each command emits one event, once.
-type EventCount struct {
-	Records, Distinct int
+// TopicCount counts a topic's records, their distinct UUIDs, and those
+// that carry the dead-letter reason. With the middleware each command
+// emits one event, once, and each pass over the commands dead-letters each
+// record it rejects once, with its reason (a replay dead-letters them again).
+type TopicCount struct {
+	Records, Distinct, WithReason int
 }
 
 // Counts are the worker's totals.
@@ -89,16 +93,21 @@ ledger demo (%s)
   dead-lettered        %d
   accounts             %d
   elapsed              %v (%.0f records/s)
-  events emitted       %d (%d distinct)
   balances match       %s
 `, s.Broker, s.Verify.Records, s.Workload.Unique, s.Workload.Duplicates, s.Workload.KeyReused, s.Workload.Malformed,
 		s.Worker.Applied, s.Worker.Duplicates, s.Worker.Rejected, s.Worker.KeyReused, s.Worker.DeadLettered, s.Verify.Accounts,
-		s.Elapsed.Round(time.Millisecond), float64(s.Verify.Records)/s.Elapsed.Seconds(), s.Events.Records, s.Events.Distinct, match)
+		s.Elapsed.Round(time.Millisecond), float64(s.Verify.Records)/s.Elapsed.Seconds(), match)
 	if s.ReplayElapsed > 0 {
-		fmt.Fprintf(w, "  replayed the topic    %d records in %v (%.0f records/s): %d applied again, %d duplicates skipped\n",
+		fmt.Fprintf(w, "  replayed the topic   %d records in %v (%.0f records/s): %d applied again, %d duplicates skipped\n",
 			s.Verify.Records, s.ReplayElapsed.Round(time.Millisecond), float64(s.Verify.Records)/s.ReplayElapsed.Seconds(),
 			s.Replayed.Applied, s.Replayed.Duplicates)
 	}
+	passes := "the run"
+	if s.ReplayElapsed > 0 {
+		passes = "both passes"
+	}
+	fmt.Fprintf(w, "  events topic         %d records, %d distinct (after %s)\n", s.Events.Records, s.Events.Distinct, passes)
+	fmt.Fprintf(w, "  dead-letter topic    %d records, %d with a reason (after %s)\n", s.DeadLetters.Records, s.DeadLetters.WithReason, passes)
 	for _, m := range s.Verify.Mismatches {
 		fmt.Fprintln(w, "  mismatch:", m)
 	}
@@ -166,26 +175,32 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 	if sum.Verify, err = Verify(ctx, pool, cfg.Schema, cfg.Brokers, wcfg.Commands); err != nil {
 		return sum, err
 	}
-	sum.Events, err = countEvents(ctx, cfg.Brokers, wcfg.Events)
+	if sum.Events, err = countTopic(ctx, cfg.Brokers, wcfg.Events); err != nil {
+		return sum, err
+	}
+	sum.DeadLetters, err = countTopic(ctx, cfg.Brokers, wcfg.DeadLetter)
 	return sum, err
 }
 
-// countEvents reads the events topic (each worker published its outbox
-// before it returned).
-func countEvents(ctx context.Context, brokers []string, topic string) (EventCount, error) {
+// countTopic reads a topic that the workers are done with (each published
+// its outbox before it returned).
+func countTopic(ctx context.Context, brokers []string, topic string) (TopicCount, error) {
 	parts, err := readTopic(ctx, brokers, topic)
 	if err != nil {
-		return EventCount{}, err
+		return TopicCount{}, err
 	}
-	var n EventCount
+	var n TopicCount
 	seen := map[string]bool{}
 	for _, p := range parts {
 		for _, m := range p {
 			n.Records++
 			for _, h := range m.Headers {
-				if h.Key == consumer.UUIDHeader && !seen[string(h.Value)] {
+				switch {
+				case h.Key == consumer.UUIDHeader && !seen[string(h.Value)]:
 					seen[string(h.Value)] = true
 					n.Distinct++
+				case h.Key == middleware.ReasonForPoisonedKey && len(h.Value) > 0:
+					n.WithReason++
 				}
 			}
 		}

@@ -63,6 +63,11 @@ func TestDemoWorkload(t *testing.T) {
 	if e := sum.Events; e.Records != w.Unique || e.Distinct != w.Unique {
 		t.Fatalf("events topic: %+v, want %d records, all distinct", e, w.Unique)
 	}
+	// Every key reuse and malformed record on the dead-letter topic once per
+	// pass (the replay dead-letters them again), each with its reason.
+	if d, want := sum.DeadLetters, 2*(w.KeyReused+w.Malformed); d.Records != want || d.WithReason != want {
+		t.Fatalf("dead-letter topic: %+v, want %d records (2 passes), each with a reason", d, want)
+	}
 }
 
 // Without the dedupe middleware the same workload applies duplicates again,
