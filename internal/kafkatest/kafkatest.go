@@ -233,11 +233,19 @@ func committed(c *kafka.Client, group, topic string, ps []int) (map[int]int64, e
 	if err != nil {
 		return nil, err
 	}
+	// A group that has not committed yet is "not found" on some brokers
+	// (the in-process one) and has no offsets on others: the same answer.
+	if errors.Is(res.Error, kafka.GroupIdNotFound) {
+		return map[int]int64{}, nil
+	}
 	if res.Error != nil {
 		return nil, res.Error
 	}
 	out := map[int]int64{}
 	for _, p := range res.Topics[topic] {
+		if errors.Is(p.Error, kafka.GroupIdNotFound) {
+			return map[int]int64{}, nil
+		}
 		if p.Error != nil {
 			return nil, fmt.Errorf("%s/%d: %w", topic, p.Partition, p.Error)
 		}
