@@ -24,6 +24,7 @@ import (
 	"github.com/exactly-go/exactly/internal/kafkatest"
 	"github.com/exactly-go/exactly/internal/pgtest"
 	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/migrations"
 	"github.com/exactly-go/exactly/outbox"
 	"github.com/exactly-go/exactly/pgstore"
 )
@@ -583,4 +584,33 @@ func TestNotifyOnlyWhileARelayWaits(t *testing.T) {
 	if f.notifiedWithin(t, 300*time.Millisecond, write) {
 		t.Error("a commit notified for an expired registration")
 	}
+}
+
+// A relay started on an outbox migrated only to 00002 (every insert
+// notifies) publishes, and registers as a waiter once migration 00003
+// lands while it runs.
+func TestRelayAcrossWaitersMigration(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	ctx := context.Background()
+	opts := &migrations.Opts{Schema: f.db.Schema, Version: 2}
+	if err := migrations.Down(ctx, f.db.Pool, opts); err != nil {
+		t.Fatal(err)
+	}
+	f.startRelay(t, 200*time.Millisecond)
+	for len(f.wanted) == 0 {
+		f.write(t, 5, 3, 4)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the relay to publish on 00002", func() bool { return f.pending(t) == 0 })
+	if err := migrations.Migrate(ctx, f.db.Pool, &migrations.Opts{Schema: f.db.Schema}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the relay to register as a waiter", func() bool {
+		var n int
+		err := f.db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+f.db.Table("exactly_outbox_waiters")).Scan(&n)
+		return err == nil && n == 1
+	})
+	f.write(t, 5, 3, 4)
+	testenv.WaitFor(t, 10*time.Second, "the relay to publish on 00003", func() bool { return f.pending(t) == 0 })
+	f.check(t, false)
 }

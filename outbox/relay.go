@@ -173,8 +173,8 @@ WHERE id = $1 RETURNING status`,
 func (r *Relay) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
 	go r.listen(ctx, wake)
-	waiters := r.hasWaiters(ctx)
-	defer r.unregister(ctx, waiters)
+	waiters := false // the table has a waiters table; asked until it answers yes
+	defer func() { r.unregister(ctx, waiters) }()
 	lastCleanup := time.Time{}
 	for {
 		n, err := r.RunOnce(ctx)
@@ -192,6 +192,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		if n > 0 && err == nil {
 			continue // there may be more
+		}
+		if !waiters {
+			waiters = r.hasWaiters(ctx)
 		}
 		registered := waiters && r.listening.Load() && r.register(ctx)
 		if registered && r.pendingDue(ctx) {
@@ -219,8 +222,9 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // hasWaiters reports whether the outbox has a waiters table (migration
-// 00003). Without it the relay never registers, and producers notify as
-// their trigger says.
+// 00003). Without it the relay does not register, and producers notify as
+// their trigger says; Run asks again before each sleep until it is there
+// (a migration may add it while the relay runs).
 func (r *Relay) hasWaiters(ctx context.Context) bool {
 	var ok bool
 	if err := r.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", r.waiters).Scan(&ok); err != nil {
