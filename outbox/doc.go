@@ -33,8 +33,9 @@
 // and the insert trigger (deferred to commit) notifies only while a live
 // registration exists. A busy relay polls on its own, so under load
 // producers commit without the lock. With 8 producers writing one row each
-// on a 2-core machine, notifying cost about 45 % of the throughput and not
-// notifying about nothing measurable (scripts/pgbench.sh notify). A
+// on a 2-core machine, notifying cost about 40 % of the throughput, and
+// the trigger without notifying nothing this machine could tell from its
+// noise (scripts/pgbench.sh notify). A
 // producer that looked just before a relay registered did not notify; the
 // relay checks for such rows after it registers, and its PollInterval bounds
 // the wait of any it still misses. Nothing is ever lost: NOTIFY only wakes.

@@ -197,7 +197,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			waiters = r.hasWaiters(ctx)
 		}
 		registered := waiters && r.listening.Load() && r.register(ctx)
-		if registered && r.pendingDue(ctx) {
+		if registered {
 			// Rows of producers that looked before we registered: they
 			// did not notify. One more pass, then sleep in any case (rows
 			// in lanes that other relays hold are theirs to publish).
@@ -260,7 +260,8 @@ func (r *Relay) unregister(ctx context.Context, registered bool) {
 	}
 }
 
-// pendingDue reports whether some message is waiting to be published now.
+// pendingDue reports whether some message is waiting to be published now
+// (true when it cannot tell).
 func (r *Relay) pendingDue(ctx context.Context) bool {
 	var due bool
 	if err := r.pool.QueryRow(ctx, r.q.pendingDue).Scan(&due); err != nil {
@@ -310,8 +311,12 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 }
 
 // RunOnce makes one pass over the lanes that no other relay holds and
-// returns how many messages it published.
+// returns how many messages it published. With nothing due it costs one
+// statement.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
+	if !r.pendingDue(ctx) {
+		return 0, nil
+	}
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: relay: %w", err)

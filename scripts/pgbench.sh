@@ -9,9 +9,9 @@
 #       `go test -run '^$' -bench MessageTxRatio ./pgstore` to see what the
 #       client adds.
 #   scripts/pgbench.sh notify [rounds] [seconds] [clients]
-#       a producer writing one outbox row, on a table without the NOTIFY
-#       trigger against the migration's table while a relay is registered
-#       as sleeping (every commit notifies) and while none is (the relay is
+#       a producer writing one outbox row: with the NOTIFY trigger disabled,
+#       against the migration's trigger while a relay is registered as
+#       sleeping (every commit notifies) and while none is (the relays are
 #       busy: commits do not notify).
 #
 # DATABASE_URL (or TEST_DATABASE_URL) names the server; defaults: 5 rounds of
@@ -21,8 +21,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 url=${DATABASE_URL:-${TEST_DATABASE_URL:-postgres://postgres:postgres@127.0.0.1:5432/exactly_test?sslmode=disable}}
 what=${1:-} rounds=${2:-5} secs=${3:-10} clients=${4:-2}
 case "$what" in
-claim) base=plain test=claim ;;
-notify) base=outbox-quiet test=outbox ;;
+claim | notify) ;;
 *) echo "usage: $0 claim|notify [rounds] [seconds] [clients]" >&2; exit 2 ;;
 esac
 command -v pgbench >/dev/null || { echo "pgbench.sh: pgbench is not installed (apt-get install postgresql-client)" >&2; exit 1; }
@@ -38,7 +37,7 @@ trap 'psql -q "$url" -c "DROP SCHEMA IF EXISTS exactly_pgbench CASCADE" >/dev/nu
 # The tables exactly as the migrations make them, in the scratch schema.
 for f in "$here"/../migrations/sql/*.sql; do
 	sed -n '/-- +goose Up/,/-- +goose Down/p' "$f" | grep -v '^-- +goose'
-done | { echo 'SET search_path = exactly_pgbench;'; cat; echo 'CREATE TABLE outbox_quiet (LIKE exactly_outbox INCLUDING ALL);'; } |
+done | { echo 'SET search_path = exactly_pgbench;'; cat; } |
 	psql -q -v ON_ERROR_STOP=1 "$url" >/dev/null
 
 tps() {
@@ -46,18 +45,22 @@ tps() {
 		sed -n 's/^tps = \([0-9.]*\) .*/\1/p'
 }
 sql() { psql -q -v ON_ERROR_STOP=1 "$url" -c "$1" >/dev/null; }
-for i in $(seq 1 "$rounds"); do
-	b=$(tps "$base")
-	if [ "$what" = notify ]; then
-		sql "INSERT INTO exactly_pgbench.exactly_outbox_waiters VALUES ('pgbench', now() + interval '1 hour')"
-		w=$(tps "$test")
-		sql "DELETE FROM exactly_pgbench.exactly_outbox_waiters"
-		t=$(tps "$test")
-		awk -v b="$b" -v w="$w" -v t="$t" -v i="$i" \
-			'BEGIN { printf "round %d: no trigger %.0f tps; relay sleeping (notify) %.0f tps, ratio %.3f; relay busy (no notify) %.0f tps, ratio %.3f\n", i, b, w, w / b, t, t / b }'
-		continue
-	fi
-	t=$(tps "$test")
-	awk -v b="$b" -v t="$t" -v i="$i" -v bn="$base" -v tn="$test" \
-		'BEGIN { printf "round %d: %s %.0f tps, %s %.0f tps, ratio %.3f\n", i, bn, b, tn, t, t / b }'
-done
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f tps, ratio %.3f", a, a / b }'; }
+round_claim() {
+	local plain claim
+	plain=$(tps plain)
+	claim=$(tps claim)
+	echo "round $1: plain $(printf %.0f "$plain") tps; with the claim $(ratio "$claim" "$plain")"
+}
+round_notify() {
+	local quiet sleeping busy
+	sql "ALTER TABLE exactly_pgbench.exactly_outbox DISABLE TRIGGER exactly_outbox_notify"
+	quiet=$(tps outbox)
+	sql "ALTER TABLE exactly_pgbench.exactly_outbox ENABLE TRIGGER exactly_outbox_notify"
+	sql "INSERT INTO exactly_pgbench.exactly_outbox_waiters VALUES ('pgbench', now() + interval '1 hour')"
+	sleeping=$(tps outbox)
+	sql "DELETE FROM exactly_pgbench.exactly_outbox_waiters"
+	busy=$(tps outbox)
+	echo "round $1: trigger disabled $(printf %.0f "$quiet") tps; relay sleeping (notify) $(ratio "$sleeping" "$quiet"); relay busy (no notify) $(ratio "$busy" "$quiet")"
+}
+for i in $(seq 1 "$rounds"); do "round_$what" "$i"; done

@@ -25,7 +25,7 @@ import (
 	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/exactly-go/exactly/internal/kafkaretry"
+	"github.com/exactly-go/exactly/internal/kafkaadmin"
 	"github.com/exactly-go/exactly/internal/testenv"
 )
 
@@ -192,7 +192,7 @@ func CreateTopicOn(t testing.TB, brokers []string, topic string, n int) {
 		}
 		// Metadata names a leader before the leader serves the partition:
 		// wait until it answers for every partition.
-		_, err = endOffsets(ctx, c, topic, n)
+		_, err = kafkaadmin.EndOffsets(ctx, c, topic, n)
 		return err == nil
 	})
 	t.Cleanup(func() {
@@ -214,46 +214,19 @@ func CommittedOffsets(t testing.TB, group, topic string, partitions int) map[int
 // CommittedOffsetsOn is CommittedOffsets on the given brokers.
 func CommittedOffsetsOn(t testing.TB, brokers []string, group, topic string, partitions int) map[int]int64 {
 	t.Helper()
-	c := clientOn(brokers)
-	ps := make([]int, partitions)
-	for i := range ps {
-		ps[i] = i
-	}
-	out, err := kafkaretry.Do(context.Background(), 30*time.Second, func() (map[int]int64, error) { return committed(c, group, topic, ps) })
-	if err != nil {
-		t.Fatalf("kafkatest: offset fetch: %v", err)
-	}
-	return out
-}
-
-func committed(c *kafka.Client, group, topic string, ps []int) (map[int]int64, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), kafkaadmin.Window+10*time.Second)
 	defer cancel()
-	res, err := c.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: ps}})
+	all, err := kafkaadmin.Committed(ctx, clientOn(brokers), group, topic, partitions)
 	if err != nil {
-		return nil, err
-	}
-	// A group that has not committed yet is "not found" on some brokers
-	// (the in-process one) and has no offsets on others: the same answer.
-	if errors.Is(res.Error, kafka.GroupIdNotFound) {
-		return map[int]int64{}, nil
-	}
-	if res.Error != nil {
-		return nil, res.Error
+		t.Fatalf("kafkatest: %v", err)
 	}
 	out := map[int]int64{}
-	for _, p := range res.Topics[topic] {
-		if errors.Is(p.Error, kafka.GroupIdNotFound) {
-			return map[int]int64{}, nil
-		}
-		if p.Error != nil {
-			return nil, fmt.Errorf("%s/%d: %w", topic, p.Partition, p.Error)
-		}
-		if p.CommittedOffset >= 0 {
-			out[p.Partition] = p.CommittedOffset
+	for p, o := range all {
+		if o >= 0 {
+			out[p] = o
 		}
 	}
-	return out, nil
+	return out
 }
 
 // EndOffsets returns the log-end offset of each partition of topic.
@@ -265,36 +238,13 @@ func EndOffsets(t testing.TB, topic string, partitions int) map[int]int64 {
 // EndOffsetsOn is EndOffsets on the given brokers.
 func EndOffsetsOn(t testing.TB, brokers []string, topic string, partitions int) map[int]int64 {
 	t.Helper()
-	c := clientOn(brokers)
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), kafkaadmin.Window+10*time.Second)
 	defer cancel()
-	out, err := kafkaretry.Do(ctx, 30*time.Second, func() (map[int]int64, error) { return endOffsets(ctx, c, topic, partitions) })
+	out, err := kafkaadmin.EndOffsets(ctx, clientOn(brokers), topic, partitions)
 	if err != nil {
 		t.Fatalf("kafkatest: %v", err)
 	}
 	return out
-}
-
-func endOffsets(ctx context.Context, c *kafka.Client, topic string, partitions int) (map[int]int64, error) {
-	req := make([]kafka.OffsetRequest, partitions)
-	for i := range req {
-		req[i] = kafka.LastOffsetOf(i)
-	}
-	res, err := c.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: req}})
-	if err != nil {
-		return nil, fmt.Errorf("list offsets of %s: %w", topic, err)
-	}
-	out := map[int]int64{}
-	for _, p := range res.Topics[topic] {
-		if p.Error != nil {
-			return nil, fmt.Errorf("list offsets of %s/%d: %w", topic, p.Partition, p.Error)
-		}
-		out[p.Partition] = p.LastOffset
-	}
-	if len(out) != partitions {
-		return nil, fmt.Errorf("list offsets of %s: %d of %d partitions answered", topic, len(out), partitions)
-	}
-	return out, nil
 }
 
 // ReadAll reads every record of topic up to its current end offsets and

@@ -10,7 +10,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/exactly-go/exactly/internal/kafkaretry"
+	"github.com/exactly-go/exactly/internal/kafkaadmin"
 )
 
 // Range selects records per partition: [From, To) offsets, or times.
@@ -85,27 +85,19 @@ func (k *kafkaClient) listFirst(ctx context.Context, topic string, parts []int) 
 	return k.list(ctx, topic, parts, kafka.FirstOffsetOf, func(p kafka.PartitionOffsets) int64 { return p.FirstOffset })
 }
 
-// list lists offsets, waiting up to 30s for partitions whose leader is
-// moving (as right after a topic is created or a broker restarts).
+// list lists one offset per partition of parts, picked from its answer.
 func (k *kafkaClient) list(ctx context.Context, topic string, parts []int, req func(p int) kafka.OffsetRequest, pick func(kafka.PartitionOffsets) int64) (map[int]int64, error) {
-	return retry(ctx, func() (map[int]int64, error) { return k.listOnce(ctx, topic, parts, req, pick) })
-}
-
-func (k *kafkaClient) listOnce(ctx context.Context, topic string, parts []int, req func(p int) kafka.OffsetRequest, pick func(kafka.PartitionOffsets) int64) (map[int]int64, error) {
 	rs := make([]kafka.OffsetRequest, len(parts))
 	for i, p := range parts {
 		rs[i] = req(p)
 	}
-	res, err := k.c.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: rs}})
+	res, err := kafkaadmin.ListOffsets(ctx, k.c, topic, rs)
 	if err != nil {
-		return nil, fmt.Errorf("list offsets of %s: %w", topic, err)
+		return nil, err
 	}
-	out := map[int]int64{}
-	for _, p := range res.Topics[topic] {
-		if p.Error != nil {
-			return nil, fmt.Errorf("list offsets of %s/%d: %w", topic, p.Partition, p.Error)
-		}
-		out[p.Partition] = pick(p)
+	out := make(map[int]int64, len(res))
+	for p, o := range res {
+		out[p] = pick(o)
 	}
 	return out, nil
 }
@@ -235,7 +227,7 @@ func (k *kafkaClient) groupState(ctx context.Context, group string) (state strin
 		state   string
 		members int
 	}
-	d, err := retry(ctx, func() (desc, error) {
+	d, err := kafkaadmin.Do(ctx, kafkaadmin.Window, func() (desc, error) {
 		state, members, err := k.groupStateOnce(ctx, group)
 		return desc{state, members}, err
 	})
@@ -257,36 +249,7 @@ func (k *kafkaClient) groupStateOnce(ctx context.Context, group string) (state s
 	return g.GroupState, len(g.Members), nil
 }
 
-// retry waits up to 30s for a partition leader or group coordinator that
-// is moving or still loading.
-func retry[T any](ctx context.Context, f func() (T, error)) (T, error) {
-	return kafkaretry.Do(ctx, 30*time.Second, f)
-}
-
-// committed returns the group's committed offsets on topic (-1: none),
-// waiting up to 30s for a coordinator that is moving or loading.
+// committed returns the group's committed offsets on topic (-1: none).
 func (k *kafkaClient) committed(ctx context.Context, group, topic string, n int) (map[int]int64, error) {
-	return retry(ctx, func() (map[int]int64, error) { return k.committedOnce(ctx, group, topic, n) })
-}
-
-func (k *kafkaClient) committedOnce(ctx context.Context, group, topic string, n int) (map[int]int64, error) {
-	ps := make([]int, n)
-	for i := range ps {
-		ps[i] = i
-	}
-	res, err := k.c.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: ps}})
-	if err != nil {
-		return nil, fmt.Errorf("committed offsets of %s: %w", group, err)
-	}
-	if res.Error != nil {
-		return nil, fmt.Errorf("committed offsets of %s: %w", group, res.Error)
-	}
-	out := map[int]int64{}
-	for _, p := range res.Topics[topic] {
-		if p.Error != nil {
-			return nil, fmt.Errorf("committed offset of %s on %s/%d: %w", group, topic, p.Partition, p.Error)
-		}
-		out[p.Partition] = p.CommittedOffset
-	}
-	return out, nil
+	return kafkaadmin.Committed(ctx, k.c, group, topic, n)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/internal/kafkaadmin"
 	"github.com/exactly-go/exactly/migrations"
 )
 
@@ -257,13 +258,24 @@ func createTopics(ctx context.Context, brokers []string, topics map[string]int) 
 }
 
 // waitCaughtUp polls the group's committed offsets until they reach the
-// topic's end, printing progress.
+// topic's end, printing progress. The topic is complete before the worker
+// starts, so its end offsets are read once.
 func waitCaughtUp(ctx context.Context, brokers []string, group, topic string, w *Worker, progress io.Writer, total int, done <-chan error) error {
 	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil || len(md.Topics) != 1 || md.Topics[0].Error != nil {
+		return fmt.Errorf("ledger: metadata of %s: %v %v", topic, err, md)
+	}
+	n := len(md.Topics[0].Partitions)
+	end, err := kafkaadmin.EndOffsets(ctx, c, topic, n)
+	if err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	lastPrint := time.Now()
 	deadline := time.Now().Add(10 * time.Minute)
+	var behind, consumed int64
 	for {
 		select {
 		case <-ctx.Done():
@@ -272,9 +284,16 @@ func waitCaughtUp(ctx context.Context, brokers []string, group, topic string, w 
 			return fmt.Errorf("ledger: worker stopped early: %v", err)
 		case <-tick.C:
 		}
-		behind, consumed, err := lag(ctx, c, group, topic)
-		if err == nil && behind == 0 && consumed > 0 {
-			return nil
+		if got, err := kafkaadmin.Committed(ctx, c, group, topic, n); err == nil {
+			behind, consumed = 0, 0
+			for p, last := range end {
+				o := max(got[p], 0)
+				behind += last - o
+				consumed += o
+			}
+			if behind == 0 && consumed > 0 {
+				return nil
+			}
 		}
 		if progress != nil && time.Since(lastPrint) >= time.Second {
 			m := w.Metrics
@@ -286,44 +305,6 @@ func waitCaughtUp(ctx context.Context, brokers []string, group, topic string, w 
 			return fmt.Errorf("ledger: group %s still %d behind after 10 minutes", group, behind)
 		}
 	}
-}
-
-// lag returns how far group is behind on topic, and how much it consumed.
-func lag(ctx context.Context, c *kafka.Client, group, topic string) (behind, consumed int64, err error) {
-	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
-	if err != nil || len(md.Topics) != 1 {
-		return 0, 0, fmt.Errorf("metadata: %v", err)
-	}
-	n := len(md.Topics[0].Partitions)
-	ps := make([]int, n)
-	for i := range ps {
-		ps[i] = i
-	}
-	end, err := endOffsets(ctx, c, topic, n)
-	if err != nil {
-		return 0, 0, err
-	}
-	committed, err := c.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: ps}})
-	if err != nil {
-		return 0, 0, err
-	}
-	if committed.Error != nil {
-		return 0, 0, committed.Error
-	}
-	got := map[int]int64{}
-	for _, p := range committed.Topics[topic] {
-		if p.Error != nil {
-			return 0, 0, p.Error
-		}
-		if p.CommittedOffset > 0 {
-			got[p.Partition] = p.CommittedOffset
-		}
-	}
-	for p, last := range end {
-		behind += last - got[p]
-		consumed += got[p]
-	}
-	return behind, consumed, nil
 }
 
 // runUntilCaughtUp runs a worker until its group has consumed the whole

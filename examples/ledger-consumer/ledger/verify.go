@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/kafkaadmin"
 )
 
 // Report is what Verify found.
@@ -102,7 +102,7 @@ func readTopic(ctx context.Context, brokers []string, topic string) ([][]kafka.M
 		return nil, fmt.Errorf("ledger: topic %s: %v", topic, md.Topics)
 	}
 	n := len(md.Topics[0].Partitions)
-	end, err := endOffsets(ctx, c, topic, n)
+	end, err := kafkaadmin.EndOffsets(ctx, c, topic, n)
 	if err != nil {
 		return nil, err
 	}
@@ -138,43 +138,4 @@ func readTopic(ctx context.Context, brokers []string, topic string) ([][]kafka.M
 		}
 	}
 	return out, nil
-}
-
-// endOffsets lists each partition's log-end offset, waiting up to 30s for
-// leaders that are moving.
-func endOffsets(ctx context.Context, c *kafka.Client, topic string, n int) (map[int]int64, error) {
-	req := make([]kafka.OffsetRequest, n)
-	for i := range req {
-		req[i] = kafka.LastOffsetOf(i)
-	}
-	list := func() (map[int]int64, error) {
-		offs, err := c.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: req}})
-		if err != nil {
-			return nil, fmt.Errorf("ledger: end offsets of %s: %w", topic, err)
-		}
-		end := map[int]int64{}
-		for _, p := range offs.Topics[topic] {
-			if p.Error != nil {
-				return nil, fmt.Errorf("ledger: end offset of %s/%d: %w", topic, p.Partition, p.Error)
-			}
-			end[p.Partition] = p.LastOffset
-		}
-		if len(end) != n {
-			return nil, fmt.Errorf("ledger: end offsets of %s: %d of %d partitions answered", topic, len(end), n)
-		}
-		return end, nil
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		end, err := list()
-		var ke kafka.Error
-		if err == nil || !errors.As(err, &ke) || !ke.Temporary() || time.Now().After(deadline) {
-			return end, err
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }

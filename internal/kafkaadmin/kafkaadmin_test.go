@@ -1,4 +1,4 @@
-package kafkaretry
+package kafkaadmin
 
 import (
 	"context"
