@@ -43,8 +43,10 @@ const VersionTable = "exactly_goose_db_version"
 
 // Opts tunes Migrate and Down.
 type Opts struct {
-	// Schema receives the tables and the version table; Migrate creates it
-	// when missing. Defaults to "public".
+	// Schema receives the tables and the version table. Migrate creates it
+	// when missing, which needs CREATE on the database; a schema that
+	// exists needs only USAGE and CREATE on it (its owner has both).
+	// Defaults to "public".
 	Schema string
 	// Version is the target version: Migrate goes up to it (0: the latest),
 	// Down goes down to it (0: removes everything). Defaults to 0.
@@ -79,8 +81,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *Opts) error {
 	if err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+sqlident.Quote(o.Schema)); err != nil {
-		return fmt.Errorf("migrations: create schema %s: %w", o.Schema, err)
+	if err := ensureSchema(ctx, pool, o.Schema); err != nil {
+		return err
 	}
 	return withProvider(ctx, pool, o, func(p *goose.Provider) error {
 		var results []*goose.MigrationResult
@@ -121,6 +123,32 @@ func Version(ctx context.Context, pool *pgxpool.Pool, opts *Opts) (current, late
 		return err
 	})
 	return current, latest, err
+}
+
+// ensureSchema creates schema when it is missing. It looks first: CREATE
+// SCHEMA, even with IF NOT EXISTS, needs CREATE on the database, which the
+// owner of an existing schema need not have.
+func ensureSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	exists := func() (bool, error) {
+		var ok bool
+		err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = $1)", schema).Scan(&ok)
+		if err != nil {
+			return false, fmt.Errorf("migrations: look for schema %s: %w", schema, err)
+		}
+		return ok, nil
+	}
+	if ok, err := exists(); ok || err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+sqlident.Quote(schema)); err != nil {
+		// Another process may have created it meanwhile (concurrent CREATE
+		// SCHEMA IF NOT EXISTS can fail with a unique violation).
+		if ok, _ := exists(); ok {
+			return nil
+		}
+		return fmt.Errorf("migrations: create schema %s (create it beforehand, owned by the migrating role, or grant CREATE on the database): %w", schema, err)
+	}
+	return nil
 }
 
 func logResults(o Opts, results []*goose.MigrationResult) {
