@@ -1,0 +1,269 @@
+package migrations_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/migrations"
+	"github.com/exactly-go/exactly/outbox"
+	"github.com/exactly-go/exactly/pgstore"
+)
+
+// docBlocks returns the SQL blocks of the "Roles and grants" section of the
+// package doc (indented lines) or of the README (```sql fences), one slice
+// of statements per block.
+func docBlocks(t *testing.T, path, heading string, readme bool) [][]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var blocks [][]string
+	in, inBlock := false, false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if !readme {
+			line = strings.TrimPrefix(strings.TrimPrefix(line, "//"), " ")
+		}
+		switch {
+		case line == heading:
+			in = true
+			continue
+		case !in:
+			continue
+		case strings.HasPrefix(line, "#") || line == "package migrations":
+			in = false
+			continue
+		}
+		var stmt string
+		var isCode bool
+		if readme {
+			switch line {
+			case "```sql":
+				inBlock = true
+				blocks = append(blocks, nil)
+				continue
+			case "```":
+				inBlock = false
+				continue
+			}
+			stmt, isCode = line, inBlock
+		} else {
+			stmt, isCode = strings.CutPrefix(line, "\t")
+			if isCode && !inBlock {
+				blocks = append(blocks, nil)
+			}
+			inBlock = isCode
+		}
+		if isCode && stmt != "" {
+			blocks[len(blocks)-1] = append(blocks[len(blocks)-1], stmt)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(blocks) != 2 {
+		t.Fatalf("%s: %d SQL blocks under %q, want 2 (the administrator's, the migrator's)", path, len(blocks), heading)
+	}
+	return blocks
+}
+
+// TestDocumentedGrants runs the statements of the "Roles and grants"
+// sections (README and package doc, which must agree) with names of its own,
+// then: migrates as the migrator; as the consumer claims and completes keys
+// (Do, a duplicate, DoLease, a failing DoLease, Cleanup, Stats) and writes
+// to the outbox in Do's transaction; as the relay publishes through a
+// Watermill publisher, sleeps as a registered waiter, is woken by the
+// consumer's next commit and publishes again. It checks the rows each step
+// leaves, and that neither the consumer nor the relay can do more than it
+// needs (no DDL, no reading what is not theirs).
+func TestDocumentedGrants(t *testing.T) {
+	adm := admin(t)
+	ctx := context.Background()
+	blocks := docBlocks(t, "doc.go", "# Roles and grants", false)
+	if readme := docBlocks(t, "../README.md", "## Roles and grants", true); !slices.EqualFunc(blocks, readme, slices.Equal) {
+		t.Fatalf("README and package doc disagree:\n%q\n%q", readme, blocks)
+	}
+
+	schema := randomName("t_")
+	names := map[string]string{
+		"ledger":          schema,
+		"ledger_migrator": randomName("t_migrator_"),
+		"ledger_consumer": randomName("t_consumer_"),
+		"ledger_relay":    randomName("t_relay_"),
+	}
+	rename := regexp.MustCompile(`\bledger(_migrator|_consumer|_relay)?\b`)
+	sql := func(stmt string) string {
+		return rename.ReplaceAllStringFunc(stmt, func(s string) string { return names[s] })
+	}
+	migrator, consumer, relay := names["ledger_migrator"], names["ledger_consumer"], names["ledger_relay"]
+	dropRolesAtEnd(t, adm, migrator, consumer, relay)
+	for _, stmt := range blocks[0] {
+		exec(t, adm, sql(stmt))
+	}
+	migPool := connectAs(t, adm, migrator)
+	conPool := connectAs(t, adm, consumer)
+	relPool := connectAs(t, adm, relay)
+
+	if err := migrations.Migrate(ctx, migPool, &migrations.Opts{Schema: schema}); err != nil {
+		t.Fatalf("migrate as the migrator: %v", err)
+	}
+	for _, stmt := range blocks[1] {
+		exec(t, migPool, sql(stmt))
+	}
+	count := func(query string) int {
+		t.Helper()
+		var n int
+		if err := adm.QueryRow(ctx, strings.ReplaceAll(query, "{S}", schema)).Scan(&n); err != nil {
+			t.Fatalf("%s: %v", query, err)
+		}
+		return n
+	}
+
+	// The consumer.
+	store, err := pgstore.New(conPool, &pgstore.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writer, err := outbox.NewWriter(&outbox.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const topic = "events"
+	runs := 0
+	consume := func(id string) dedupe.Claim {
+		t.Helper()
+		key, err := dedupe.NewKey("ledger", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := store.Do(ctx, dedupe.Request{Key: key, Fingerprint: dedupe.FingerprintOf([]byte(id))},
+			func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+				runs++
+				return []byte("ok " + id), writer.WriteTx(ctx, tx, topic, message.NewMessage("out-"+id, []byte(id)))
+			})
+		if err != nil {
+			t.Fatalf("consume %s as the consumer: %v", id, err)
+		}
+		return c
+	}
+	if c := consume("cmd-1"); c.Outcome != dedupe.OutcomeNew || runs != 1 {
+		t.Fatalf("first delivery: %v, %d runs", c.Outcome, runs)
+	}
+	if c := consume("cmd-1"); c.Outcome != dedupe.OutcomeDuplicate || runs != 1 || string(c.Record.Result) != "ok cmd-1" {
+		t.Fatalf("redelivery: %v %q, %d runs", c.Outcome, c.Record.Result, runs)
+	}
+	leaseKey, _ := dedupe.NewKey("payments", "pay-1")
+	leaseReq := dedupe.Request{Key: leaseKey, Fingerprint: dedupe.FingerprintOf([]byte("pay-1"))}
+	boom := errors.New("payment API down")
+	if _, err := store.DoLease(ctx, leaseReq, time.Minute, func(context.Context) ([]byte, error) { return nil, boom }); !errors.Is(err, boom) || strings.Contains(err.Error(), "release") {
+		t.Fatalf("failing DoLease as the consumer: %v (want the function's error, the key released)", err)
+	}
+	if c, err := store.DoLease(ctx, leaseReq, time.Minute, func(context.Context) ([]byte, error) { return []byte("paid"), nil }); err != nil || c.Record.Status != dedupe.StatusCompleted {
+		t.Fatalf("DoLease as the consumer: %v %v", c.Outcome, err)
+	}
+	if _, err := store.Cleanup(ctx, nil); err != nil {
+		t.Fatalf("cleanup as the consumer: %v", err)
+	}
+	if _, err := store.Stats(ctx); err != nil {
+		t.Fatalf("stats as the consumer: %v", err)
+	}
+	if n := count("SELECT count(*) FROM {S}.exactly_keys WHERE status = 'COMPLETED' AND (key, attempts, result) IN (('cmd-1', 1, 'ok cmd-1'), ('pay-1', 2, 'paid'))"); n != 2 {
+		t.Fatalf("%d of the 2 keys completed as expected", n)
+	}
+	if n := count("SELECT count(*) FROM {S}.exactly_outbox WHERE status = 'PENDING' AND uuid = 'out-cmd-1'"); n != 1 {
+		t.Fatalf("%d pending outbox rows for out-cmd-1, want 1", n)
+	}
+
+	// The relay.
+	pubsub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	defer pubsub.Close()
+	received, err := pubsub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := outbox.NewRelay(relPool, pubsub, &outbox.RelayConfig{Config: outbox.Config{Schema: schema},
+		PollInterval: time.Hour}) // only a notification wakes it
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	var runErr error
+	stopRelay := sync.OnceFunc(func() { stop(); runErr = <-done })
+	defer stopRelay()
+	receive := func(uuid string) {
+		t.Helper()
+		select {
+		case m := <-received:
+			m.Ack()
+			if m.UUID != uuid {
+				t.Fatalf("published %s, want %s", m.UUID, uuid)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the relay did not publish %s", uuid)
+		}
+	}
+	receive("out-cmd-1")
+	testenv.WaitFor(t, 30*time.Second, "the relay to mark out-cmd-1 published", func() bool {
+		return count("SELECT count(*) FROM {S}.exactly_outbox WHERE status = 'PUBLISHED' AND uuid = 'out-cmd-1'") == 1
+	})
+	testenv.WaitFor(t, 30*time.Second, "the relay to register as a waiter", func() bool {
+		return count("SELECT count(*) FROM {S}.exactly_outbox_waiters") == 1
+	})
+	consume("cmd-2") // its commit notifies the sleeping relay
+	receive("out-cmd-2")
+	testenv.WaitFor(t, 30*time.Second, "the relay to mark out-cmd-2 published", func() bool {
+		return count("SELECT count(*) FROM {S}.exactly_outbox WHERE status = 'PUBLISHED'") == 2
+	})
+	if _, err := r.Cleanup(ctx); err != nil {
+		t.Fatalf("relay cleanup as the relay: %v", err)
+	}
+	if _, err := r.Stats(ctx); err != nil {
+		t.Fatalf("relay stats as the relay: %v", err)
+	}
+	stopRelay()
+	if runErr != nil {
+		t.Fatalf("relay: %v", runErr)
+	}
+	if n := count("SELECT count(*) FROM {S}.exactly_outbox_waiters"); n != 0 {
+		t.Fatalf("%d waiters left after the relay stopped, want 0", n)
+	}
+
+	// Nothing more than that.
+	for _, c := range []struct {
+		who  string
+		pool *pgxpool.Pool
+		stmt string
+	}{
+		{"consumer", conPool, "CREATE TABLE {S}.x (id int)"},
+		{"relay", relPool, "CREATE TABLE {S}.x (id int)"},
+		{"consumer", conPool, "SELECT FROM {S}.exactly_outbox"},
+		{"consumer", conPool, "SELECT FROM {S}.exactly_outbox_waiters"},
+		{"relay", relPool, "SELECT FROM {S}.exactly_keys"},
+		{"relay", relPool, "INSERT INTO {S}.exactly_outbox (topic, uuid, payload, lane) VALUES ('t', 'u', '', 0)"},
+	} {
+		if _, err := c.pool.Exec(ctx, strings.ReplaceAll(c.stmt, "{S}", schema)); !denied(err) {
+			t.Errorf("%s: %s: err = %v, want permission denied", c.who, c.stmt, err)
+		}
+	}
+}
