@@ -89,8 +89,8 @@ func docBlocks(t *testing.T, path, heading string, readme bool) [][]string {
 // TestDocumentedGrants runs the statements of the "Roles and grants"
 // sections (README and package doc, which must agree) with names of its own,
 // then: migrates as the migrator; as the consumer claims and completes keys
-// (Do, a duplicate, DoLease, a failing DoLease, Cleanup, Stats) and writes
-// to the outbox in Do's transaction; as the relay publishes through a
+// (Do, a duplicate, ClaimTx and CompleteTx, DoLease, a failing DoLease,
+// Cleanup, Stats) and writes to the outbox in the same transactions; as the relay publishes through a
 // Watermill publisher, sleeps as a registered waiter, is woken by the
 // consumer's next commit and publishes again. It checks the rows each step
 // leaves, and that neither the consumer nor the relay can do more than it
@@ -171,6 +171,26 @@ func TestDocumentedGrants(t *testing.T) {
 	if c := consume("cmd-1"); c.Outcome != dedupe.OutcomeDuplicate || runs != 1 || string(c.Record.Result) != "ok cmd-1" {
 		t.Fatalf("redelivery: %v %q, %d runs", c.Outcome, c.Record.Result, runs)
 	}
+	// The claim in a transaction of the caller's (dedupe.Store's ClaimTx
+	// and CompleteTx), with an outbox write in it.
+	txKey, _ := dedupe.NewKey("ledger", "cmd-tx")
+	tx, err := conPool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := store.ClaimTx(ctx, tx, dedupe.Request{Key: txKey, Fingerprint: dedupe.FingerprintOf([]byte("cmd-tx"))})
+	if err != nil || c.Outcome != dedupe.OutcomeNew {
+		t.Fatalf("ClaimTx as the consumer: %v %v", c.Outcome, err)
+	}
+	if err := writer.WriteTx(ctx, tx, topic, message.NewMessage("out-cmd-tx", []byte("cmd-tx"))); err != nil {
+		t.Fatalf("WriteTx as the consumer: %v", err)
+	}
+	if err := store.CompleteTx(ctx, tx, c, []byte("ok cmd-tx")); err != nil {
+		t.Fatalf("CompleteTx as the consumer: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatalf("commit as the consumer: %v", err)
+	}
 	leaseKey, _ := dedupe.NewKey("payments", "pay-1")
 	leaseReq := dedupe.Request{Key: leaseKey, Fingerprint: dedupe.FingerprintOf([]byte("pay-1"))}
 	boom := errors.New("payment API down")
@@ -186,11 +206,11 @@ func TestDocumentedGrants(t *testing.T) {
 	if _, err := store.Stats(ctx); err != nil {
 		t.Fatalf("stats as the consumer: %v", err)
 	}
-	if n := count("SELECT count(*) FROM {S}.exactly_keys WHERE status = 'COMPLETED' AND (key, attempts, result) IN (('cmd-1', 1, 'ok cmd-1'), ('pay-1', 2, 'paid'))"); n != 2 {
-		t.Fatalf("%d of the 2 keys completed as expected", n)
+	if n := count("SELECT count(*) FROM {S}.exactly_keys WHERE status = 'COMPLETED' AND (key, attempts, result) IN (('cmd-1', 1, 'ok cmd-1'), ('cmd-tx', 1, 'ok cmd-tx'), ('pay-1', 2, 'paid'))"); n != 3 {
+		t.Fatalf("%d of the 3 keys completed as expected", n)
 	}
-	if n := count("SELECT count(*) FROM {S}.exactly_outbox WHERE status = 'PENDING' AND uuid = 'out-cmd-1'"); n != 1 {
-		t.Fatalf("%d pending outbox rows for out-cmd-1, want 1", n)
+	if n := count("SELECT count(*) FROM {S}.exactly_outbox WHERE status = 'PENDING' AND uuid IN ('out-cmd-1', 'out-cmd-tx')"); n != 2 {
+		t.Fatalf("%d pending outbox rows for out-cmd-1 and out-cmd-tx, want 2", n)
 	}
 
 	// The relay.
@@ -211,29 +231,34 @@ func TestDocumentedGrants(t *testing.T) {
 	var runErr error
 	stopRelay := sync.OnceFunc(func() { stop(); runErr = <-done })
 	defer stopRelay()
-	receive := func(uuid string) {
+	receive := func() string {
 		t.Helper()
 		select {
 		case m := <-received:
 			m.Ack()
-			if m.UUID != uuid {
-				t.Fatalf("published %s, want %s", m.UUID, uuid)
-			}
+			return m.UUID
 		case <-time.After(30 * time.Second):
-			t.Fatalf("the relay did not publish %s", uuid)
+			t.Fatal("the relay did not publish")
+			return ""
 		}
 	}
-	receive("out-cmd-1")
-	testenv.WaitFor(t, 30*time.Second, "the relay to mark out-cmd-1 published", func() bool {
-		return count("SELECT count(*) FROM {S}.exactly_outbox WHERE status = 'PUBLISHED' AND uuid = 'out-cmd-1'") == 1
+	got := []string{receive(), receive()}
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"out-cmd-1", "out-cmd-tx"}) {
+		t.Fatalf("published %v, want out-cmd-1 and out-cmd-tx", got)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the relay to mark both published", func() bool {
+		return count("SELECT count(*) FROM {S}.exactly_outbox WHERE status = 'PUBLISHED'") == 2
 	})
 	testenv.WaitFor(t, 30*time.Second, "the relay to register as a waiter", func() bool {
 		return count("SELECT count(*) FROM {S}.exactly_outbox_waiters") == 1
 	})
 	consume("cmd-2") // its commit notifies the sleeping relay
-	receive("out-cmd-2")
+	if uuid := receive(); uuid != "out-cmd-2" {
+		t.Fatalf("published %s, want out-cmd-2", uuid)
+	}
 	testenv.WaitFor(t, 30*time.Second, "the relay to mark out-cmd-2 published", func() bool {
-		return count("SELECT count(*) FROM {S}.exactly_outbox WHERE status = 'PUBLISHED'") == 2
+		return count("SELECT count(*) FROM {S}.exactly_outbox WHERE status = 'PUBLISHED'") == 3
 	})
 	if _, err := r.Cleanup(ctx); err != nil {
 		t.Fatalf("relay cleanup as the relay: %v", err)

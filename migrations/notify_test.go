@@ -65,7 +65,10 @@ func TestOutboxProducerInsertOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer listener.Release()
+	defer func() {
+		_, _ = listener.Exec(context.Background(), "UNLISTEN *")
+		listener.Release()
+	}()
 	exec(t, adm, "INSERT INTO "+schema+".exactly_outbox_waiters (relay, expires_at) VALUES ('test', now() + interval '1 hour')")
 	if _, err := listener.Exec(ctx, "LISTEN exactly_outbox"); err != nil {
 		t.Fatal(err)
