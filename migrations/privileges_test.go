@@ -4,7 +4,9 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/exactly-go/exactly/internal/testenv"
 	"github.com/exactly-go/exactly/migrations"
 )
 
@@ -60,5 +62,42 @@ func TestMigrateAsSchemaOwner(t *testing.T) {
 	var exists bool
 	if err := adm.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = $1)", missing).Scan(&exists); err != nil || exists {
 		t.Fatalf("schema %s exists = %v (%v)", missing, exists, err)
+	}
+}
+
+// TestMigrateWhileSchemaIsCreated: another session creates the schema
+// after Migrate looked for it and before Migrate's own CREATE SCHEMA IF NOT
+// EXISTS commits (which then fails with a unique violation): Migrate finds
+// the schema there and goes on.
+func TestMigrateWhileSchemaIsCreated(t *testing.T) {
+	adm := admin(t)
+	ctx := context.Background()
+	schema := randomName("t_")
+	t.Cleanup(func() { _, _ = adm.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
+	other, err := adm.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Rollback(context.Background()) }()
+	if _, err := other.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- migrations.Migrate(ctx, adm, &migrations.Opts{Schema: schema}) }()
+	testenv.WaitFor(t, 30*time.Second, "Migrate to wait for the other session's schema", func() bool {
+		var n int
+		err := adm.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_stat_activity
+WHERE wait_event_type = 'Lock' AND query = $1`, `CREATE SCHEMA IF NOT EXISTS "`+schema+`"`).Scan(&n)
+		return err == nil && n == 1
+	})
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	var tables int
+	if err := adm.QueryRow(ctx, "SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = $1", schema).Scan(&tables); err != nil || tables != 4 {
+		t.Fatalf("%d tables in %s (%v), want 4", tables, schema, err)
 	}
 }
