@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"log/slog"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -127,7 +128,7 @@ func ensureSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error 
 	if ok, err := exists(); ok || err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+sqlident.Quote(schema)); err != nil {
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		// Another process may have created it meanwhile (concurrent CREATE
 		// SCHEMA IF NOT EXISTS can fail with a unique violation).
 		if ok, _ := exists(); ok {

@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/internal/clock"
-	"github.com/exactly-go/exactly/internal/sqlident"
 )
 
 // RelayConfig configures a Relay.
@@ -141,7 +140,7 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg *RelayConfig) (*Rel
 	}
 	h := fnv.New64a()
 	h.Write([]byte("exactly/outbox/" + c.Schema + "." + c.Table))
-	waiters := sqlident.Qualified(c.Schema, c.Table+"_waiters")
+	waiters := pgx.Identifier{c.Schema, c.Table + "_waiters"}.Sanitize()
 	return &Relay{pool: pool, pub: pub, cfg: c, table: table, lockID: int64(h.Sum64() &^ 0xff),
 		id: strconv.FormatUint(rand.Uint64(), 36), waiters: waiters, q: relayQueries{
 			register: `WITH expired AS (DELETE FROM ` + waiters + ` WHERE expires_at < clock_timestamp() AND relay <> $1)

@@ -53,7 +53,7 @@ func (c *Config) withDefaults() (Config, string, error) {
 	if err := sqlident.Check("outbox: Config.Table", o.Table); err != nil {
 		return o, "", err
 	}
-	return o, sqlident.Qualified(o.Schema, o.Table), nil
+	return o, pgx.Identifier{o.Schema, o.Table}.Sanitize(), nil
 }
 
 // Writer writes messages into the outbox in the caller's transaction: they

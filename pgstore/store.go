@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/internal/sqlident"
 )
 
 // DBTX is what the queries run on: a pool, a connection or a transaction.
@@ -46,7 +45,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	table := sqlident.Qualified(c.Schema, c.Table)
+	table := pgx.Identifier{c.Schema, c.Table}.Sanitize()
 	h := fnv.New64a()
 	h.Write([]byte("exactly/cleanup/" + c.Schema + "." + c.Table))
 	return &Store{pool: pool, cfg: c, table: table, q: newQueries(table), lockID: int64(h.Sum64()),

@@ -1,11 +1,13 @@
-// Package sqlident checks and quotes the SQL identifiers that users
-// configure (schema and table names), so none is ever spliced into SQL raw.
+// Package sqlident checks the SQL identifiers that users configure (schema
+// and table names). Quoting is pgx.Identifier's Sanitize, everywhere; the
+// check keeps names plain, so that the quoted name is the one an unquoted
+// name in the user's own SQL means, and so that goose and search_path, which
+// take the schema name as it is, can be given it.
 package sqlident
 
 import (
 	"fmt"
 	"regexp"
-	"strings"
 )
 
 var valid = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
@@ -19,11 +21,3 @@ func Check(field, name string) error {
 	}
 	return nil
 }
-
-// Quote returns name as a quoted identifier. name must have passed Check.
-func Quote(name string) string {
-	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
-}
-
-// Qualified returns "schema"."name".
-func Qualified(schema, name string) string { return Quote(schema) + "." + Quote(name) }
