@@ -12,6 +12,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/exactly-go/exactly/internal/redact"
 )
 
 // Exit codes.
@@ -184,7 +186,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		report, pass = rep, rep.Pass
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "replay %s: %s\n", cmd, strings.ReplaceAll(err.Error(), dbURL, Redact(dbURL)))
+		fmt.Fprintf(stderr, "replay %s: %s\n", cmd, redact.In(err.Error(), dbURL))
 		return exitCode(err)
 	}
 	if *asJSON {

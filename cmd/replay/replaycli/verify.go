@@ -15,6 +15,7 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/redact"
 )
 
 // VerifyOpts configures Verify.
@@ -92,7 +93,7 @@ func Verify(ctx context.Context, o VerifyOpts) (VerifyReport, error) {
 		err = pool.Ping(ctx)
 	}
 	if err != nil {
-		return rep, fmt.Errorf("%w at %s: %v", errDatabase, Redact(o.DatabaseURL), err)
+		return rep, fmt.Errorf("%w at %s: %v", errDatabase, Redact(o.DatabaseURL), redact.Error(err, o.DatabaseURL))
 	}
 	defer pool.Close()
 	k := newKafka(o.Copy.Brokers)
@@ -275,14 +276,11 @@ func waitCaughtUp(ctx context.Context, k *kafkaClient, group, topic string, n in
 	}
 }
 
-// Redact hides the password in a database URL.
-func Redact(url string) string {
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil || cfg.Password == "" {
-		return url
-	}
-	return fmt.Sprintf("postgres://%s:***@%s:%d/%s", cfg.User, cfg.Host, cfg.Port, cfg.Database)
-}
+// Redact hides every password in a database URL or key=value connection
+// string (and in text that quotes one), whether or not it parses: a bad
+// port or sslmode must not print the password either. It reads only its
+// argument, never PGPASSWORD.
+func Redact(dsn string) string { return redact.Password(dsn) }
 
 // olderThan counts the range's records written before cutoff.
 func olderThan(ctx context.Context, k *kafkaClient, topic string, r Range, cutoff time.Time) (int64, error) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/internal/kafkaadmin"
+	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/migrations"
 )
 
@@ -226,18 +227,11 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("ledger: cannot reach Postgres at %s: %w\n  start one with `docker compose up -d postgres` (or scripts/postgres.sh start), or set DATABASE_URL", redact(url), err)
+		return nil, fmt.Errorf("ledger: cannot reach Postgres at %s: %w\n  start one with `docker compose up -d postgres` (or scripts/postgres.sh start), or set DATABASE_URL", redact.Password(url), redact.Error(err, url))
 	}
 	return pool, nil
 }
 
-// redact hides the password in a database URL.
-func redact(url string) string {
-	if cfg, err := pgx.ParseConfig(url); err == nil && cfg.Password != "" {
-		return fmt.Sprintf("postgres://%s:***@%s:%d/%s", cfg.User, cfg.Host, cfg.Port, cfg.Database)
-	}
-	return url
-}
 
 func createTopics(ctx context.Context, brokers []string, topics map[string]int) error {
 	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}

@@ -1,0 +1,50 @@
+package replaycli_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/exactly-go/exactly/cmd/replay/replaycli"
+	"github.com/exactly-go/exactly/internal/kafkatest"
+)
+
+// With PGPASSWORD set and no database URL involved, an error is the error:
+// no redacted URL woven between its characters.
+func TestErrorWithoutDatabaseURL(t *testing.T) {
+	t.Setenv("PGPASSWORD", "s3cr3t")
+	t.Setenv("DATABASE_URL", "")
+	code, out, errs := run("copy", "--brokers", "127.0.0.1:1", "--from", "t", "--to", "u")
+	if code != replaycli.ExitKafka || len(errs) > 300 || strings.Contains(errs, "***") || strings.Contains(out+errs, "s3cr3t") {
+		t.Fatalf("exit %d, %d bytes on stderr:\n%s", code, len(errs), errs)
+	}
+}
+
+// A URL that does not parse still has its password hidden.
+func TestUnparsableURLKeepsThePasswordOut(t *testing.T) {
+	for _, url := range []string{
+		"postgres://app:s3cr3t@127.0.0.1:5432/x?sslmode=bogus",
+		"postgres://app:s3cr3t@127.0.0.1:notaport/x",
+		"postgres://app:s3cr3t@127.0.0.1:5432/x?sslmode=verify-full&sslrootcert=/nonexistent.pem",
+		"host=127.0.0.1 user=app password=s3cr3t sslmode=bogus",
+	} {
+		if got := replaycli.Redact(url); strings.Contains(got, "s3cr3t") {
+			t.Errorf("Redact(%q) = %q", url, got)
+		}
+		code, out, errs := run("verify", "--brokers", "127.0.0.1:1", "--topic", "t", "--group", "g",
+			"--database-url", url, "--checksum-sql", "SELECT 1")
+		if code != replaycli.ExitDatabase || strings.Contains(out+errs, "s3cr3t") {
+			t.Errorf("%s: exit %d\n%s%s", url, code, out, errs)
+		}
+	}
+}
+
+// A partition the topic does not have is a usage error.
+func TestCopyUnknownPartitionIsUsage(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	topic := kafkatest.Topic(t, 2)
+	code, _, errs := run("copy", "--brokers", brokers[0], "--from", topic, "--to", kafkatest.Topic(t, 2), "--partition", "99")
+	if code != replaycli.ExitUsage || !strings.Contains(errs, "--partition 99") {
+		t.Fatalf("exit %d\n%s", code, errs)
+	}
+}
