@@ -232,7 +232,6 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-
 func createTopics(ctx context.Context, brokers []string, topics map[string]int) error {
 	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
 	var cfgs []kafka.TopicConfig
