@@ -46,7 +46,10 @@ func newLedger(t *testing.T, noDedupe bool) *ledgerWorld {
 	lw.commands, lw.dlq = kafkatest.Topic(t, 3), kafkatest.Topic(t, 1)
 	events := kafkatest.Topic(t, 1)
 	lw.group = kafkatest.Name("ledger")
-	wl := ledger.Generate(ledger.LoadConfig{Commands: 300, Accounts: 20, Seed: 7})
+	wl, err := ledger.Generate(ledger.LoadConfig{Commands: 300, Accounts: 20, Duplicates: 0.1, KeyReuse: 0.02, Malformed: 0.02, Seed: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := ledger.Produce(ctx, lw.brokers, lw.commands, wl.Records); err != nil {
 		t.Fatal(err)
 	}

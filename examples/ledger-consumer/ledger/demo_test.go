@@ -25,9 +25,10 @@ func demo(t *testing.T, noDedupe bool) ledger.Summary {
 		t.Skip(err)
 	}
 	schema := pgtest.NewEmpty(t).Schema // dropped and re-created by the demo, dropped again at the end
+	load := ledger.DefaultLoad()
+	load.Commands, load.Accounts, load.Seed = 1500, 40, 42
 	sum, err := ledger.Demo(context.Background(), ledger.DemoConfig{
-		DatabaseURL: url, Schema: schema, Brokers: brokers, NoDedupe: noDedupe, Replay: !noDedupe,
-		Load: ledger.LoadConfig{Commands: 1500, Accounts: 40, Seed: 42},
+		DatabaseURL: url, Schema: schema, Brokers: brokers, NoDedupe: noDedupe, Replay: !noDedupe, Load: load,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +90,10 @@ func TestWorkerServesMetricsAndHealth(t *testing.T) {
 		t.Fatal(err)
 	}
 	commands := kafkatest.Topic(t, 2)
-	wl := ledger.Generate(ledger.LoadConfig{Commands: 60, Accounts: 5, Seed: 3})
+	wl, err := ledger.Generate(ledger.LoadConfig{Commands: 60, Accounts: 5, Duplicates: 0.1, KeyReuse: 0.02, Malformed: 0.02, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := ledger.Produce(ctx, brokers, commands, wl.Records); err != nil {
 		t.Fatal(err)
 	}
