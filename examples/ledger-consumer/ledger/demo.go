@@ -64,6 +64,9 @@ type Summary struct {
 	// run.
 	Events, DeadLetters TopicCount
 	Broker              string
+	// Topics are the demo's commands, events and dead-letter topics; on a
+	// real broker they are deleted when the demo ends.
+	Topics []string
 }
 
 // TopicCount counts a topic's records, their distinct UUIDs, and those
@@ -171,8 +174,9 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 	if err := createTopics(ctx, cfg.Brokers, map[string]int{wcfg.Commands: 6, wcfg.Events: 3, wcfg.DeadLetter: 1}); err != nil {
 		return sum, err
 	}
+	sum.Topics = []string{wcfg.Commands, wcfg.Events, wcfg.DeadLetter}
 	if realBroker {
-		defer removeDemo(ctx, cfg.Brokers, cfg.Logger, []string{wcfg.Commands, wcfg.Events, wcfg.DeadLetter}, []string{wcfg.Group, wcfg.Group + "-replay"})
+		defer removeDemo(ctx, cfg.Brokers, cfg.Logger, sum.Topics, []string{wcfg.Group, wcfg.Group + "-replay"})
 	}
 	if sum.Workload, err = Generate(cfg.Load); err != nil {
 		return sum, err

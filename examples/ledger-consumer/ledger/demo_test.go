@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+
 	"github.com/exactly-go/exactly/examples/ledger-consumer/ledger"
 	"github.com/exactly-go/exactly/internal/kafkatest"
 	"github.com/exactly-go/exactly/internal/pgtest"
@@ -68,6 +70,21 @@ func TestDemoWorkload(t *testing.T) {
 	// pass (the replay dead-letters them again), each with its reason.
 	if d, want := sum.DeadLetters, 2*(w.KeyReused+w.Malformed); d.Records != want || d.WithReason != want {
 		t.Fatalf("dead-letter topic: %+v, want %d records (2 passes), each with a reason", d, want)
+	}
+	// On a real broker the demo leaves no topic behind.
+	if b, _ := kafkatest.Resolve(); b.Kind != kafkatest.KindInProcess {
+		testenv.WaitFor(t, time.Minute, "the demo's topics to be deleted", func() bool {
+			md, err := kafkatest.Client(t).Metadata(context.Background(), &kafka.MetadataRequest{Topics: sum.Topics})
+			if err != nil {
+				return false
+			}
+			for _, tp := range md.Topics {
+				if tp.Error == nil {
+					return false
+				}
+			}
+			return len(sum.Topics) == 3
+		})
 	}
 }
 
