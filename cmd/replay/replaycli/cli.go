@@ -3,6 +3,7 @@
 package replaycli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -63,16 +64,16 @@ Run "replay COMMAND -h" for a command's flags.
 
 // Main runs the tool and returns its exit code.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		if len(args) == 0 {
-			return ExitUsage
-		}
+		return ExitUsage
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, usage)
 		return ExitOK
 	}
 	cmd := args[0]
 	fs := flag.NewFlagSet("replay "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "Kafka bootstrap addresses, comma-separated (default $KAFKA_BROKERS)")
 	asJSON := fs.Bool("json", false, "print the report as JSON (for CI)")
 	var (
@@ -81,7 +82,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fromOff, toOff, toOffset, back                           int64
 		fromTime, toTime, atTime                                 string
 		dup                                                      int
-		mutateP, dry, execute                                    bool
+		mutateP, dry, execute, intoSource                        bool
 		ttl, timeout                                             time.Duration
 	)
 	rangeFlags := func() {
@@ -96,7 +97,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch cmd {
 	case "copy":
 		fs.StringVar(&from, "from", "", "source topic (required)")
-		fs.StringVar(&to, "to", "", "target topic (default the source)")
+		fs.StringVar(&to, "to", "", "target topic (required)")
+		fs.BoolVar(&intoSource, "into-source", false, "allow --to to be the source topic: its consumers get the records again")
 		rangeFlags()
 		fs.BoolVar(&dry, "dry-run", false, "show what would be written; write nothing")
 	case "rewind":
@@ -121,10 +123,19 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "replay: unknown command %q\n\n%s", cmd, usage)
 		return ExitUsage
 	}
+	// Help asked for goes to stdout; a flag error and the usage to stderr.
+	var flagOut bytes.Buffer
+	fs.SetOutput(&flagOut)
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			_, _ = stdout.Write(flagOut.Bytes())
 			return ExitOK
 		}
+		_, _ = stderr.Write(flagOut.Bytes())
+		return ExitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "replay %s: unexpected argument %q\n", cmd, fs.Arg(0))
 		return ExitUsage
 	}
 	usageErr := func(msg string) int {
@@ -163,7 +174,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if from == "" {
 			return usageErr("--from is required")
 		}
-		report, err = Copy(ctx, CopyOpts{Brokers: bs, From: from, To: to, Range: r, Duplicate: dup, Mutate: mutateP, DryRun: dry, Progress: prog})
+		report, err = Copy(ctx, CopyOpts{Brokers: bs, From: from, To: to, IntoSource: intoSource, Range: r, Duplicate: dup, Mutate: mutateP, DryRun: dry, Progress: prog})
 	case "rewind":
 		if group == "" || topic == "" {
 			return usageErr("--group and --topic are required")

@@ -16,8 +16,13 @@ import (
 type CopyOpts struct {
 	Brokers []string
 	From    string // source topic
-	To      string // target topic; defaults to From (a redelivery)
-	Range   Range
+	// To is the target topic. Required; it may be From (a redelivery to
+	// From's consumers) only with IntoSource.
+	To string
+	// IntoSource allows To to be From: the records are appended to the
+	// topic they were read from, and its consumers get them again.
+	IntoSource bool
+	Range      Range
 	// Duplicate writes each record this many times. Defaults to 1.
 	Duplicate int
 	// Mutate changes each payload while keeping its UUID header: a consumer
@@ -50,13 +55,16 @@ var errEmptyRange = fmt.Errorf("the range holds no records")
 // Copy re-publishes a range of a topic, keeping keys, headers (the message
 // UUID) and per-partition order.
 func Copy(ctx context.Context, o CopyOpts) (CopyResult, error) {
-	if o.To == "" {
-		o.To = o.From
-	}
 	if o.Duplicate == 0 {
 		o.Duplicate = 1
 	}
 	res := CopyResult{From: o.From, To: o.To, DryRun: o.DryRun}
+	switch {
+	case o.To == "":
+		return res, fmt.Errorf("%w: --to is required: the target topic (to redeliver into %s itself, give --to %s --into-source)", errUsage, o.From, o.From)
+	case o.To == o.From && !o.IntoSource:
+		return res, fmt.Errorf("%w: --to is the source topic %s: add --into-source to append its records to it again (its consumers get them twice)", errUsage, o.From)
+	}
 	if o.Duplicate < 1 {
 		return res, fmt.Errorf("%w: --duplicate must be 1 or more", errUsage)
 	}

@@ -1,8 +1,12 @@
 package replaycli_test
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
 
 	"github.com/exactly-go/exactly/cmd/replay/replaycli"
 	"github.com/exactly-go/exactly/internal/kafkatest"
@@ -46,5 +50,48 @@ func TestCopyUnknownPartitionIsUsage(t *testing.T) {
 	code, _, errs := run("copy", "--brokers", brokers[0], "--from", topic, "--to", kafkatest.Topic(t, 2), "--partition", "99")
 	if code != replaycli.ExitUsage || !strings.Contains(errs, "--partition 99") {
 		t.Fatalf("exit %d\n%s", code, errs)
+	}
+}
+
+// Leaving out --to, or naming the source, copies nothing unless
+// --into-source says so.
+func TestCopyIntoItselfOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	topic := kafkatest.Topic(t, 1)
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, RequiredAcks: kafka.RequireAll, BatchTimeout: 5 * time.Millisecond}
+	if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte("a")}, kafka.Message{Value: []byte("b")}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	for _, extra := range [][]string{nil, {"--to", topic}} {
+		code, out, errs := run(append([]string{"copy", "--brokers", brokers[0], "--from", topic}, extra...)...)
+		if code != replaycli.ExitUsage || !strings.Contains(errs, "--into-source") {
+			t.Errorf("copy %v: exit %d\n%s%s", extra, code, out, errs)
+		}
+	}
+	if end := kafkatest.EndOffsets(t, topic, 1)[0]; end != 2 {
+		t.Fatalf("%d records after refused copies, want 2", end)
+	}
+	if code, out, errs := run("copy", "--brokers", brokers[0], "--from", topic, "--to", topic, "--into-source"); code != 0 {
+		t.Fatalf("copy --into-source: exit %d\n%s%s", code, out, errs)
+	}
+	if end := kafkatest.EndOffsets(t, topic, 1)[0]; end != 4 {
+		t.Fatalf("%d records after the copy into the source, want 4", end)
+	}
+}
+
+// Help asked for goes to stdout with exit 0; no command is a usage error.
+func TestHelpToStdout(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}, {"copy", "-h"}, {"verify", "--help"}, {"rewind", "-h"}} {
+		if code, out, errs := run(args...); code != 0 || out == "" || errs != "" {
+			t.Errorf("%v: exit %d, stdout %d bytes, stderr %q", args, code, len(out), errs)
+		}
+	}
+	if code, out, errs := run(); code != replaycli.ExitUsage || out != "" || errs == "" {
+		t.Errorf("no command: exit %d, stdout %q", code, out)
+	}
+	if code, out, errs := run("copy", "--nope"); code != replaycli.ExitUsage || out != "" || !strings.Contains(errs, "nope") {
+		t.Errorf("unknown flag: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 }

@@ -69,7 +69,7 @@ var (
 // change of the checksum or any replayed key applied anew is a failure.
 func Verify(ctx context.Context, o VerifyOpts) (VerifyReport, error) {
 	rep := VerifyReport{Topic: o.Copy.From, Group: o.Group}
-	o.Copy.To = o.Copy.From
+	o.Copy.To, o.Copy.IntoSource = o.Copy.From, true
 	if o.TTL == 0 {
 		o.TTL = dedupe.DefaultTTL
 	}
