@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/redact"
 )
 
@@ -80,7 +82,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		from, to, topic, group, dbURL, sql, scope, schema, table string
 		partition                                                int
 		fromOff, toOff, toOffset, back                           int64
-		fromTime, toTime, atTime                                 string
+		fromTime, toTime, atTime, keyFlag, fpFlag                string
 		dup                                                      int
 		mutateP, dry, execute, intoSource                        bool
 		ttl, timeout                                             time.Duration
@@ -116,6 +118,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&scope, "scope", "", "dedupe scope of the consumer (its handler name) to classify keys")
 		fs.StringVar(&schema, "schema", "public", "schema of the dedupe table")
 		fs.StringVar(&table, "table", "exactly_keys", "dedupe table")
+		fs.StringVar(&keyFlag, "key", "uuid", "the consumer's key: uuid (the message UUID), metadata:NAME (a header) or field:PATH (a JSON field, dot-separated)")
+		fs.StringVar(&fpFlag, "fingerprint", "raw", "the consumer's fingerprint: raw (SHA-256 of the bytes) or json (of the canonical JSON)")
 		fs.DurationVar(&ttl, "ttl", 7*24*time.Hour, "the consumer's key TTL")
 		fs.DurationVar(&timeout, "timeout", 5*time.Minute, "how long to wait for the consumer to catch up")
 		rangeFlags()
@@ -188,8 +192,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if topic == "" || group == "" || sql == "" || dbURL == "" {
 			return usageErr("--topic, --group, --checksum-sql and --database-url (or DATABASE_URL) are required")
 		}
+		keyFunc, fpFunc, msg := parseKeyFlags(keyFlag, fpFlag)
+		if msg != "" {
+			return usageErr(msg)
+		}
 		var rep VerifyReport
-		rep, err = Verify(ctx, VerifyOpts{
+		rep, err = Verify(ctx, VerifyOpts{KeyFunc: keyFunc, FingerprintFunc: fpFunc,
 			Copy:        CopyOpts{Brokers: bs, From: topic, Range: r, Duplicate: dup, Mutate: mutateP, Progress: prog},
 			DatabaseURL: dbURL, Group: group, ChecksumSQL: sql, Scope: scope, Schema: schema, Table: table, TTL: ttl, Timeout: timeout,
 			Warn: func(f string, a ...any) { fmt.Fprintf(stderr, "replay verify: warning: "+f+"\n", a...) },
@@ -211,6 +219,29 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ExitDoubleApply
 	}
 	return ExitOK
+}
+
+// parseKeyFlags turns --key and --fingerprint into the consumer's
+// functions; a non-empty message is a usage error.
+func parseKeyFlags(key, fp string) (consumer.KeyFunc, dedupe.FingerprintFunc, string) {
+	var kf consumer.KeyFunc
+	switch kind, arg, _ := strings.Cut(key, ":"); {
+	case key == "uuid":
+		kf = consumer.KeyFromUUID
+	case kind == "metadata" && arg != "":
+		kf = consumer.KeyFromMetadata(arg)
+	case kind == "field" && arg != "":
+		kf = consumer.KeyFromJSONField(arg)
+	default:
+		return nil, nil, fmt.Sprintf("--key %q: use uuid, metadata:NAME or field:PATH, as the consumer's KeyFunc", key)
+	}
+	switch fp {
+	case "raw":
+		return kf, dedupe.RawFingerprint, ""
+	case "json":
+		return kf, dedupe.JSONFingerprint, ""
+	}
+	return nil, nil, fmt.Sprintf("--fingerprint %q: use raw or json, as the consumer's FingerprintFunc", fp)
 }
 
 func exitCode(err error) int {

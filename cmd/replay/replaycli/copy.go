@@ -31,9 +31,10 @@ type CopyOpts struct {
 	// DryRun resolves the range and reports what would be written.
 	DryRun   bool
 	Progress *progress
-	// each sees every record read and the payload written for it; it is
-	// called concurrently for different partitions.
-	each func(m kafka.Message, written []byte)
+	// each sees every record written (times Duplicate) before it is
+	// written; it is called concurrently for different partitions. An
+	// error stops the copy.
+	each func(written kafka.Message, copies int) error
 }
 
 // CopyResult reports a copy.
@@ -128,7 +129,9 @@ func Copy(ctx context.Context, o CopyOpts) (CopyResult, error) {
 			out.Value = mutate(m.Value)
 		}
 		if o.each != nil {
-			o.each(m, out.Value)
+			if err := o.each(out, o.Duplicate); err != nil {
+				return err
+			}
 		}
 		for i := 0; i < o.Duplicate; i++ {
 			batches[m.Partition] = append(batches[m.Partition], out)

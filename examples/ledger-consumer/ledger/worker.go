@@ -40,6 +40,10 @@ type Config struct {
 	Commands, Events, DeadLetter string
 	// Group is the consumer group. Defaults to "ledger-consumer".
 	Group string
+	// KeyFunc and FingerprintFunc are the middleware's (consumer.Config).
+	// Default to the message UUID and the SHA-256 of the payload's bytes.
+	KeyFunc         consumer.KeyFunc
+	FingerprintFunc dedupe.FingerprintFunc
 	// NoDedupe switches the dedupe middleware off: each command runs in a
 	// transaction of its own with no key, as a naive consumer would. Only
 	// for measurements and for proving that the replay tool catches it.
@@ -280,7 +284,8 @@ func (w *Worker) consume(ctx context.Context, setRouter func(*message.Router)) e
 		}, middleware.Recoverer)
 	} else {
 		mw, err := consumer.NewMiddleware(w.store, &consumer.Config{
-			Scope: Scope, Outputs: w.writer.Outputs(w.cfg.Events), Hooks: w.Metrics, Logger: log,
+			Scope: Scope, KeyFunc: w.cfg.KeyFunc, FingerprintFunc: w.cfg.FingerprintFunc,
+			Outputs: w.writer.Outputs(w.cfg.Events), Hooks: w.Metrics, Logger: log,
 		})
 		if err != nil {
 			return err
