@@ -37,9 +37,11 @@ const (
 const usage = `replay: redeliver Kafka topics and prove that consumers deduplicate.
 
 Commands:
-  replay copy    re-publish a range of a topic (keys, headers and per-partition order kept)
+  replay copy    re-publish a range of a topic into another (keys, headers and per-partition
+                 order kept); into the source topic itself only with --into-source
   replay rewind  reset an inactive consumer group's offsets (dry run unless --execute)
-  replay verify  snapshot, redeliver, wait for the consumer, snapshot, report; exit 1 on any double application
+  replay verify  wait for the consumer to catch up, snapshot, redeliver, wait, snapshot,
+                 report; exit 1 on any double application
 
 Examples:
   # redeliver all of ledger.commands into itself, twice, and see nothing move
@@ -47,12 +49,18 @@ Examples:
       --scope ledger-consumer --schema ledger \
       --checksum-sql 'SELECT id, available, held FROM ledger.accounts ORDER BY id' --duplicate 2
 
+  # a consumer keyed by a JSON field, with JSON fingerprints: tell verify the same
+  replay verify ... --key field:command_id --fingerprint json
+
   # same UUIDs with changed payloads: the consumer must report key reuse and apply nothing
   replay verify ... --mutate
 
   # copy yesterday's records of partition 3 into a scratch topic, dry run first
   replay copy --brokers localhost:9092 --from ledger.commands --to scratch --partition 3 \
       --from-time 2026-11-28T00:00:00Z --to-time 2026-11-29T00:00:00Z --dry-run
+
+  # redeliver partition 3 to the topic's own consumers
+  replay copy --brokers localhost:9092 --from ledger.commands --to ledger.commands --into-source --partition 3
 
   # show, then apply, a rewind of a stopped group by 1000 records per partition
   replay rewind --brokers localhost:9092 --group ledger-consumer --topic ledger.commands --back 1000
