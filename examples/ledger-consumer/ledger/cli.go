@@ -10,9 +10,11 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/migrations"
 )
 
@@ -163,8 +165,22 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		defer pool.Close()
 		if *migrate {
-			if err := Migrate(ctx, pool, *sch, logger); err != nil {
-				return fail(err)
+			// Waits for Postgres like the worker; a migration that fails on
+			// a reachable database is an error.
+			for wait := 100 * time.Millisecond; ; wait = min(2*wait, 10*time.Second) {
+				err := Migrate(ctx, pool, *sch, logger)
+				if err == nil {
+					break
+				}
+				if pool.Ping(ctx) == nil || ctx.Err() != nil {
+					return fail(err)
+				}
+				logger.Warn("ledger: waiting for Postgres to migrate", "err", redact.Password(err.Error()), "retry_in", wait)
+				select {
+				case <-ctx.Done():
+					return 0
+				case <-time.After(wait):
+				}
 			}
 		}
 		w, err := NewWorker(pool, Config{Schema: *sch, Brokers: brokerList, Commands: *cmds, Events: *events, DeadLetter: *dlq,

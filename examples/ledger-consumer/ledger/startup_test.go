@@ -6,9 +6,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	neturl "net/url"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,6 +39,17 @@ func freeAddr(t *testing.T) string {
 // proxy is called, and goes away on stop.
 func proxy(t *testing.T, addr, target string) (stop func()) {
 	t.Helper()
+	stop, _, _ = gatedProxy(t, addr, target, true)
+	return stop
+}
+
+// gatedProxy is proxy that, until open is called, closes each connection
+// it accepts (a dependency that is not up yet) and counts them.
+func gatedProxy(t *testing.T, addr, target string, opened bool) (stop, open func(), refused func() int) {
+	t.Helper()
+	var gate atomic.Bool
+	var refusedN atomic.Int64
+	gate.Store(opened)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -65,6 +78,11 @@ func proxy(t *testing.T, addr, target string) (stop func()) {
 			if err != nil {
 				return
 			}
+			if !gate.Load() {
+				refusedN.Add(1)
+				c.Close()
+				continue
+			}
 			u, err := net.Dial("tcp", target)
 			if err != nil {
 				c.Close()
@@ -78,7 +96,7 @@ func proxy(t *testing.T, addr, target string) (stop func()) {
 			go func() { defer wg.Done(); _, _ = io.Copy(c, u); c.Close() }()
 		}
 	}()
-	return stop
+	return stop, func() { gate.Store(true) }, func() int { return int(refusedN.Load()) }
 }
 
 func get(addr, path string) (int, string) {
@@ -180,3 +198,50 @@ func TestWorkerWaitsForPostgresAndKafka(t *testing.T) {
 func itoa(n uint16) string { return strconv.Itoa(int(n)) }
 
 func atoi(s string) int { n, _ := strconv.Atoi(s); return n }
+
+// `worker --migrate` started before Postgres waits for it, migrates, and
+// consumes.
+func TestWorkerMigrateWaitsForPostgres(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	url, err := pgtest.URL()
+	if err != nil {
+		t.Skip(err)
+	}
+	db := pgtest.NewEmpty(t)
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgAddr := freeAddr(t)
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = pgAddr
+	commands, group := kafkatest.Topic(t, 1), kafkatest.Name("g")
+	if code, out, errs := runCLI(context.Background(), "load", "--brokers", brokers[0], "--commands", commands, "--n", "20", "--accounts", "3"); code != 0 {
+		t.Fatalf("load: exit %d\n%s%s", code, out, errs)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		done <- ledger.Main(ctx, []string{"worker", "--migrate", "--database-url", u.String(), "--brokers", brokers[0], "--schema", db.Schema,
+			"--commands", commands, "--events", kafkatest.Topic(t, 1), "--dead-letter", kafkatest.Topic(t, 1), "--group", group,
+			"--metrics-addr", ""}, io.Discard, io.Discard)
+	}()
+	defer func() { cancel(); <-done }()
+	_, open, refused := gatedProxy(t, pgAddr, net.JoinHostPort(pcfg.ConnConfig.Host, itoa(pcfg.ConnConfig.Port)), false)
+	testenv.WaitFor(t, time.Minute, "the worker to try Postgres twice", func() bool { return refused() >= 2 })
+	open()
+	end := kafkatest.EndOffsets(t, commands, 1)
+	testenv.WaitFor(t, 2*time.Minute, "the worker to migrate and consume everything", func() bool {
+		select {
+		case code := <-done:
+			done <- code
+			t.Fatalf("the worker exited %d", code)
+		default:
+		}
+		return kafkatest.CommittedOffsets(t, group, commands, 1)[0] == end[0]
+	})
+}
