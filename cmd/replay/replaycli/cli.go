@@ -3,6 +3,7 @@
 package replaycli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,10 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/redact"
 )
 
 // Exit codes.
@@ -32,9 +37,11 @@ const (
 const usage = `replay: redeliver Kafka topics and prove that consumers deduplicate.
 
 Commands:
-  replay copy    re-publish a range of a topic (keys, headers and per-partition order kept)
+  replay copy    re-publish a range of a topic into another (keys, headers and per-partition
+                 order kept); into the source topic itself only with --into-source
   replay rewind  reset an inactive consumer group's offsets (dry run unless --execute)
-  replay verify  snapshot, redeliver, wait for the consumer, snapshot, report; exit 1 on any double application
+  replay verify  wait for the consumer to catch up, snapshot, redeliver, wait, snapshot,
+                 report; exit 1 on any double application
 
 Examples:
   # redeliver all of ledger.commands into itself, twice, and see nothing move
@@ -42,12 +49,18 @@ Examples:
       --scope ledger-consumer --schema ledger \
       --checksum-sql 'SELECT id, available, held FROM ledger.accounts ORDER BY id' --duplicate 2
 
+  # a consumer keyed by a JSON field, with JSON fingerprints: tell verify the same
+  replay verify ... --key field:command_id --fingerprint json
+
   # same UUIDs with changed payloads: the consumer must report key reuse and apply nothing
   replay verify ... --mutate
 
   # copy yesterday's records of partition 3 into a scratch topic, dry run first
   replay copy --brokers localhost:9092 --from ledger.commands --to scratch --partition 3 \
       --from-time 2026-11-28T00:00:00Z --to-time 2026-11-29T00:00:00Z --dry-run
+
+  # redeliver partition 3 to the topic's own consumers
+  replay copy --brokers localhost:9092 --from ledger.commands --to ledger.commands --into-source --partition 3
 
   # show, then apply, a rewind of a stopped group by 1000 records per partition
   replay rewind --brokers localhost:9092 --group ledger-consumer --topic ledger.commands --back 1000
@@ -61,25 +74,25 @@ Run "replay COMMAND -h" for a command's flags.
 
 // Main runs the tool and returns its exit code.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		if len(args) == 0 {
-			return ExitUsage
-		}
+		return ExitUsage
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, usage)
 		return ExitOK
 	}
 	cmd := args[0]
 	fs := flag.NewFlagSet("replay "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "Kafka bootstrap addresses, comma-separated (default $KAFKA_BROKERS)")
 	asJSON := fs.Bool("json", false, "print the report as JSON (for CI)")
 	var (
 		from, to, topic, group, dbURL, sql, scope, schema, table string
 		partition                                                int
 		fromOff, toOff, toOffset, back                           int64
-		fromTime, toTime, atTime                                 string
+		fromTime, toTime, atTime, keyFlag, fpFlag                string
 		dup                                                      int
-		mutateP, dry, execute                                    bool
+		mutateP, dry, execute, intoSource                        bool
 		ttl, timeout                                             time.Duration
 	)
 	rangeFlags := func() {
@@ -94,7 +107,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch cmd {
 	case "copy":
 		fs.StringVar(&from, "from", "", "source topic (required)")
-		fs.StringVar(&to, "to", "", "target topic (default the source)")
+		fs.StringVar(&to, "to", "", "target topic (required)")
+		fs.BoolVar(&intoSource, "into-source", false, "allow --to to be the source topic: its consumers get the records again")
 		rangeFlags()
 		fs.BoolVar(&dry, "dry-run", false, "show what would be written; write nothing")
 	case "rewind":
@@ -112,6 +126,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&scope, "scope", "", "dedupe scope of the consumer (its handler name) to classify keys")
 		fs.StringVar(&schema, "schema", "public", "schema of the dedupe table")
 		fs.StringVar(&table, "table", "exactly_keys", "dedupe table")
+		fs.StringVar(&keyFlag, "key", "uuid", "the consumer's key: uuid (the message UUID), metadata:NAME (a header) or field:PATH (a JSON field, dot-separated)")
+		fs.StringVar(&fpFlag, "fingerprint", "raw", "the consumer's fingerprint: raw (SHA-256 of the bytes) or json (of the canonical JSON)")
 		fs.DurationVar(&ttl, "ttl", 7*24*time.Hour, "the consumer's key TTL")
 		fs.DurationVar(&timeout, "timeout", 5*time.Minute, "how long to wait for the consumer to catch up")
 		rangeFlags()
@@ -119,10 +135,19 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "replay: unknown command %q\n\n%s", cmd, usage)
 		return ExitUsage
 	}
+	// Help asked for goes to stdout; a flag error and the usage to stderr.
+	var flagOut bytes.Buffer
+	fs.SetOutput(&flagOut)
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			_, _ = stdout.Write(flagOut.Bytes())
 			return ExitOK
 		}
+		_, _ = stderr.Write(flagOut.Bytes())
+		return ExitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "replay %s: unexpected argument %q\n", cmd, fs.Arg(0))
 		return ExitUsage
 	}
 	usageErr := func(msg string) int {
@@ -161,7 +186,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if from == "" {
 			return usageErr("--from is required")
 		}
-		report, err = Copy(ctx, CopyOpts{Brokers: bs, From: from, To: to, Range: r, Duplicate: dup, Mutate: mutateP, DryRun: dry, Progress: prog})
+		report, err = Copy(ctx, CopyOpts{Brokers: bs, From: from, To: to, IntoSource: intoSource, Range: r, Duplicate: dup, Mutate: mutateP, DryRun: dry, Progress: prog})
 	case "rewind":
 		if group == "" || topic == "" {
 			return usageErr("--group and --topic are required")
@@ -175,8 +200,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if topic == "" || group == "" || sql == "" || dbURL == "" {
 			return usageErr("--topic, --group, --checksum-sql and --database-url (or DATABASE_URL) are required")
 		}
+		keyFunc, fpFunc, msg := parseKeyFlags(keyFlag, fpFlag)
+		if msg != "" {
+			return usageErr(msg)
+		}
 		var rep VerifyReport
-		rep, err = Verify(ctx, VerifyOpts{
+		rep, err = Verify(ctx, VerifyOpts{KeyFunc: keyFunc, FingerprintFunc: fpFunc,
 			Copy:        CopyOpts{Brokers: bs, From: topic, Range: r, Duplicate: dup, Mutate: mutateP, Progress: prog},
 			DatabaseURL: dbURL, Group: group, ChecksumSQL: sql, Scope: scope, Schema: schema, Table: table, TTL: ttl, Timeout: timeout,
 			Warn: func(f string, a ...any) { fmt.Fprintf(stderr, "replay verify: warning: "+f+"\n", a...) },
@@ -184,7 +213,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		report, pass = rep, rep.Pass
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "replay %s: %s\n", cmd, strings.ReplaceAll(err.Error(), dbURL, Redact(dbURL)))
+		fmt.Fprintf(stderr, "replay %s: %s\n", cmd, redact.In(err.Error(), dbURL))
 		return exitCode(err)
 	}
 	if *asJSON {
@@ -198,6 +227,29 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ExitDoubleApply
 	}
 	return ExitOK
+}
+
+// parseKeyFlags turns --key and --fingerprint into the consumer's
+// functions; a non-empty message is a usage error.
+func parseKeyFlags(key, fp string) (consumer.KeyFunc, dedupe.FingerprintFunc, string) {
+	var kf consumer.KeyFunc
+	switch kind, arg, _ := strings.Cut(key, ":"); {
+	case key == "uuid":
+		kf = consumer.KeyFromUUID
+	case kind == "metadata" && arg != "":
+		kf = consumer.KeyFromMetadata(arg)
+	case kind == "field" && arg != "":
+		kf = consumer.KeyFromJSONField(arg)
+	default:
+		return nil, nil, fmt.Sprintf("--key %q: use uuid, metadata:NAME or field:PATH, as the consumer's KeyFunc", key)
+	}
+	switch fp {
+	case "raw":
+		return kf, dedupe.RawFingerprint, ""
+	case "json":
+		return kf, dedupe.JSONFingerprint, ""
+	}
+	return nil, nil, fmt.Sprintf("--fingerprint %q: use raw or json, as the consumer's FingerprintFunc", fp)
 }
 
 func exitCode(err error) int {

@@ -16,8 +16,13 @@ import (
 type CopyOpts struct {
 	Brokers []string
 	From    string // source topic
-	To      string // target topic; defaults to From (a redelivery)
-	Range   Range
+	// To is the target topic. Required; it may be From (a redelivery to
+	// From's consumers) only with IntoSource.
+	To string
+	// IntoSource allows To to be From: the records are appended to the
+	// topic they were read from, and its consumers get them again.
+	IntoSource bool
+	Range      Range
 	// Duplicate writes each record this many times. Defaults to 1.
 	Duplicate int
 	// Mutate changes each payload while keeping its UUID header: a consumer
@@ -26,9 +31,10 @@ type CopyOpts struct {
 	// DryRun resolves the range and reports what would be written.
 	DryRun   bool
 	Progress *progress
-	// each sees every record read and the payload written for it; it is
-	// called concurrently for different partitions.
-	each func(m kafka.Message, written []byte)
+	// each sees every record written (times Duplicate) before it is
+	// written; it is called concurrently for different partitions. An
+	// error stops the copy.
+	each func(written kafka.Message, copies int) error
 }
 
 // CopyResult reports a copy.
@@ -50,13 +56,16 @@ var errEmptyRange = fmt.Errorf("the range holds no records")
 // Copy re-publishes a range of a topic, keeping keys, headers (the message
 // UUID) and per-partition order.
 func Copy(ctx context.Context, o CopyOpts) (CopyResult, error) {
-	if o.To == "" {
-		o.To = o.From
-	}
 	if o.Duplicate == 0 {
 		o.Duplicate = 1
 	}
 	res := CopyResult{From: o.From, To: o.To, DryRun: o.DryRun}
+	switch {
+	case o.To == "":
+		return res, fmt.Errorf("%w: --to is required: the target topic (to redeliver into %s itself, give --to %s --into-source)", errUsage, o.From, o.From)
+	case o.To == o.From && !o.IntoSource:
+		return res, fmt.Errorf("%w: --to is the source topic %s: add --into-source to append its records to it again (its consumers get them twice)", errUsage, o.From)
+	}
 	if o.Duplicate < 1 {
 		return res, fmt.Errorf("%w: --duplicate must be 1 or more", errUsage)
 	}
@@ -120,7 +129,9 @@ func Copy(ctx context.Context, o CopyOpts) (CopyResult, error) {
 			out.Value = mutate(m.Value)
 		}
 		if o.each != nil {
-			o.each(m, out.Value)
+			if err := o.each(out, o.Duplicate); err != nil {
+				return err
+			}
 		}
 		for i := 0; i < o.Duplicate; i++ {
 			batches[m.Partition] = append(batches[m.Partition], out)

@@ -31,7 +31,7 @@ func TestCopyRanges(t *testing.T) {
 	w.Close()
 	end := kafkatest.EndOffsets(t, src, 2)
 
-	code, out, errs := run("copy", "--json", "--brokers", brokers[0], "--from", src, "--partition", "1", "--from-offset", "2", "--dry-run")
+	code, out, errs := run("copy", "--json", "--brokers", brokers[0], "--from", src, "--to", dst, "--partition", "1", "--from-offset", "2", "--dry-run")
 	var res replaycli.CopyResult
 	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.Read != end[1]-2 || !res.DryRun {
 		t.Fatalf("dry run of partition 1 from offset 2: exit %d %+v %s", code, res, errs)
@@ -40,7 +40,7 @@ func TestCopyRanges(t *testing.T) {
 		t.Fatal("a dry run wrote records")
 	}
 	future := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
-	if code, _, errs := run("copy", "--brokers", brokers[0], "--from", src, "--from-time", future); code != replaycli.ExitEmptyRange {
+	if code, _, errs := run("copy", "--brokers", brokers[0], "--from", src, "--to", dst, "--from-time", future); code != replaycli.ExitEmptyRange {
 		t.Fatalf("range after the last record: exit %d %s", code, errs)
 	}
 	past := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)

@@ -111,7 +111,7 @@ func (k *kafkaClient) resolve(ctx context.Context, topic string, r Range) ([]spa
 	var parts []int
 	if r.Partition >= 0 {
 		if r.Partition >= n {
-			return nil, fmt.Errorf("topic %s has %d partitions, no partition %d", topic, n, r.Partition)
+			return nil, fmt.Errorf("%w: --partition %d: topic %s has %d partition(s), 0 to %d", errUsage, r.Partition, topic, n, n-1)
 		}
 		parts = []int{r.Partition}
 	} else {

@@ -6,17 +6,19 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/cmd/replay/replaycli"
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/examples/ledger-consumer/ledger"
 	"github.com/exactly-go/exactly/internal/kafkatest"
 	"github.com/exactly-go/exactly/internal/pgtest"
 	"github.com/exactly-go/exactly/internal/testenv"
-	"github.com/exactly-go/exactly/migrations"
 )
 
 // ledgerWorld runs the ledger worker on its own schema and topics, with a
@@ -28,40 +30,56 @@ type ledgerWorld struct {
 	commands string
 	dlq      string
 	group    string
+	cfg      ledger.Config
+	wl       ledger.Workload
 	stop     func()
 }
 
 func newLedger(t *testing.T, noDedupe bool) *ledgerWorld {
 	t.Helper()
+	return newLedgerWith(t, func(c *ledger.Config) { c.NoDedupe = noDedupe })
+}
+
+func newLedgerWith(t *testing.T, configure func(*ledger.Config)) *ledgerWorld {
+	t.Helper()
 	kafkatest.RequireReal(t)
 	lw := &ledgerWorld{db: pgtest.NewEmpty(t), brokers: kafkatest.Brokers(t)}
 	lw.url, _ = pgtest.URL()
 	ctx := context.Background()
-	if err := migrations.Migrate(ctx, lw.db.Pool, &migrations.Opts{Schema: lw.db.Schema}); err != nil {
-		t.Fatal(err)
-	}
-	if err := ledger.Setup(ctx, lw.db.Pool, lw.db.Schema); err != nil {
+	if err := ledger.Migrate(ctx, lw.db.Pool, lw.db.Schema, nil); err != nil {
 		t.Fatal(err)
 	}
 	lw.commands, lw.dlq = kafkatest.Topic(t, 3), kafkatest.Topic(t, 1)
-	events := kafkatest.Topic(t, 1)
 	lw.group = kafkatest.Name("ledger")
-	wl := ledger.Generate(ledger.LoadConfig{Commands: 300, Accounts: 20, Seed: 7})
-	if err := ledger.Produce(ctx, lw.brokers, lw.commands, wl.Records); err != nil {
-		t.Fatal(err)
-	}
-	w, err := ledger.NewWorker(lw.db.Pool, ledger.Config{Schema: lw.db.Schema, Brokers: lw.brokers, Commands: lw.commands,
-		Events: events, DeadLetter: lw.dlq, Group: lw.group, NoDedupe: noDedupe, Logger: quiet()})
+	var err error
+	lw.wl, err = ledger.Generate(ledger.LoadConfig{Commands: 300, Accounts: 20, Duplicates: 0.1, KeyReuse: 0.02, Malformed: 0.02, Seed: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(wctx) }()
-	lw.stop = func() { cancel(); <-done }
-	t.Cleanup(lw.stop)
+	if err := ledger.Produce(ctx, lw.brokers, lw.commands, lw.wl.Records); err != nil {
+		t.Fatal(err)
+	}
+	lw.cfg = ledger.Config{Schema: lw.db.Schema, Brokers: lw.brokers, Commands: lw.commands,
+		Events: kafkatest.Topic(t, 1), DeadLetter: lw.dlq, Group: lw.group, Logger: quiet()}
+	configure(&lw.cfg)
+	lw.start(t)
+	t.Cleanup(func() { lw.stop() })
 	lw.waitCaughtUp(t)
 	return lw
+}
+
+// start runs a worker until stop.
+func (lw *ledgerWorld) start(t *testing.T) {
+	t.Helper()
+	w, err := ledger.NewWorker(lw.db.Pool, lw.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(wctx) }()
+	var once sync.Once
+	lw.stop = func() { once.Do(func() { cancel(); <-done }) }
 }
 
 func (lw *ledgerWorld) waitCaughtUp(t *testing.T) {
@@ -89,12 +107,15 @@ func run(args ...string) (int, string, string) {
 	return code, out.String(), errb.String()
 }
 
-func (lw *ledgerWorld) verify(t *testing.T, extra ...string) (int, replaycli.VerifyReport, string) {
-	t.Helper()
-	args := append([]string{"verify", "--json", "--brokers", lw.brokers[0], "--topic", lw.commands, "--group", lw.group,
+func (lw *ledgerWorld) verifyArgs(extra ...string) []string {
+	return append([]string{"verify", "--json", "--brokers", lw.brokers[0], "--topic", lw.commands, "--group", lw.group,
 		"--database-url", lw.url, "--checksum-sql", lw.checksumSQL(), "--scope", ledger.Scope, "--schema", lw.db.Schema,
 		"--timeout", "2m"}, extra...)
-	code, out, errs := run(args...)
+}
+
+func (lw *ledgerWorld) verify(t *testing.T, extra ...string) (int, replaycli.VerifyReport, string) {
+	t.Helper()
+	code, out, errs := run(lw.verifyArgs(extra...)...)
 	var rep replaycli.VerifyReport
 	if out != "" {
 		if err := json.Unmarshal([]byte(out), &rep); err != nil {
@@ -210,9 +231,9 @@ func TestBadInput(t *testing.T) {
 		{"no command", nil, replaycli.ExitUsage},
 		{"unknown command", []string{"frobnicate"}, replaycli.ExitUsage},
 		{"missing flags", []string{"copy", "--brokers", brokers[0]}, replaycli.ExitUsage},
-		{"unknown topic", []string{"copy", "--brokers", brokers[0], "--from", kafkatest.Name("missing"), "--dry-run"}, replaycli.ExitUnknownTopic},
-		{"empty range", []string{"copy", "--brokers", brokers[0], "--from", topic, "--dry-run"}, replaycli.ExitEmptyRange},
-		{"unreachable broker", []string{"copy", "--brokers", "127.0.0.1:1", "--from", topic}, replaycli.ExitKafka},
+		{"unknown topic", []string{"copy", "--brokers", brokers[0], "--from", kafkatest.Name("missing"), "--to", topic, "--dry-run"}, replaycli.ExitUnknownTopic},
+		{"empty range", []string{"copy", "--brokers", brokers[0], "--from", topic, "--to", topic, "--into-source", "--dry-run"}, replaycli.ExitEmptyRange},
+		{"unreachable broker", []string{"copy", "--brokers", "127.0.0.1:1", "--from", topic, "--to", "x"}, replaycli.ExitKafka},
 		{"unknown group", verify(), replaycli.ExitUnknownGroup},
 		{"unreachable database", verify("--database-url", "postgres://u:secret@127.0.0.1:1/db"), replaycli.ExitDatabase},
 		{"bad time", []string{"copy", "--brokers", brokers[0], "--from", topic, "--from-time", "yesterday"}, replaycli.ExitUsage},
@@ -238,5 +259,68 @@ func TestBadInput(t *testing.T) {
 	}
 	if end := kafkatest.EndOffsets(t, topic, 1)[0]; end != 0 {
 		t.Errorf("bad input wrote %d records", end)
+	}
+}
+
+// A group that lags when verify starts is no double application: verify
+// waits for it to catch up before it takes the "before" checksum.
+func TestVerifyWaitsForALaggingGroup(t *testing.T) {
+	t.Parallel()
+	lw := newLedger(t, false)
+	lw.stop()
+	more, err := ledger.Generate(ledger.LoadConfig{Commands: 200, Accounts: 20, Seed: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ledger.Produce(context.Background(), lw.brokers, lw.commands, more.Records); err != nil {
+		t.Fatal(err)
+	}
+	app := kafkatest.Name("verify")
+	sep := "?"
+	if strings.Contains(lw.url, "?") {
+		sep = "&"
+	}
+	type result struct {
+		code int
+		rep  replaycli.VerifyReport
+		errs string
+	}
+	res := make(chan result, 1)
+	go func() {
+		code, out, errs := run(lw.verifyArgs("--database-url", lw.url+sep+"application_name="+app)...)
+		var rep replaycli.VerifyReport
+		_ = json.Unmarshal([]byte(out), &rep)
+		res <- result{code, rep, errs}
+	}()
+	// Once verify is connected, the consumer comes back and works off its lag.
+	testenv.WaitFor(t, time.Minute, "verify to connect", func() bool {
+		var n int
+		_ = lw.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&n)
+		return n > 0
+	})
+	lw.start(t)
+	r := <-res
+	if r.code != replaycli.ExitOK || !r.rep.Pass || r.rep.ReApplied != 0 || r.rep.StateChanged {
+		t.Fatalf("exit %d, report %+v\n%s", r.code, r.rep, r.errs)
+	}
+}
+
+// A consumer keyed by a JSON field with JSON fingerprints: verify, told so,
+// finds its keys, counts the replayed key reuses and nothing else as reused.
+func TestVerifyWithTheConsumersKeyAndFingerprint(t *testing.T) {
+	t.Parallel()
+	lw := newLedgerWith(t, func(c *ledger.Config) {
+		c.KeyFunc, c.FingerprintFunc = consumer.KeyFromJSONField("command_id"), dedupe.JSONFingerprint
+	})
+	code, rep, errs := lw.verify(t, "--duplicate", "2", "--key", "field:command_id", "--fingerprint", "json")
+	if code != replaycli.ExitOK || !rep.Pass || rep.ReApplied != 0 || rep.StateChanged {
+		t.Fatalf("exit %d, report %+v\n%s", code, rep, errs)
+	}
+	if rep.KeyReused != int64(2*lw.wl.KeyReused) || rep.Deduplicated < int64(2*lw.wl.Unique) ||
+		rep.Deduplicated+rep.KeyReused+rep.Untracked != rep.Replayed {
+		t.Fatalf("report %+v; workload has %d commands and %d key reuses", rep, lw.wl.Unique, lw.wl.KeyReused)
+	}
+	if code, _, errs := lw.verify(t, "--key", "offset"); code != replaycli.ExitUsage {
+		t.Fatalf("--key offset: exit %d\n%s", code, errs)
 	}
 }

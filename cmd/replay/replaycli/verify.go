@@ -7,14 +7,17 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/redact"
 )
 
 // VerifyOpts configures Verify.
@@ -28,10 +31,16 @@ type VerifyOpts struct {
 	// Scope, Schema and Table locate the consumer's dedupe keys. Without
 	// Scope only the checksum is compared.
 	Scope, Schema, Table string
+	// KeyFunc and FingerprintFunc must be the consumer's (consumer.Config):
+	// verify computes each replayed record's key and fingerprint with them
+	// to find what the consumer stored. Default to consumer.KeyFromUUID and
+	// dedupe.RawFingerprint, the middleware's defaults.
+	KeyFunc         consumer.KeyFunc
+	FingerprintFunc dedupe.FingerprintFunc
 	// TTL is the consumer's key TTL: replayed records older than it may have
 	// lost their keys and would apply twice. Defaults to dedupe.DefaultTTL.
 	TTL time.Duration
-	// Timeout bounds the wait for the group to catch up. Defaults to 5m.
+	// Timeout bounds each wait for the group to catch up. Defaults to 5m.
 	Timeout time.Duration
 	// Warn receives warnings (records older than the TTL).
 	Warn func(format string, args ...any)
@@ -62,13 +71,24 @@ var (
 	errTimeout  = errors.New("the consumer group did not catch up in time")
 )
 
-// Verify snapshots the consumer's state (the checksum query and its dedupe
-// keys), redelivers a range of its topic into the same topic, waits until
-// its group has consumed everything, snapshots again, and reports. Any
-// change of the checksum or any replayed key applied anew is a failure.
+// Verify proves that a consumer deduplicates a redelivery:
+//
+//  1. it waits until the consumer's group has consumed its topic to the end
+//     (a group that lags would otherwise change the state during the replay);
+//  2. it takes the "before" checksum of the state and notes the time;
+//  3. it copies the range of the topic into the topic, streaming each
+//     written record's key and fingerprint (computed as the consumer does)
+//     into a temporary table, so memory stays bounded whatever the range;
+//  4. it waits until the group has consumed the copies, takes the "after"
+//     checksum, and classifies the copies against the consumer's keys in
+//     one query.
+//
+// Any change of the checksum or any replayed key applied anew is a failure.
+// The topic must be quiet meanwhile: records that others produce change the
+// state as well.
 func Verify(ctx context.Context, o VerifyOpts) (VerifyReport, error) {
 	rep := VerifyReport{Topic: o.Copy.From, Group: o.Group}
-	o.Copy.To = o.Copy.From
+	o.Copy.To, o.Copy.IntoSource = o.Copy.From, true
 	if o.TTL == 0 {
 		o.TTL = dedupe.DefaultTTL
 	}
@@ -81,18 +101,24 @@ func Verify(ctx context.Context, o VerifyOpts) (VerifyReport, error) {
 	if o.Table == "" {
 		o.Table = "exactly_keys"
 	}
+	if o.KeyFunc == nil {
+		o.KeyFunc = consumer.KeyFromUUID
+	}
+	if o.FingerprintFunc == nil {
+		o.FingerprintFunc = dedupe.RawFingerprint
+	}
 	if o.ChecksumSQL == "" {
-		return rep, errors.New("--checksum-sql is required: a query over the state that must not change")
+		return rep, fmt.Errorf("%w: --checksum-sql is required: a query over the state that must not change", errUsage)
 	}
 	if o.Group == "" {
-		return rep, errors.New("--group is required: the consumer group that consumes the topic")
+		return rep, fmt.Errorf("%w: --group is required: the consumer group that consumes the topic", errUsage)
 	}
 	pool, err := pgxpool.New(ctx, o.DatabaseURL)
 	if err == nil {
 		err = pool.Ping(ctx)
 	}
 	if err != nil {
-		return rep, fmt.Errorf("%w at %s: %v", errDatabase, Redact(o.DatabaseURL), err)
+		return rep, fmt.Errorf("%w at %s: %v", errDatabase, Redact(o.DatabaseURL), redact.Error(err, o.DatabaseURL))
 	}
 	defer pool.Close()
 	k := newKafka(o.Copy.Brokers)
@@ -105,15 +131,17 @@ func Verify(ctx context.Context, o VerifyOpts) (VerifyReport, error) {
 	} else if state == "Dead" {
 		return rep, fmt.Errorf("%w %q: it has never consumed", errUnknownGroup, o.Group)
 	}
+	// 1. The state is settled only once the group has caught up.
+	if err := waitCaughtUp(ctx, k, o.Group, o.Copy.From, n, o.Timeout); err != nil {
+		return rep, fmt.Errorf("before the replay: %w", err)
+	}
+	// 2.
 	if rep.ChecksumBefore, rep.RowsBefore, err = checksum(ctx, pool, o.ChecksumSQL); err != nil {
 		return rep, err
 	}
 	var start time.Time
 	if err := pool.QueryRow(ctx, "SELECT now()").Scan(&start); err != nil {
 		return rep, fmt.Errorf("%w: %v", errDatabase, err)
-	}
-	if err := waitCaughtUp(ctx, k, o.Group, o.Copy.From, n, o.Timeout); err != nil {
-		return rep, fmt.Errorf("before the replay: %w", err)
 	}
 
 	// Records older than the TTL may have lost their keys: warn first.
@@ -123,26 +151,26 @@ func Verify(ctx context.Context, o VerifyOpts) (VerifyReport, error) {
 	if rep.ExpiredKeys > 0 && o.Warn != nil {
 		o.Warn("%d record(s) in the range are older than the key TTL (%v): their keys may have been cleaned up, so they may apply twice", rep.ExpiredKeys, o.TTL)
 	}
-	var replayed []written
-	var mu sync.Mutex
-	o.Copy.each = func(m kafka.Message, payload []byte) {
-		mu.Lock()
-		defer mu.Unlock()
-		w := written{fp: dedupe.FingerprintOf(payload)}
-		for _, h := range m.Headers {
-			if h.Key == consumer.UUIDHeader {
-				w.id = string(h.Value)
-			}
+	// 3.
+	var tracked *keySink
+	if o.Scope != "" {
+		if tracked, err = newKeySink(ctx, pool, o); err != nil {
+			return rep, err
 		}
-		for range max(o.Copy.Duplicate, 1) {
-			replayed = append(replayed, w)
-		}
+		defer tracked.close()
+		o.Copy.each = tracked.add
 	}
 	rep.Copy, err = Copy(ctx, o.Copy)
+	if tracked != nil {
+		if ferr := tracked.finish(); err == nil {
+			err = ferr
+		}
+	}
 	if err != nil {
 		return rep, err
 	}
 	rep.Replayed = rep.Copy.Written
+	// 4.
 	if err := waitCaughtUp(ctx, k, o.Group, o.Copy.From, n, o.Timeout); err != nil {
 		return rep, err
 	}
@@ -150,8 +178,8 @@ func Verify(ctx context.Context, o VerifyOpts) (VerifyReport, error) {
 		return rep, err
 	}
 	rep.StateChanged = rep.ChecksumBefore != rep.ChecksumAfter
-	if o.Scope != "" {
-		if err := classify(ctx, pool, o, replayed, start, &rep); err != nil {
+	if tracked != nil {
+		if err := tracked.classify(ctx, start, &rep); err != nil {
 			return rep, err
 		}
 	}
@@ -159,59 +187,133 @@ func Verify(ctx context.Context, o VerifyOpts) (VerifyReport, error) {
 	return rep, nil
 }
 
-// written is one record the replay wrote: its UUID and payload fingerprint.
-type written struct {
-	id string
-	fp dedupe.Fingerprint
+// keySink streams the key and fingerprint of each record the replay writes
+// into a temporary table on a connection of its own (COPY FROM), through a
+// bounded channel: the replay's memory does not grow with its length.
+type keySink struct {
+	o         VerifyOpts
+	conn      *pgxpool.Conn
+	rows      chan []any
+	stop      context.CancelFunc
+	ctx       context.Context
+	done      chan error
+	untracked atomic.Int64 // records without a valid key or fingerprint
+	closeOnce sync.Once
 }
 
-// classify sorts each replayed record by what its key says: deduplicated
-// (key older than the replay, same fingerprint), key reused (other
-// fingerprint), re-applied (the key was created by the replay: its first
-// copy applied again) or untracked (no key).
-func classify(ctx context.Context, pool *pgxpool.Pool, o VerifyOpts, replayed []written, start time.Time, rep *VerifyReport) error {
-	ids := make([]string, 0, len(replayed))
-	for _, w := range replayed {
-		ids = append(ids, w.id)
+func newKeySink(ctx context.Context, pool *pgxpool.Pool, o VerifyOpts) (*keySink, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errDatabase, err)
 	}
-	type key struct {
-		fp      dedupe.Fingerprint
-		created time.Time
+	if _, err := conn.Exec(ctx, "CREATE TEMP TABLE exactly_replayed (key text NOT NULL, fp text NOT NULL, n int NOT NULL)"); err != nil {
+		conn.Release()
+		return nil, fmt.Errorf("%w: create the temporary table of replayed keys: %v", errDatabase, err)
 	}
-	keys := map[string]key{}
-	table := pgx.Identifier{o.Schema, o.Table}.Sanitize()
-	rows, err := pool.Query(ctx, "SELECT key, fingerprint, created_at FROM "+table+" WHERE scope = $1 AND key = ANY($2)", o.Scope, ids)
+	cctx, stop := context.WithCancel(ctx)
+	s := &keySink{o: o, conn: conn, rows: make(chan []any, 4096), stop: stop, ctx: cctx, done: make(chan error, 1)}
+	go func() {
+		_, err := conn.Conn().CopyFrom(cctx, pgx.Identifier{"exactly_replayed"}, []string{"key", "fp", "n"},
+			pgx.CopyFromFunc(func() ([]any, error) {
+				select {
+				case r, ok := <-s.rows:
+					if !ok {
+						return nil, nil
+					}
+					return r, nil
+				case <-cctx.Done():
+					return nil, cctx.Err()
+				}
+			}))
+		if err != nil {
+			stop() // unblock add
+		}
+		s.done <- err
+	}()
+	return s, nil
+}
+
+// add records one written record (times copies); it is called concurrently
+// for different partitions.
+func (s *keySink) add(m kafka.Message, copies int) error {
+	msg := toMessage(m)
+	id, err := s.o.KeyFunc(msg)
+	if err != nil || id == "" || (dedupe.Key{Scope: s.o.Scope, ID: id}).Validate() != nil {
+		s.untracked.Add(int64(copies)) // the consumer claims no key for it
+		return nil
+	}
+	fp, err := s.o.FingerprintFunc(msg.Payload)
+	if err != nil {
+		s.untracked.Add(int64(copies)) // an invalid payload: dead-lettered, no key
+		return nil
+	}
+	select {
+	case s.rows <- []any{id, string(fp), copies}:
+		return nil
+	case <-s.ctx.Done():
+		return fmt.Errorf("%w: stream the replayed keys: %v", errDatabase, s.ctx.Err())
+	}
+}
+
+// finish ends the stream and waits for the COPY.
+func (s *keySink) finish() error {
+	s.closeOnce.Do(func() { close(s.rows) })
+	if err := <-s.done; err != nil {
+		return fmt.Errorf("%w: stream the replayed keys: %v", errDatabase, err)
+	}
+	return nil
+}
+
+func (s *keySink) close() {
+	s.stop()
+	s.conn.Release()
+}
+
+// classify sorts the replayed records by what the consumer's key says:
+// deduplicated (a key older than the replay with the same fingerprint, or a
+// later copy of a key the replay created), key reused (other fingerprint),
+// re-applied (the replay created the key: its first copy applied again;
+// counted once per key) or untracked (no key).
+func (s *keySink) classify(ctx context.Context, start time.Time, rep *VerifyReport) error {
+	table := pgx.Identifier{s.o.Schema, s.o.Table}.Sanitize()
+	var missing, reused, before, newKeys, newRecords int64
+	err := s.conn.QueryRow(ctx, `
+SELECT coalesce(sum(r.n) FILTER (WHERE k.key IS NULL), 0),
+       coalesce(sum(r.n) FILTER (WHERE k.fingerprint::text <> r.fp), 0),
+       coalesce(sum(r.n) FILTER (WHERE k.fingerprint::text = r.fp AND k.created_at < $2), 0),
+       count(DISTINCT r.key) FILTER (WHERE k.fingerprint::text = r.fp AND k.created_at >= $2),
+       coalesce(sum(r.n) FILTER (WHERE k.fingerprint::text = r.fp AND k.created_at >= $2), 0)
+  FROM pg_temp.exactly_replayed r LEFT JOIN `+table+` k ON k.scope = $1 AND k.key = r.key`, s.o.Scope, start).
+		Scan(&missing, &reused, &before, &newKeys, &newRecords)
 	if err != nil {
 		return fmt.Errorf("%w: read keys: %v", errDatabase, err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var id, fp string
-		var created time.Time
-		if err := rows.Scan(&id, &fp, &created); err != nil {
-			return fmt.Errorf("%w: read keys: %v", errDatabase, err)
-		}
-		keys[id] = key{dedupe.Fingerprint(fp), created}
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("%w: read keys: %v", errDatabase, err)
-	}
-	counted := map[string]bool{}
-	for _, w := range replayed {
-		k, ok := keys[w.id]
-		switch {
-		case !ok || w.id == "":
-			rep.Untracked++
-		case k.fp != w.fp:
-			rep.KeyReused++
-		case !k.created.Before(start) && !counted[w.id]:
-			rep.ReApplied++
-			counted[w.id] = true
-		default:
-			rep.Deduplicated++
-		}
-	}
+	rep.Untracked = s.untracked.Load() + missing
+	rep.KeyReused = reused
+	rep.ReApplied = newKeys
+	rep.Deduplicated = before + newRecords - newKeys
 	return nil
+}
+
+// toMessage is the Watermill message that the consumer's Subscriber makes
+// of a record: UUID from its header, headers as metadata, the record key as
+// kafka_key.
+func toMessage(m kafka.Message) *message.Message {
+	var uuid string
+	md := make(message.Metadata, len(m.Headers)+1)
+	for _, h := range m.Headers {
+		if h.Key == consumer.UUIDHeader {
+			uuid = string(h.Value)
+			continue
+		}
+		md[h.Key] = string(h.Value)
+	}
+	if m.Key != nil {
+		md[consumer.MetadataKafkaKey] = string(m.Key)
+	}
+	msg := message.NewMessage(uuid, m.Value)
+	msg.Metadata = md
+	return msg
 }
 
 // checksum runs the user's query and hashes its rows.
@@ -275,14 +377,11 @@ func waitCaughtUp(ctx context.Context, k *kafkaClient, group, topic string, n in
 	}
 }
 
-// Redact hides the password in a database URL.
-func Redact(url string) string {
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil || cfg.Password == "" {
-		return url
-	}
-	return fmt.Sprintf("postgres://%s:***@%s:%d/%s", cfg.User, cfg.Host, cfg.Port, cfg.Database)
-}
+// Redact hides every password in a database URL or key=value connection
+// string (and in text that quotes one), whether or not it parses: a bad
+// port or sslmode must not print the password either. It reads only its
+// argument, never PGPASSWORD.
+func Redact(dsn string) string { return redact.Password(dsn) }
 
 // olderThan counts the range's records written before cutoff.
 func olderThan(ctx context.Context, k *kafkaClient, topic string, r Range, cutoff time.Time) (int64, error) {

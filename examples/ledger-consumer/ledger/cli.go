@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -9,7 +10,11 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/migrations"
 )
 
@@ -19,57 +24,110 @@ Usage:
   ledger-consumer demo     migrate, produce a workload with duplicates and bad input,
                            consume it, verify the balances (in-process Kafka unless
                            KAFKA_BROKERS is set)
-  ledger-consumer worker   consume ledger.commands until SIGINT/SIGTERM
-  ledger-consumer load     produce a workload to ledger.commands
-  ledger-consumer verify   recompute the balances from ledger.commands and compare
+  ledger-consumer migrate  create or upgrade the worker's tables (a role with DDL rights)
+  ledger-consumer worker   consume the commands topic until SIGINT/SIGTERM (no DDL
+                           unless --migrate)
+  ledger-consumer load     produce a workload to the commands topic
+  ledger-consumer verify   recompute the balances from the commands topic and compare
 
 Environment: DATABASE_URL (default ` + DefaultDatabaseURL + `), KAFKA_BROKERS (comma-separated).
 Run "ledger-consumer COMMAND -h" for a command's flags.
 `
 
-// Main runs the command line; it returns the process exit code.
+// Main runs the command line; it returns the process exit code: 0, 1 on
+// failure (or balances that differ), 2 on a usage error.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		if len(args) == 0 {
-			return 2
-		}
-		return 0
-	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	dbURL := fs.String("database-url", envOr("DATABASE_URL", DefaultDatabaseURL), "Postgres URL")
-	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "Kafka bootstrap addresses, comma-separated")
-	schema := fs.String("schema", "ledger", "Postgres schema")
-	commands := fs.String("commands", "ledger.commands", "commands topic")
-	var load LoadConfig
-	fs.IntVar(&load.Commands, "n", 2000, "distinct commands (demo, load)")
-	fs.IntVar(&load.Accounts, "accounts", 50, "accounts (demo, load)")
-	fs.Float64Var(&load.Duplicates, "duplicates", 0.10, "share of duplicate records (demo, load)")
-	fs.Float64Var(&load.KeyReuse, "key-reuse", 0.02, "share of key-reuse records (demo, load)")
-	fs.Float64Var(&load.Malformed, "malformed", 0.02, "share of malformed records (demo, load)")
-	metricsAddr := fs.String("metrics-addr", ":9090", "address for /metrics and /healthz (worker)")
-	replay := fs.Bool("replay", true, "consume the topic a second time with a new group after the first pass (demo)")
-	noDedupe := fs.Bool("no-dedupe", false, "run without the dedupe middleware (to measure it, or to watch verify fail)")
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
 		return 2
 	}
-	var bs []string
-	if *brokers != "" {
-		bs = strings.Split(*brokers, ",")
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	cmd := args[0]
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	fs := flag.NewFlagSet("ledger-consumer "+cmd, flag.ContinueOnError)
+	dbURL := func() *string {
+		return fs.String("database-url", envOr("DATABASE_URL", DefaultDatabaseURL), "Postgres URL (default $DATABASE_URL)")
+	}
+	brokers := func() *string {
+		return fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "Kafka bootstrap addresses, comma-separated (default $KAFKA_BROKERS)")
+	}
+	schema := func() *string {
+		return fs.String("schema", "ledger", "Postgres schema of the ledger's and exactly's tables")
+	}
+	commands := func() *string { return fs.String("commands", "ledger.commands", "commands topic") }
+	load := DefaultLoad()
+	loadFlags := func() {
+		fs.IntVar(&load.Commands, "n", load.Commands, "distinct commands, 1 or more")
+		fs.IntVar(&load.Accounts, "accounts", load.Accounts, "accounts, 1 or more")
+		fs.Float64Var(&load.Duplicates, "duplicates", load.Duplicates, "share of extra records that repeat a command, 0 (none) to 1")
+		fs.Float64Var(&load.KeyReuse, "key-reuse", load.KeyReuse, "share of extra records that reuse a command_id with another payload, 0 to 1")
+		fs.Float64Var(&load.Malformed, "malformed", load.Malformed, "share of extra records that are not commands, 0 to 1")
+		fs.Uint64Var(&load.Seed, "seed", 0, "seed of the workload (0: the current time)")
+	}
+	var (
+		url, bs, sch, cmds, events, dlq, group, metricsAddr *string
+		noDedupe, replay, migrate                           *bool
+	)
+	switch cmd {
+	case "demo":
+		url, bs = dbURL(), brokers()
+		loadFlags()
+		replay = fs.Bool("replay", true, "consume the topic a second time with a new group after the first pass")
+		noDedupe = fs.Bool("no-dedupe", false, "run without the dedupe middleware (to measure it, or to watch verify fail)")
+	case "migrate":
+		url, sch = dbURL(), schema()
+	case "worker":
+		url, bs, sch, cmds = dbURL(), brokers(), schema(), commands()
+		events = fs.String("events", "ledger.events", "events topic (the outbox publishes here)")
+		dlq = fs.String("dead-letter", "ledger.dlq", "dead-letter topic (malformed commands, key reuse)")
+		group = fs.String("group", "ledger-consumer", "consumer group")
+		metricsAddr = fs.String("metrics-addr", "127.0.0.1:9090", "address for /metrics and /healthz (\":9090\" for every interface; \"\" for none)")
+		migrate = fs.Bool("migrate", false, "create or upgrade the tables before consuming (needs DDL rights; production runs `migrate` once instead)")
+		noDedupe = fs.Bool("no-dedupe", false, "run without the dedupe middleware (to measure it, or to watch verify fail)")
+	case "load":
+		bs, cmds = brokers(), commands()
+		loadFlags()
+	case "verify":
+		url, bs, sch, cmds = dbURL(), brokers(), schema(), commands()
+	default:
+		fmt.Fprintf(stderr, "ledger-consumer: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+	// Help asked for goes to stdout; a flag error and the usage to stderr.
+	var flagOut bytes.Buffer
+	fs.SetOutput(&flagOut)
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			_, _ = stdout.Write(flagOut.Bytes())
+			return 0
+		}
+		_, _ = stderr.Write(flagOut.Bytes())
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "ledger-consumer %s: unexpected argument %q\n", cmd, fs.Arg(0))
+		return 2
 	}
 	fail := func(err error) int {
 		fmt.Fprintln(stderr, "ledger-consumer:", err)
 		return 1
 	}
-	switch args[0] {
-	case "demo":
+	var brokerList []string
+	if bs != nil && *bs != "" {
+		brokerList = strings.Split(*bs, ",")
+	}
+	if cmd == "demo" || cmd == "load" {
+		if err := load.Validate(); err != nil {
+			fmt.Fprintf(stderr, "ledger-consumer %s: %v\n", cmd, strings.TrimPrefix(err.Error(), "ledger: "))
+			return 2
+		}
+	}
+	if cmd == "demo" {
 		fmt.Fprintln(stderr, "ledger demo: producing", load.Commands, "commands over", load.Accounts, "accounts …")
-		sum, err := Demo(ctx, DemoConfig{DatabaseURL: *dbURL, Brokers: bs, Load: load, Progress: stderr, NoDedupe: *noDedupe, Replay: *replay, Logger: slog.New(slog.DiscardHandler)})
+		sum, err := Demo(ctx, DemoConfig{DatabaseURL: *url, Brokers: brokerList, Load: load, Progress: stderr, NoDedupe: *noDedupe, Replay: *replay, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			return fail(err)
 		}
@@ -78,31 +136,55 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		return 0
-	case "worker", "load", "verify":
-		if len(bs) == 0 {
-			return fail(errors.New("set KAFKA_BROKERS or --brokers"))
-		}
-	default:
-		fmt.Fprint(stderr, usage)
+	}
+	if bs != nil && len(brokerList) == 0 {
+		fmt.Fprintf(stderr, "ledger-consumer %s: set KAFKA_BROKERS or --brokers\n", cmd)
 		return 2
 	}
-	pool, err := connect(ctx, *dbURL)
-	if err != nil {
-		return fail(err)
+	if cmd == "load" {
+		wl, err := Generate(load)
+		if err != nil {
+			return fail(err)
+		}
+		if err := createTopics(ctx, brokerList, map[string]int{*cmds: 6}); err != nil {
+			return fail(err)
+		}
+		if err := Produce(ctx, brokerList, *cmds, wl.Records); err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(stdout, "produced %d records: %d commands, %d duplicates, %d key reuses, %d malformed\n",
+			len(wl.Records), wl.Unique, wl.Duplicates, wl.KeyReused, wl.Malformed)
+		return 0
 	}
-	defer pool.Close()
-	switch args[0] {
-	case "worker":
-		if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: *schema, Logger: logger}); err != nil {
+	if cmd == "worker" {
+		// The worker waits for Postgres and Kafka itself, so its pool is
+		// made without connecting.
+		pool, err := newPool(ctx, *url)
+		if err != nil {
 			return fail(err)
 		}
-		if err := Setup(ctx, pool, *schema); err != nil {
-			return fail(err)
+		defer pool.Close()
+		if *migrate {
+			// Waits for Postgres like the worker; a migration that fails on
+			// a reachable database is an error.
+			for wait := 100 * time.Millisecond; ; wait = min(2*wait, 10*time.Second) {
+				err := Migrate(ctx, pool, *sch, logger)
+				if err == nil {
+					break
+				}
+				if pool.Ping(ctx) == nil || ctx.Err() != nil {
+					return fail(err)
+				}
+				logger.Warn("ledger: waiting for Postgres to migrate", "err", redact.Password(err.Error()), "retry_in", wait)
+				select {
+				case <-ctx.Done():
+					return 0
+				case <-time.After(wait):
+				}
+			}
 		}
-		if err := createTopics(ctx, bs, map[string]int{*commands: 6, "ledger.events": 3, "ledger.dlq": 1}); err != nil {
-			return fail(err)
-		}
-		w, err := NewWorker(pool, Config{Schema: *schema, Brokers: bs, Commands: *commands, MetricsAddr: *metricsAddr, NoDedupe: *noDedupe, Logger: logger})
+		w, err := NewWorker(pool, Config{Schema: *sch, Brokers: brokerList, Commands: *cmds, Events: *events, DeadLetter: *dlq,
+			Group: *group, MetricsAddr: *metricsAddr, CreateTopics: true, NoDedupe: *noDedupe, Logger: logger})
 		if err != nil {
 			return fail(err)
 		}
@@ -110,32 +192,43 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		return 0
-	case "load":
-		if err := createTopics(ctx, bs, map[string]int{*commands: 6}); err != nil {
+	}
+	pool, err := connect(ctx, *url)
+	if err != nil {
+		return fail(err)
+	}
+	defer pool.Close()
+	if cmd == "migrate" {
+		if err := Migrate(ctx, pool, *sch, logger); err != nil {
 			return fail(err)
 		}
-		wl := Generate(load)
-		if err := Produce(ctx, bs, *commands, wl.Records); err != nil {
-			return fail(err)
-		}
-		fmt.Fprintf(stdout, "produced %d records: %d commands, %d duplicates, %d key reuses, %d malformed\n",
-			len(wl.Records), wl.Unique, wl.Duplicates, wl.KeyReused, wl.Malformed)
-		return 0
-	default: // verify
-		rep, err := Verify(ctx, pool, *schema, bs, *commands)
-		if err != nil {
-			return fail(err)
-		}
-		fmt.Fprintf(stdout, "records %d: %d unique commands, %d duplicates, %d key reuses, %d malformed; %d accounts; balances match: %v\n",
-			rep.Records, rep.Unique, rep.Duplicates, rep.KeyReused, rep.Malformed, rep.Accounts, rep.Match())
-		for _, m := range rep.Mismatches {
-			fmt.Fprintln(stdout, "mismatch:", m)
-		}
-		if !rep.Match() {
-			return 1
-		}
+		fmt.Fprintf(stdout, "schema %s is up to date\n", *sch)
 		return 0
 	}
+	// verify
+	rep, err := Verify(ctx, pool, *sch, brokerList, *cmds)
+	if err != nil {
+		return fail(err)
+	}
+	fmt.Fprintf(stdout, "records %d: %d unique commands, %d duplicates, %d key reuses, %d malformed; %d accounts; balances match: %v\n",
+		rep.Records, rep.Unique, rep.Duplicates, rep.KeyReused, rep.Malformed, rep.Accounts, rep.Match())
+	for _, m := range rep.Mismatches {
+		fmt.Fprintln(stdout, "mismatch:", m)
+	}
+	if !rep.Match() {
+		return 1
+	}
+	return 0
+}
+
+// Migrate creates or upgrades exactly's tables and the ledger's in schema:
+// the step that needs DDL rights, run once per deploy by a role that has
+// them, so that the worker's own role needs none.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, logger *slog.Logger) error {
+	if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: schema, Logger: logger}); err != nil {
+		return err
+	}
+	return Setup(ctx, pool, schema)
 }
 
 func envOr(k, def string) string {

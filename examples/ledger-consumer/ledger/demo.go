@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/internal/kafkaadmin"
+	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/migrations"
 )
 
@@ -30,9 +32,11 @@ type DemoConfig struct {
 	DatabaseURL string
 	// Schema is dropped and re-created. Defaults to "ledger_demo".
 	Schema string
-	// Brokers; when empty an in-process Kafka broker is started.
+	// Brokers; when empty an in-process Kafka broker is started. On a
+	// real broker the demo deletes its topics and groups when it ends.
 	Brokers []string
-	Load    LoadConfig
+	// Load is the workload. Defaults to DefaultLoad() when zero.
+	Load LoadConfig
 	// Progress receives a line per second while the worker runs; nil for none.
 	Progress io.Writer
 	// NoDedupe runs the worker without the dedupe middleware.
@@ -60,6 +64,9 @@ type Summary struct {
 	// run.
 	Events, DeadLetters TopicCount
 	Broker              string
+	// Topics are the demo's commands, events and dead-letter topics; on a
+	// real broker they are deleted when the demo ends.
+	Topics []string
 }
 
 // TopicCount counts a topic's records, their distinct UUIDs, and those
@@ -127,7 +134,13 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Load == (LoadConfig{}) {
+		cfg.Load = DefaultLoad()
+	}
 	var sum Summary
+	if err := cfg.Load.Validate(); err != nil {
+		return sum, err
+	}
 	pool, err := connect(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return sum, err
@@ -142,6 +155,7 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 	if err := Setup(ctx, pool, cfg.Schema); err != nil {
 		return sum, err
 	}
+	realBroker := len(cfg.Brokers) > 0
 	sum.Broker = "Kafka at " + fmt.Sprint(cfg.Brokers)
 	if len(cfg.Brokers) == 0 {
 		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation())
@@ -160,7 +174,13 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 	if err := createTopics(ctx, cfg.Brokers, map[string]int{wcfg.Commands: 6, wcfg.Events: 3, wcfg.DeadLetter: 1}); err != nil {
 		return sum, err
 	}
-	sum.Workload = Generate(cfg.Load)
+	sum.Topics = []string{wcfg.Commands, wcfg.Events, wcfg.DeadLetter}
+	if realBroker {
+		defer removeDemo(ctx, cfg.Brokers, cfg.Logger, sum.Topics, []string{wcfg.Group, wcfg.Group + "-replay"})
+	}
+	if sum.Workload, err = Generate(cfg.Load); err != nil {
+		return sum, err
+	}
 	if err := Produce(ctx, cfg.Brokers, wcfg.Commands, sum.Workload.Records); err != nil {
 		return sum, err
 	}
@@ -181,6 +201,33 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 	}
 	sum.DeadLetters, err = countTopic(ctx, cfg.Brokers, wcfg.DeadLetter)
 	return sum, err
+}
+
+// removeDemo deletes the demo's topics and consumer groups from a real
+// broker; a failure is logged, not fatal.
+func removeDemo(ctx context.Context, brokers []string, log *slog.Logger, topics, groups []string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	if res, err := c.DeleteGroups(ctx, &kafka.DeleteGroupsRequest{GroupIDs: groups}); err != nil {
+		log.Warn("ledger: delete the demo's consumer groups", "groups", groups, "err", err)
+	} else {
+		for g, err := range res.Errors {
+			if err != nil && !errors.Is(err, kafka.GroupIdNotFound) {
+				log.Warn("ledger: delete the demo's consumer group", "group", g, "err", err)
+			}
+		}
+	}
+	res, err := c.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: topics})
+	if err != nil {
+		log.Warn("ledger: delete the demo's topics", "topics", topics, "err", err)
+		return
+	}
+	for t, err := range res.Errors {
+		if err != nil {
+			log.Warn("ledger: delete the demo's topic", "topic", t, "err", err)
+		}
+	}
 }
 
 // countTopic reads a topic that the workers are done with (each published
@@ -209,6 +256,18 @@ func countTopic(ctx context.Context, brokers []string, topic string) (TopicCount
 	return n, nil
 }
 
+// newPool makes a pool on url without connecting: the worker waits for
+// Postgres itself.
+func newPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: database URL %s: %w", redact.Password(url), redact.Error(err, url))
+	}
+	// A connection per partition handler, plus the relay's two.
+	pcfg.MaxConns = max(pcfg.MaxConns, 16)
+	return pgxpool.NewWithConfig(ctx, pcfg)
+}
+
 func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(url)
 	var pool *pgxpool.Pool
@@ -226,17 +285,9 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("ledger: cannot reach Postgres at %s: %w\n  start one with `docker compose up -d postgres` (or scripts/postgres.sh start), or set DATABASE_URL", redact(url), err)
+		return nil, fmt.Errorf("ledger: cannot reach Postgres at %s: %w\n  start one with `docker compose up -d postgres` (or scripts/postgres.sh start), or set DATABASE_URL", redact.Password(url), redact.Error(err, url))
 	}
 	return pool, nil
-}
-
-// redact hides the password in a database URL.
-func redact(url string) string {
-	if cfg, err := pgx.ParseConfig(url); err == nil && cfg.Password != "" {
-		return fmt.Sprintf("postgres://%s:***@%s:%d/%s", cfg.User, cfg.Host, cfg.Port, cfg.Database)
-	}
-	return url
 }
 
 func createTopics(ctx context.Context, brokers []string, topics map[string]int) error {
@@ -247,11 +298,11 @@ func createTopics(ctx context.Context, brokers []string, topics map[string]int) 
 	}
 	res, err := c.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: cfgs})
 	if err != nil {
-		return fmt.Errorf("ledger: create topics: %w", err)
+		return fmt.Errorf("ledger: create topics at Kafka %s: %w", strings.Join(brokers, ","), err)
 	}
 	for t, err := range res.Errors {
 		if err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
-			return fmt.Errorf("ledger: create topic %s: %w", t, err)
+			return fmt.Errorf("ledger: create topic %s at Kafka %s: %w", t, strings.Join(brokers, ","), err)
 		}
 	}
 	return nil

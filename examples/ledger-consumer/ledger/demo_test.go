@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+
 	"github.com/exactly-go/exactly/examples/ledger-consumer/ledger"
 	"github.com/exactly-go/exactly/internal/kafkatest"
 	"github.com/exactly-go/exactly/internal/pgtest"
@@ -25,9 +27,10 @@ func demo(t *testing.T, noDedupe bool) ledger.Summary {
 		t.Skip(err)
 	}
 	schema := pgtest.NewEmpty(t).Schema // dropped and re-created by the demo, dropped again at the end
+	load := ledger.DefaultLoad()
+	load.Commands, load.Accounts, load.Seed = 1500, 40, 42
 	sum, err := ledger.Demo(context.Background(), ledger.DemoConfig{
-		DatabaseURL: url, Schema: schema, Brokers: brokers, NoDedupe: noDedupe, Replay: !noDedupe,
-		Load: ledger.LoadConfig{Commands: 1500, Accounts: 40, Seed: 42},
+		DatabaseURL: url, Schema: schema, Brokers: brokers, NoDedupe: noDedupe, Replay: !noDedupe, Load: load,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -68,6 +71,21 @@ func TestDemoWorkload(t *testing.T) {
 	if d, want := sum.DeadLetters, 2*(w.KeyReused+w.Malformed); d.Records != want || d.WithReason != want {
 		t.Fatalf("dead-letter topic: %+v, want %d records (2 passes), each with a reason", d, want)
 	}
+	// On a real broker the demo leaves no topic behind.
+	if b, _ := kafkatest.Resolve(); b.Kind != kafkatest.KindInProcess {
+		testenv.WaitFor(t, time.Minute, "the demo's topics to be deleted", func() bool {
+			md, err := kafkatest.Client(t).Metadata(context.Background(), &kafka.MetadataRequest{Topics: sum.Topics})
+			if err != nil {
+				return false
+			}
+			for _, tp := range md.Topics {
+				if tp.Error == nil {
+					return false
+				}
+			}
+			return len(sum.Topics) == 3
+		})
+	}
 }
 
 // Without the dedupe middleware the same workload applies duplicates again,
@@ -89,7 +107,10 @@ func TestWorkerServesMetricsAndHealth(t *testing.T) {
 		t.Fatal(err)
 	}
 	commands := kafkatest.Topic(t, 2)
-	wl := ledger.Generate(ledger.LoadConfig{Commands: 60, Accounts: 5, Seed: 3})
+	wl, err := ledger.Generate(ledger.LoadConfig{Commands: 60, Accounts: 5, Duplicates: 0.1, KeyReuse: 0.02, Malformed: 0.02, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := ledger.Produce(ctx, brokers, commands, wl.Records); err != nil {
 		t.Fatal(err)
 	}

@@ -93,10 +93,23 @@ func (r *Rejection) Error() string { return "rejected: " + r.Reason }
 
 // State is what a command reads and changes. The worker implements it on a
 // Postgres transaction; Verify on memory.
+//
+// An implementation must make Apply correct when several commands of one
+// account run at once (their records on different partitions): Account
+// holds the account against every other command until the command ends,
+// whether or not the account existed; Hold does the same for an existing
+// hold; CreateHold creates a hold only when no command has created it,
+// atomically.
 type State interface {
+	// Account reads an account (zero when new) and holds it.
 	Account(id string) (Account, error)
+	// SetAccount writes an account read by Account.
 	SetAccount(id string, a Account) error
+	// Hold reads and holds a hold; false when it does not exist.
 	Hold(id string) (HoldState, bool, error)
+	// CreateHold creates a hold; false when it already exists.
+	CreateHold(id string, h HoldState) (bool, error)
+	// SetHold writes a hold read by Hold.
 	SetHold(id string, h HoldState) error
 }
 
@@ -124,8 +137,10 @@ func Apply(st State, c Command) error {
 		}
 		acc.Available -= c.Amount
 		acc.Held += c.Amount
-		if err := st.SetHold(c.HoldID, HoldState{Account: c.Account, Amount: c.Amount}); err != nil {
+		if created, err := st.CreateHold(c.HoldID, HoldState{Account: c.Account, Amount: c.Amount}); err != nil {
 			return err
+		} else if !created { // created meanwhile by a command of another account
+			return &Rejection{"hold " + c.HoldID + " already exists"}
 		}
 		return st.SetAccount(c.Account, acc)
 	}
@@ -185,3 +200,10 @@ func (m *MemState) Hold(id string) (HoldState, bool, error) {
 	return h, ok, nil
 }
 func (m *MemState) SetHold(id string, h HoldState) error { m.Holds[id] = h; return nil }
+func (m *MemState) CreateHold(id string, h HoldState) (bool, error) {
+	if _, ok := m.Holds[id]; ok {
+		return false, nil
+	}
+	m.Holds[id] = h
+	return true, nil
+}

@@ -13,44 +13,49 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 )
 
-// LoadConfig shapes a generated workload.
+// LoadConfig shapes a generated workload. The shares are taken as they
+// are: 0 means none. DefaultLoad returns the demo's mix.
 type LoadConfig struct {
-	// Commands is the number of distinct commands. Defaults to 2000.
+	// Commands is the number of distinct commands, at least 1.
 	Commands int
-	// Accounts is the number of accounts. Defaults to 50.
+	// Accounts is the number of accounts, at least 1.
 	Accounts int
-	// Duplicates is the share of extra records that re-send an earlier
-	// command unchanged (same command_id). Defaults to 0.10.
+	// Duplicates is the share (0 to 1) of extra records that re-send an
+	// earlier command unchanged (same command_id).
 	Duplicates float64
-	// KeyReuse is the share of extra records that re-use an earlier
-	// command_id with a different amount. Defaults to 0.02.
+	// KeyReuse is the share (0 to 1) of extra records that re-use an
+	// earlier command_id with a different amount.
 	KeyReuse float64
-	// Malformed is the share of extra records that are not valid commands.
-	// Defaults to 0.02.
+	// Malformed is the share (0 to 1) of extra records that are not valid
+	// commands.
 	Malformed float64
 	// Seed makes the workload reproducible. Defaults to the current time.
 	Seed uint64
 }
 
-func (c *LoadConfig) defaults() {
-	if c.Commands == 0 {
-		c.Commands = 2000
+// DefaultLoad is the demo's workload: 2000 commands over 50 accounts, with
+// 10 % duplicates, 2 % key reuses and 2 % malformed records.
+func DefaultLoad() LoadConfig {
+	return LoadConfig{Commands: 2000, Accounts: 50, Duplicates: 0.10, KeyReuse: 0.02, Malformed: 0.02}
+}
+
+// Validate reports the first field out of range, naming its flag.
+func (c LoadConfig) Validate() error {
+	switch {
+	case c.Commands < 1:
+		return fmt.Errorf("ledger: --n is %d: give 1 or more commands", c.Commands)
+	case c.Accounts < 1:
+		return fmt.Errorf("ledger: --accounts is %d: give 1 or more accounts", c.Accounts)
 	}
-	if c.Accounts == 0 {
-		c.Accounts = 50
+	for _, s := range []struct {
+		flag string
+		v    float64
+	}{{"duplicates", c.Duplicates}, {"key-reuse", c.KeyReuse}, {"malformed", c.Malformed}} {
+		if !(s.v >= 0 && s.v <= 1) { // NaN fails too
+			return fmt.Errorf("ledger: --%s is %v: give a share from 0 (none) to 1", s.flag, s.v)
+		}
 	}
-	if c.Duplicates == 0 {
-		c.Duplicates = 0.10
-	}
-	if c.KeyReuse == 0 {
-		c.KeyReuse = 0.02
-	}
-	if c.Malformed == 0 {
-		c.Malformed = 0.02
-	}
-	if c.Seed == 0 {
-		c.Seed = uint64(time.Now().UnixNano())
-	}
+	return nil
 }
 
 // Workload is a generated sequence of records, in produce order.
@@ -64,8 +69,14 @@ type Workload struct {
 // duplicates, key reuses and malformed records mixed in after the commands
 // they copy. Records are keyed by account, so an account's commands keep
 // their order on Kafka.
-func Generate(cfg LoadConfig) Workload {
-	cfg.defaults()
+// It fails when cfg is out of range (LoadConfig.Validate).
+func Generate(cfg LoadConfig) (Workload, error) {
+	if err := cfg.Validate(); err != nil {
+		return Workload{}, err
+	}
+	if cfg.Seed == 0 {
+		cfg.Seed = uint64(time.Now().UnixNano())
+	}
 	rnd := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
 	var w Workload
 	var sent []kafka.Message
@@ -119,7 +130,7 @@ func Generate(cfg LoadConfig) Workload {
 			w.Malformed++
 		}
 	}
-	return w
+	return w, nil
 }
 
 // Produce writes the workload's records to topic in order.

@@ -39,7 +39,13 @@ CREATE TABLE IF NOT EXISTS `+s+`.rejections (
 	return nil
 }
 
-// txState is State on a transaction; rows it reads are locked until commit.
+// txState is State on a transaction. It is correct whatever the
+// partitioning: Account locks the account's row until commit, creating the
+// row first when it is missing (a SELECT … FOR UPDATE of a missing row
+// locks nothing, so two commands creating one account would both start
+// from zero); every hold is created by one INSERT that loses cleanly to a
+// concurrent one; writes go to rows this transaction has locked. Locks are
+// taken account first, then hold, so commands do not deadlock.
 type txState struct {
 	ctx    context.Context
 	tx     pgx.Tx
@@ -50,15 +56,25 @@ func (s *txState) t(name string) string { return pgx.Identifier{s.schema, name}.
 
 func (s *txState) Account(id string) (Account, error) {
 	var a Account
-	err := s.tx.QueryRow(s.ctx, "SELECT available, held FROM "+s.t("accounts")+" WHERE id = $1 FOR UPDATE", id).Scan(&a.Available, &a.Held)
+	lock := "SELECT available, held FROM " + s.t("accounts") + " WHERE id = $1 FOR UPDATE"
+	err := s.tx.QueryRow(s.ctx, lock, id).Scan(&a.Available, &a.Held)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Account{}, nil
+		// A new account: insert it (waiting for a concurrent insert of the
+		// same account to commit or roll back), then lock the row, which
+		// now exists whoever inserted it.
+		if _, err := s.tx.Exec(s.ctx, "INSERT INTO "+s.t("accounts")+" (id) VALUES ($1) ON CONFLICT (id) DO NOTHING", id); err != nil {
+			return a, err
+		}
+		err = s.tx.QueryRow(s.ctx, lock, id).Scan(&a.Available, &a.Held)
 	}
 	return a, err
 }
 
 func (s *txState) SetAccount(id string, a Account) error {
-	_, err := s.tx.Exec(s.ctx, "INSERT INTO "+s.t("accounts")+" (id, available, held) VALUES ($1, $2, $3) ON CONFLICT (id) DO UPDATE SET available = excluded.available, held = excluded.held", id, a.Available, a.Held)
+	tag, err := s.tx.Exec(s.ctx, "UPDATE "+s.t("accounts")+" SET available = $2, held = $3 WHERE id = $1", id, a.Available, a.Held)
+	if err == nil && tag.RowsAffected() != 1 {
+		err = fmt.Errorf("ledger: account %s was not read before it was written", id)
+	}
 	return err
 }
 
@@ -72,9 +88,17 @@ func (s *txState) Hold(id string) (HoldState, bool, error) {
 	return h, err == nil, err
 }
 
-func (s *txState) SetHold(id string, h HoldState) error {
-	_, err := s.tx.Exec(s.ctx, "INSERT INTO "+s.t("holds")+" (id, account, amount, captured, released, refunded) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO UPDATE SET captured = excluded.captured, released = excluded.released, refunded = excluded.refunded",
+func (s *txState) CreateHold(id string, h HoldState) (bool, error) {
+	tag, err := s.tx.Exec(s.ctx, "INSERT INTO "+s.t("holds")+" (id, account, amount, captured, released, refunded) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
 		id, h.Account, h.Amount, h.Captured, h.Released, h.Refunded)
+	return err == nil && tag.RowsAffected() == 1, err
+}
+
+func (s *txState) SetHold(id string, h HoldState) error {
+	tag, err := s.tx.Exec(s.ctx, "UPDATE "+s.t("holds")+" SET captured = $2, released = $3, refunded = $4 WHERE id = $1", id, h.Captured, h.Released, h.Refunded)
+	if err == nil && tag.RowsAffected() != 1 {
+		err = fmt.Errorf("ledger: hold %s was not read before it was written", id)
+	}
 	return err
 }
 

@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -18,9 +20,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/outbox"
 	"github.com/exactly-go/exactly/pgstore"
 )
@@ -36,12 +40,26 @@ type Config struct {
 	Commands, Events, DeadLetter string
 	// Group is the consumer group. Defaults to "ledger-consumer".
 	Group string
+	// KeyFunc and FingerprintFunc are the middleware's (consumer.Config).
+	// Default to the message UUID and the SHA-256 of the payload's bytes.
+	KeyFunc         consumer.KeyFunc
+	FingerprintFunc dedupe.FingerprintFunc
 	// NoDedupe switches the dedupe middleware off: each command runs in a
 	// transaction of its own with no key, as a naive consumer would. Only
 	// for measurements and for proving that the replay tool catches it.
 	NoDedupe bool
-	// MetricsAddr serves /metrics and /healthz when set (":9090").
+	// MetricsAddr serves /metrics and /healthz when set. The command line
+	// binds 127.0.0.1:9090 unless told otherwise: the metrics and the
+	// health of a worker are for its operators, not for every host that can
+	// reach it. Defaults to "": no server.
 	MetricsAddr string
+	// CreateTopics creates the commands (6 partitions), events (3) and
+	// dead-letter (1) topics when they are missing, before consuming.
+	// Defaults to false: the topics must exist (or the broker create them).
+	CreateTopics bool
+	// Backoff is the longest wait between two attempts to reach Postgres
+	// and Kafka at start-up. Defaults to 10s.
+	Backoff time.Duration
 	// Registry receives the metrics. Defaults to a new registry.
 	Registry *prometheus.Registry
 	// Logger defaults to slog.Default().
@@ -70,6 +88,9 @@ func (c *Config) defaults() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.Backoff <= 0 {
+		c.Backoff = 10 * time.Second
+	}
 }
 
 // Scope is the dedupe scope of the ledger handler.
@@ -84,6 +105,9 @@ type Worker struct {
 	writer  *outbox.Writer
 	Metrics *Metrics
 	running chan struct{}
+	// down lists the dependencies found unavailable at start-up, until the
+	// router runs.
+	down atomic.Pointer[[]string]
 }
 
 // NewWorker prepares a worker. Run migrations and Setup first.
@@ -100,7 +124,9 @@ func NewWorker(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Worker{cfg: cfg, pool: pool, store: store, writer: writer, Metrics: NewMetrics(cfg.Registry), running: make(chan struct{})}, nil
+	w := &Worker{cfg: cfg, pool: pool, store: store, writer: writer, Metrics: NewMetrics(cfg.Registry), running: make(chan struct{})}
+	w.down.Store(&[]string{"starting"})
+	return w, nil
 }
 
 // Running is closed once the router runs.
@@ -167,8 +193,60 @@ func (w *Worker) naive(msg *message.Message) ([]*message.Message, error) {
 	return nil, tx.Commit(ctx)
 }
 
-// Run consumes until ctx is done, then drains and returns.
+// Run consumes until ctx is done, then drains and returns. It serves
+// /metrics and /healthz first; then, while Postgres (with the ledger's and
+// exactly's tables) or Kafka cannot be reached, it waits and tries again
+// with back-off, /healthz answering 503 with the dependencies that are
+// down, and starts consuming once both answer.
 func (w *Worker) Run(ctx context.Context) error {
+	log := w.cfg.Logger
+	var srv *http.Server
+	var router *message.Router
+	var routerMu sync.Mutex
+	if w.cfg.MetricsAddr != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(w.cfg.Registry, promhttp.HandlerOpts{}))
+		mux.HandleFunc("/healthz", func(rw http.ResponseWriter, r *http.Request) {
+			routerMu.Lock()
+			rt := router
+			routerMu.Unlock()
+			var down []string
+			if rt == nil || !rt.IsRunning() {
+				down = *w.down.Load()
+			} else {
+				cctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+				down = w.probe(cctx, false)
+				cancel()
+			}
+			if len(down) > 0 {
+				// Names only: the errors (hosts, users, databases) go to the log.
+				http.Error(rw, "unavailable: "+strings.Join(down, ", "), http.StatusServiceUnavailable)
+				return
+			}
+			_, _ = rw.Write([]byte("ok\n"))
+		})
+		ln, err := net.Listen("tcp", w.cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("ledger: metrics listener on %s: %w", w.cfg.MetricsAddr, err)
+		}
+		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+		log.Info("ledger: serving /metrics and /healthz", "addr", ln.Addr().String())
+	}
+	if !w.waitReady(ctx) {
+		return nil
+	}
+	return w.consume(ctx, func(r *message.Router) {
+		routerMu.Lock()
+		router = r
+		routerMu.Unlock()
+	})
+}
+
+// consume runs the router, the relay and the key cleanup until ctx is
+// done; it hands the router to setRouter before running it.
+func (w *Worker) consume(ctx context.Context, setRouter func(*message.Router)) error {
 	log := w.cfg.Logger
 	pub, err := consumer.NewPublisher(&consumer.PublisherConfig{Brokers: w.cfg.Brokers, Logger: log})
 	if err != nil {
@@ -206,7 +284,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		}, middleware.Recoverer)
 	} else {
 		mw, err := consumer.NewMiddleware(w.store, &consumer.Config{
-			Scope: Scope, Outputs: w.writer.Outputs(w.cfg.Events), Hooks: w.Metrics, Logger: log,
+			Scope: Scope, KeyFunc: w.cfg.KeyFunc, FingerprintFunc: w.cfg.FingerprintFunc,
+			Outputs: w.writer.Outputs(w.cfg.Events), Hooks: w.Metrics, Logger: log,
 		})
 		if err != nil {
 			return err
@@ -232,30 +311,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); _ = relay.Run(relayCtx) }()
 	go func() { defer wg.Done(); _ = w.store.RunCleanup(relayCtx, time.Minute, nil) }()
 
-	var srv *http.Server
-	if w.cfg.MetricsAddr != "" {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(w.cfg.Registry, promhttp.HandlerOpts{}))
-		mux.HandleFunc("/healthz", func(rw http.ResponseWriter, r *http.Request) {
-			if !router.IsRunning() {
-				http.Error(rw, "router not running", http.StatusServiceUnavailable)
-				return
-			}
-			if err := w.pool.Ping(r.Context()); err != nil {
-				http.Error(rw, "database: "+err.Error(), http.StatusServiceUnavailable)
-				return
-			}
-			_, _ = rw.Write([]byte("ok\n"))
-		})
-		ln, err := net.Listen("tcp", w.cfg.MetricsAddr)
-		if err != nil {
-			stopRelay()
-			return fmt.Errorf("ledger: metrics listener: %w", err)
-		}
-		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = srv.Serve(ln) }()
-		log.Info("ledger: serving /metrics and /healthz", "addr", ln.Addr().String())
-	}
+	setRouter(router)
 	go func() {
 		<-router.Running()
 		close(w.running)
@@ -269,8 +325,85 @@ func (w *Worker) Run(ctx context.Context) error {
 		log.Warn("ledger: final outbox flush failed; the next run publishes it", "err", ferr)
 	}
 	cancel()
-	if srv != nil {
-		_ = srv.Close()
-	}
 	return err
+}
+
+// waitReady probes Postgres and Kafka until both answer, with back-off
+// from 100ms up to Config.Backoff. It reports false when ctx ends first.
+func (w *Worker) waitReady(ctx context.Context) bool {
+	wait := 100 * time.Millisecond
+	for {
+		down := w.probe(ctx, w.cfg.CreateTopics)
+		if ctx.Err() != nil {
+			return false
+		}
+		if len(down) == 0 {
+			w.down.Store(&[]string{"consumer"}) // until the router runs
+			return true
+		}
+		w.down.Store(&down)
+		w.cfg.Logger.Warn("ledger: waiting for dependencies", "down", strings.Join(down, ", "), "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, w.cfg.Backoff)
+	}
+}
+
+// probe checks the worker's dependencies and returns the names of those
+// that are down ("database", "database schema", "kafka"); it logs why.
+// With create the Kafka check creates the worker's missing topics.
+func (w *Worker) probe(ctx context.Context, create bool) []string {
+	log := w.cfg.Logger
+	var down []string
+	if missing, err := w.missingTables(ctx); err != nil {
+		log.Warn("ledger: Postgres unavailable", "err", redact.Password(err.Error()))
+		down = append(down, "database")
+	} else if len(missing) > 0 {
+		log.Warn("ledger: the schema lacks tables: run `ledger-consumer migrate` with a role that may create them, or start the worker with --migrate",
+			"schema", w.cfg.Schema, "missing", strings.Join(missing, ", "))
+		down = append(down, "database schema")
+	}
+	var err error
+	if create {
+		err = createTopics(ctx, w.cfg.Brokers, map[string]int{w.cfg.Commands: 6, w.cfg.Events: 3, w.cfg.DeadLetter: 1})
+	} else {
+		err = pingKafka(ctx, w.cfg.Brokers, w.cfg.Commands)
+	}
+	if err != nil {
+		log.Warn("ledger: Kafka unavailable", "err", err)
+		down = append(down, "kafka")
+	}
+	return down
+}
+
+// missingTables lists the tables of the ledger and of exactly that the
+// schema lacks. It needs no privilege on them.
+func (w *Worker) missingTables(ctx context.Context) ([]string, error) {
+	want := []string{w.store.Config().Table, "exactly_outbox", "accounts", "holds", "rejections"}
+	names := make([]string, len(want))
+	for i, t := range want {
+		names[i] = pgx.Identifier{w.cfg.Schema, t}.Sanitize()
+	}
+	var missing []string
+	err := w.pool.QueryRow(ctx, "SELECT coalesce(array_agg(n) FILTER (WHERE to_regclass(n) IS NULL), '{}') FROM unnest($1::text[]) AS n", names).Scan(&missing)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: check the schema %s: %w", w.cfg.Schema, err)
+	}
+	return missing, nil
+}
+
+// pingKafka asks the brokers for topic's metadata, on connections of its
+// own: a shared transport would answer from connections it keeps to
+// brokers it learnt of earlier.
+func pingKafka(ctx context.Context, brokers []string, topic string) error {
+	tr := &kafka.Transport{DialTimeout: 3 * time.Second, IdleTimeout: time.Second}
+	defer tr.CloseIdleConnections()
+	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second, Transport: tr}
+	if _, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}}); err != nil {
+		return fmt.Errorf("ledger: Kafka at %s: %w", strings.Join(brokers, ","), err)
+	}
+	return nil
 }
