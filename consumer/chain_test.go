@@ -447,3 +447,24 @@ func proxiedPool(t *testing.T) (*pgxpool.Pool, *proxy) {
 	t.Cleanup(pool.Close)
 	return pool, px
 }
+
+// CheckTopics finds a missing dead-letter topic at start-up.
+func TestCheckTopics(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	there := kafkatest.Name("dlq")
+	kafkatest.CreateTopicOn(t, brokers, there, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := consumer.CheckTopics(ctx, brokers, consumer.Security{}, there); err != nil {
+		t.Fatalf("existing topic: %v", err)
+	}
+	missing := kafkatest.Name("dlq")
+	err := consumer.CheckTopics(ctx, brokers, consumer.Security{}, there, missing)
+	if err == nil || !strings.Contains(err.Error(), missing) || !strings.Contains(err.Error(), "create it") {
+		t.Fatalf("missing topic: %v", err)
+	}
+	if err := consumer.CheckTopics(ctx, brokers, consumer.Security{}, missing); err == nil {
+		t.Fatal("checking the missing topic created it")
+	}
+}
