@@ -317,9 +317,9 @@ func TestPostgresOutageDeadLettersNothing(t *testing.T) {
 	w.startRouter(routerOpts{group: group, hooks: hooks, logger: slog.New(logs),
 		cfg: &consumer.Config{Scope: "ledger", MaxAttempts: 3}, handler: w.handler(slow)})
 	w.produce(recs...)
-	testenv.WaitFor(t, time.Minute, "the first applications", func() bool { return w.applied() >= 20 })
+	testenv.WaitFor(t, 2*time.Minute, "the first applications", func() bool { return w.applied() >= 20 })
 	px.setDown(true)
-	testenv.WaitFor(t, time.Minute, "many failed attempts during the outage", func() bool {
+	testenv.WaitFor(t, 2*time.Minute, "many failed attempts during the outage", func() bool {
 		return hooks.get(consumer.OutcomeUnavailable) >= 20
 	})
 	px.setDown(false)
@@ -356,7 +356,7 @@ func TestMissingTablesAreConfigurationErrors(t *testing.T) {
 		w.produce(recs...)
 		hooks := &countingHooks{}
 		w.startRouter(routerOpts{group: kafkatest.Name("g"), hooks: hooks, cfg: &consumer.Config{Scope: "ledger", MaxAttempts: 2}})
-		testenv.WaitFor(t, time.Minute, "repeated configuration errors", func() bool { return hooks.get(consumer.OutcomeMisconfigured) >= 6 })
+		testenv.WaitFor(t, 2*time.Minute, "repeated configuration errors", func() bool { return hooks.get(consumer.OutcomeMisconfigured) >= 6 })
 		if dead := w.readTopic(w.dlq); len(dead) != 0 || w.applied() != 0 || hooks.get(consumer.OutcomePoisoned) != 0 {
 			t.Fatalf("dead letters %d, applied %d, hooks %v", len(dead), w.applied(), hooks.n)
 		}
@@ -372,7 +372,7 @@ func TestMissingTablesAreConfigurationErrors(t *testing.T) {
 			return nil, err
 		})
 		w.startRouter(routerOpts{group: kafkatest.Name("g"), hooks: hooks, handler: unqualified, cfg: &consumer.Config{Scope: "ledger", MaxAttempts: 2}})
-		testenv.WaitFor(t, time.Minute, "repeated configuration errors", func() bool { return hooks.get(consumer.OutcomeMisconfigured) >= 6 })
+		testenv.WaitFor(t, 2*time.Minute, "repeated configuration errors", func() bool { return hooks.get(consumer.OutcomeMisconfigured) >= 6 })
 		if dead := w.readTopic(w.dlq); len(dead) != 0 || hooks.get(consumer.OutcomePoisoned) != 0 {
 			t.Fatalf("dead letters %d, hooks %v", len(dead), hooks.n)
 		}
