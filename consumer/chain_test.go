@@ -468,3 +468,33 @@ func TestCheckTopics(t *testing.T) {
 		t.Fatal("checking the missing topic created it")
 	}
 }
+
+// Outside a router with no Config.Scope, or wrapped twice, the middleware
+// refuses with a configuration error instead of dead-lettering the message
+// (an empty scope would make every key invalid) or waiting on itself.
+func TestMiddlewareMisuseIsAConfigurationError(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	store, err := pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	noop := func(*message.Message) ([]*message.Message, error) { return nil, nil }
+	mw, _ := consumer.NewMiddleware(store, &consumer.Config{Logger: quietLogger()})
+	_, err = mw.Middleware(noop)(message.NewMessage(watermill.NewUUID(), []byte("p")))
+	if !errors.Is(err, dedupe.ErrMisconfigured) || dedupe.IsPermanent(err) || !strings.Contains(err.Error(), "Config.Scope") {
+		t.Fatalf("no scope: %v", err)
+	}
+	scoped, _ := consumer.NewMiddleware(store, &consumer.Config{Scope: "s", Logger: quietLogger()})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	msg := message.NewMessage(watermill.NewUUID(), []byte("p"))
+	msg.SetContext(ctx)
+	_, err = scoped.Middleware(scoped.Middleware(noop))(msg)
+	if !errors.Is(err, dedupe.ErrMisconfigured) || !strings.Contains(err.Error(), "wraps itself") {
+		t.Fatalf("nested: %v", err)
+	}
+	if _, err := store.Get(ctx, dedupe.Key{Scope: "s", ID: msg.UUID}); !errors.Is(err, dedupe.ErrNotFound) {
+		t.Fatalf("the refused message left a key: %v", err)
+	}
+}
