@@ -8,8 +8,8 @@
 //	sub, _ := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: brokers, ConsumerGroup: "ledger"})
 //	pub, _ := consumer.NewPublisher(&consumer.PublisherConfig{Brokers: brokers})
 //	poison, _ := middleware.PoisonQueueWithFilter(pub, "ledger.dlq", dedupe.IsPermanent)
-//	if err := dedup.Check(ctx); err != nil { … }                                     // the key table is there
-//	if err := consumer.CheckTopics(ctx, brokers, consumer.Security{}, "ledger.dlq"); err != nil { … }
+//	if err := dedup.Check(ctx); err != nil { … } // the key table is where the store looks
+//	if err := consumer.CheckTopics(ctx, brokers, consumer.Security{}, "ledger.dlq"); err != nil { … } // the dead-letter topic exists
 //
 //	router.AddMiddleware(
 //		poison, // permanent errors (key reused, bad key or payload, poison message) → dead-letter topic, with the reason

@@ -183,7 +183,7 @@ type TxHandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([
 // ErrNoTx is returned by a TxHandler run without the middleware (or in lease mode).
 var ErrNoTx = errors.New("consumer: no transaction in the message context: add the exactly middleware in transactional mode")
 
-// errChainOrder names the order that every chain trap is fixed by.
+// chainOrder names the order that fixes every chain trap.
 const chainOrder = "add middleware in the order PoisonQueue, Retry (with ResetContextOnRetry), Timeout, the dedupe middleware, Recoverer"
 
 // TxHandler adapts fn to a Watermill handler; the middleware must wrap it.
