@@ -7,13 +7,15 @@
 //	dedup, _ := consumer.NewMiddleware(store, &consumer.Config{Scope: "ledger-consumer"})
 //	sub, _ := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: brokers, ConsumerGroup: "ledger"})
 //	pub, _ := consumer.NewPublisher(&consumer.PublisherConfig{Brokers: brokers})
-//	poison, _ := middleware.PoisonQueueWithFilter(dlqPub, "ledger.dlq", dedupe.IsPermanent)
+//	poison, _ := middleware.PoisonQueueWithFilter(pub, "ledger.dlq", dedupe.IsPermanent)
+//	if err := dedup.Check(ctx); err != nil { … } // the key table is where the store looks
+//	if err := consumer.CheckTopics(ctx, brokers, consumer.Security{}, "ledger.dlq"); err != nil { … } // the dead-letter topic exists
 //
 //	router.AddMiddleware(
-//		poison,                // permanent errors (key reused, bad key or payload) → dead-letter topic, with the reason
+//		poison, // permanent errors (key reused, bad key or payload, poison message) → dead-letter topic, with the reason
 //		middleware.Retry{MaxRetries: 3, InitialInterval: 100 * time.Millisecond,
-//			ShouldRetry: consumer.ShouldRetry}.Middleware, // transient errors retried in process
-//		middleware.Timeout(10*time.Second), // bounds the transaction too
+//			ShouldRetry: consumer.ShouldRetry, ResetContextOnRetry: true}.Middleware, // other errors retried in process
+//		middleware.Timeout(10*time.Second), // bounds each attempt, the transaction included
 //		dedup.Middleware,      // one transaction per attempt: claim, handler, complete, commit
 //		middleware.Recoverer,  // a panic becomes an error inside the transaction, which rolls back
 //	)
@@ -24,15 +26,70 @@
 //
 // # Order of middleware
 //
-// Watermill runs middleware in the order added, the first outermost.
-// The dedupe middleware goes inside Retry and Timeout, so that every retry is
-// a fresh transaction and a timeout cancels the transaction, and outside
-// Recoverer, so that a panic rolls the transaction back like any error.
-// PoisonQueue goes outermost, with dedupe.IsPermanent as its filter: a key
-// reused with another payload, a missing key (policy Reject) or a payload
-// that cannot be fingerprinted is dead-lettered at once with its reason
-// (metadata "reason_poisoned"); other errors are retried and then nacked,
-// and the Subscriber delivers the same message again after a back-off.
+// Watermill runs middleware in the order added, the first outermost:
+// PoisonQueue, Retry, Timeout, the dedupe middleware, Recoverer.
+//
+//   - PoisonQueue outermost, built with middleware.PoisonQueueWithFilter
+//     and dedupe.IsPermanent as its filter: a key reused with another
+//     payload, a missing key (policy Reject), a payload that cannot be
+//     fingerprinted, a result over the store's limit and a poison message
+//     are dead-lettered with their reason (metadata "reason_poisoned") and
+//     acked; nothing else is, so an outage never empties a topic into the
+//     dead-letter one.
+//   - Retry next, with ShouldRetry: consumer.ShouldRetry (permanent and
+//     configuration errors are not retried) and ResetContextOnRetry: true.
+//     Without it, Retry hands every attempt after the first the context that
+//     Timeout cancelled when the first ended, and they fail at once; the
+//     middleware refuses such an attempt with an error wrapping
+//     dedupe.ErrMisconfigured that says so. After the last retry the router
+//     nacks, and the Subscriber delivers the message again after a back-off.
+//   - Timeout inside Retry, so that it bounds each attempt (claim, handler
+//     and commit) and a cancelled attempt rolls back.
+//   - The dedupe middleware inside all three, so that every attempt is a
+//     fresh transaction. Anything between it and the handler that runs the
+//     handler twice (a Retry) or swallows its error (a PoisonQueue) would
+//     apply one attempt's writes on top of another's or commit a failed
+//     one: TxHandler's transaction serves one call, and a swallowed error
+//     rolls the transaction back, both with an error that names this order.
+//   - Recoverer innermost, so that a panic rolls the transaction back like
+//     any error. The middleware also recovers panics itself.
+//
+// With the scope left to the handler's name, one router-level middleware
+// serves every handler; with a fixed Config.Scope, it serves one handler
+// per topic, and a second handler on the same topic is refused (see
+// Config.Scope).
+//
+// # Poison messages and outages
+//
+// A failed attempt is the message's fault, or the infrastructure's, or the
+// deployment's, and only the first may ever dead-letter it:
+//
+//   - Configuration errors wrap dedupe.ErrMisconfigured: a table that is not
+//     there (SQLSTATE class 42, 3F, 3D or 28, from the store or from the
+//     handler's own SQL: run the migrations, or schema-qualify the name), a
+//     shared scope, a misordered chain. They are logged at ERROR with the
+//     fix and retried, never dead-lettered. Middleware.Check and
+//     CheckTopics find the missing table and dead-letter topic at start-up.
+//   - Infrastructure failures are retried, never counted and never
+//     dead-lettered, and logged at WARN (OutcomeUnavailable): transient
+//     Postgres errors and lost connections (pgstore.IsRetryableError, SQLSTATE
+//     classes 08, 53, 57, 58), a cancelled context (shutdown), errors that the
+//     handler marked with dedupe.Retryable (a dependency of its own that is
+//     down), and any error while the database does not answer a ping.
+//   - Anything else that the handler returns, or a panic, while the database
+//     answers, counts against the message. After Config.MaxAttempts such
+//     attempts (10 by default; in-process retries and redeliveries alike) the
+//     middleware returns an error wrapping dedupe.ErrPoisonMessage with the
+//     last error, which the PoisonQueue dead-letters, and the partition moves
+//     on. A message whose permanent error comes back was not dead-lettered (a
+//     missing dead-letter topic, a PoisonQueue without the filter): that is
+//     logged at ERROR with the fix, and the message is held, never dropped.
+//
+// Each message gets one Outcome, passed to Hooks, and one log line at its
+// level with its key, scope, topic, partition and offset: applied (DEBUG),
+// duplicate and in flight (INFO); key reused, invalid key, invalid payload,
+// result too large, failed and unavailable (WARN); poisoned and
+// misconfigured (ERROR).
 //
 // # Retention
 //

@@ -26,11 +26,18 @@ func ExampleMiddleware() {
 	sub, _ := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: brokers, ConsumerGroup: "ledger"})
 	pub, _ := consumer.NewPublisher(&consumer.PublisherConfig{Brokers: brokers})
 	poison, _ := middleware.PoisonQueueWithFilter(pub, "ledger.dlq", dedupe.IsPermanent)
+	if err := dedup.Check(ctx); err != nil { // the key table is where the store looks
+		panic(err)
+	}
+	if err := consumer.CheckTopics(ctx, brokers, consumer.Security{}, "ledger.dlq"); err != nil {
+		panic(err)
+	}
 
 	router, _ := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	router.AddMiddleware(
 		poison,
-		middleware.Retry{MaxRetries: 3, InitialInterval: 100 * time.Millisecond, ShouldRetry: consumer.ShouldRetry}.Middleware,
+		middleware.Retry{MaxRetries: 3, InitialInterval: 100 * time.Millisecond,
+			ShouldRetry: consumer.ShouldRetry, ResetContextOnRetry: true}.Middleware,
 		middleware.Timeout(10*time.Second),
 		dedup.Middleware,
 		middleware.Recoverer,

@@ -9,21 +9,44 @@ import (
 type Outcome string
 
 const (
-	// OutcomeApplied: the handler ran and its transaction committed.
+	// OutcomeApplied: the handler ran and its transaction committed (also
+	// when the commit's answer was lost and the store found the write).
 	OutcomeApplied Outcome = "applied"
 	// OutcomeDuplicate: the key was already completed; the handler did not
 	// run and the stored outputs were returned.
 	OutcomeDuplicate Outcome = "duplicate"
-	// OutcomeKeyReused: same key, different payload; not applied.
+	// OutcomeKeyReused: same key, different payload; not applied, for the
+	// dead-letter topic.
 	OutcomeKeyReused Outcome = "key_reused"
 	// OutcomeInFlight: another worker holds the key's lease (lease mode).
 	OutcomeInFlight Outcome = "in_flight"
-	// OutcomeInvalidKey: the key was missing or invalid and rejected.
+	// OutcomeInvalidKey: the key was missing or invalid and rejected, for
+	// the dead-letter topic.
 	OutcomeInvalidKey Outcome = "invalid_key"
+	// OutcomeInvalidPayload: the payload could not be fingerprinted (not
+	// JSON for dedupe.JSONFingerprint); not applied, for the dead-letter topic.
+	OutcomeInvalidPayload Outcome = "invalid_payload"
+	// OutcomeResultTooLarge: the handler's outputs are over the store's
+	// limit; rolled back, for the dead-letter topic.
+	OutcomeResultTooLarge Outcome = "result_too_large"
+	// OutcomePoisoned: the message failed because of itself on
+	// Config.MaxAttempts attempts; rolled back, for the dead-letter topic.
+	OutcomePoisoned Outcome = "poisoned"
 	// OutcomeSkipped: no valid key; the handler ran unprotected (policy Skip).
 	OutcomeSkipped Outcome = "skipped"
-	// OutcomeFailed: the handler or the database failed; rolled back.
+	// OutcomeFailed: the handler failed (counted towards Config.MaxAttempts)
+	// or the store failed while the database answered; rolled back and
+	// retried.
 	OutcomeFailed Outcome = "failed"
+	// OutcomeUnavailable: the database (or another dependency whose error
+	// the handler marked with dedupe.Retryable) did not answer; rolled back
+	// and retried, never dead-lettered.
+	OutcomeUnavailable Outcome = "unavailable"
+	// OutcomeMisconfigured: the deployment is wrong (a missing table, a
+	// scope shared by two handlers, a misordered middleware chain); rolled
+	// back and retried, never dead-lettered, until it is fixed. The error
+	// says how.
+	OutcomeMisconfigured Outcome = "misconfigured"
 )
 
 // Event describes one message handled by the middleware.

@@ -5,11 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/pgstore"
@@ -19,7 +23,12 @@ import (
 type Config struct {
 	// Scope names the consumer in every key: a stable name, since keys must
 	// survive deploys. Two handlers with different scopes each apply a
-	// message once. Defaults to the Watermill handler's name.
+	// message once. A fixed Scope belongs to one handler per topic: a second
+	// handler whose messages of the same topic reach a middleware with the
+	// same Scope (a router-level middleware with two handlers, say) is
+	// refused with an error wrapping dedupe.ErrMisconfigured, since the two
+	// would skip each other's messages. Defaults to the Watermill handler's
+	// name, which is per handler by construction.
 	Scope string
 	// KeyFunc extracts the idempotency key. Defaults to KeyFromUUID.
 	KeyFunc KeyFunc
@@ -46,6 +55,16 @@ type Config struct {
 	// discards a handler's outputs before any middleware sees them.
 	// Defaults to nil: outputs go back to the router.
 	Outputs OutputsWriter
+	// MaxAttempts bounds how often a message may fail because of itself
+	// (its handler returns an error or panics while the database answers)
+	// before the middleware gives up on it with an error wrapping
+	// dedupe.ErrPoisonMessage, which dedupe.IsPermanent reports, so that the
+	// PoisonQueue dead-letters it with its last error. Every attempt counts,
+	// in-process retries (middleware.Retry) and redeliveries alike; the
+	// count lives in the process and starts again after a restart. Failures
+	// of the infrastructure never count (see the package doc). Negative
+	// means never give up. Defaults to 10.
+	MaxAttempts int
 	// Hooks receives an Event per message. Defaults to none.
 	Hooks Hooks
 	// Logger defaults to slog.Default().
@@ -60,20 +79,35 @@ type OutputsWriter interface {
 
 // Middleware is the effectively-once Watermill middleware. For each message
 // it opens a transaction, claims the message's key, runs the handler with
-// that transaction (TxFromContext, or a TxHandler), stores the handler's
+// that transaction (TxHandler, or TxFromContext), stores the handler's
 // output messages as the key's result and commits — before the router acks
 // the message, so the Kafka offset moves only after the effects are durable.
 //
 // A duplicate does not run the handler: the stored outputs are returned, so
 // the router re-publishes them with their original UUIDs. A key reused with
-// another payload, an invalid key (policy Reject) and an invalid payload are
-// permanent errors (dedupe.IsPermanent) for a PoisonQueue to dead-letter.
-// A handler error rolls back the handler's writes and the key: the router
-// nacks and the message is applied on a later delivery, once.
+// another payload, an invalid key (policy Reject), an invalid payload and a
+// poison message (Config.MaxAttempts) are permanent errors
+// (dedupe.IsPermanent) for a PoisonQueue to dead-letter. A handler error
+// rolls back the handler's writes and the key: the router nacks and the
+// message is applied on a later delivery, once. A panic in the handler is
+// recovered into an error, inside the transaction.
 type Middleware struct {
 	store *pgstore.Store
 	cfg   Config
+
+	mu       sync.Mutex
+	messages map[string]*msgState // failing messages, by identity
 }
+
+// msgState is what the middleware remembers of a message that failed.
+type msgState struct {
+	failures  int // attempts that failed because of the message
+	permanent int // permanent errors returned for it
+}
+
+// maxTracked bounds the failing messages remembered; each partition has
+// few in flight, so this is only reached when partitions move away.
+const maxTracked = 10000
 
 // NewMiddleware returns the middleware on store.
 func NewMiddleware(store *pgstore.Store, cfg *Config) (*Middleware, error) {
@@ -93,6 +127,9 @@ func NewMiddleware(store *pgstore.Store, cfg *Config) (*Middleware, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 10
+	}
 	switch {
 	case c.MissingKey < Reject || c.MissingKey > Derive:
 		return nil, fmt.Errorf("consumer: Config.MissingKey is %v: use Reject, Skip or Derive", c.MissingKey)
@@ -108,16 +145,33 @@ func NewMiddleware(store *pgstore.Store, cfg *Config) (*Middleware, error) {
 			return nil, fmt.Errorf("consumer: Config.Scope: %w", err)
 		}
 	}
-	return &Middleware{store: store, cfg: c}, nil
+	return &Middleware{store: store, cfg: c, messages: map[string]*msgState{}}, nil
 }
+
+// Check verifies, before the router runs, what the middleware needs: the
+// store's table (pgstore.Store.Check). A configuration error found here
+// would otherwise fail every message.
+func (m *Middleware) Check(ctx context.Context) error { return m.store.Check(ctx) }
 
 type txKey struct{}
 
+// txSlot is the message's transaction as handed to its handler: it serves
+// one TxHandler call, and remembers that call's failure.
+type txSlot struct {
+	tx     pgx.Tx
+	calls  atomic.Int32
+	failed atomic.Bool
+}
+
 // TxFromContext returns the transaction the middleware opened for the
-// message whose context is ctx (transactional mode).
+// message whose context is ctx (transactional mode). Prefer TxHandler: it
+// also refuses a second run of the handler on the same transaction.
 func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
-	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
-	return tx, ok
+	slot, ok := ctx.Value(txKey{}).(*txSlot)
+	if !ok {
+		return nil, false
+	}
+	return slot.tx, true
 }
 
 // Tx returns the message's transaction: TxFromContext(msg.Context()).
@@ -129,39 +183,75 @@ type TxHandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([
 // ErrNoTx is returned by a TxHandler run without the middleware (or in lease mode).
 var ErrNoTx = errors.New("consumer: no transaction in the message context: add the exactly middleware in transactional mode")
 
+// chainOrder names the order that fixes every chain trap.
+const chainOrder = "add middleware in the order PoisonQueue, Retry (with ResetContextOnRetry), Timeout, the dedupe middleware, Recoverer"
+
 // TxHandler adapts fn to a Watermill handler; the middleware must wrap it.
+// The transaction serves one call: a middleware between the dedupe
+// middleware and the handler that runs the handler again (Retry) or turns
+// its error into success (PoisonQueue) would apply the first attempt's
+// writes with the second's, so the second call fails, and a swallowed
+// error rolls the transaction back, with an error wrapping
+// dedupe.ErrMisconfigured that names the right order.
 func TxHandler(fn TxHandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		tx, ok := Tx(msg)
+		slot, ok := msg.Context().Value(txKey{}).(*txSlot)
 		if !ok {
 			return nil, ErrNoTx
 		}
-		return fn(msg.Context(), tx, msg)
+		if slot.calls.Add(1) > 1 {
+			return nil, fmt.Errorf("consumer: %w: the handler of message %s ran twice on one transaction, "+
+				"on top of the first attempt's writes: a Retry sits inside the dedupe middleware; %s",
+				dedupe.ErrMisconfigured, msg.UUID, chainOrder)
+		}
+		outs, err := fn(msg.Context(), slot.tx, msg)
+		if err != nil {
+			slot.failed.Store(true)
+		}
+		return outs, err
 	}
 }
 
 // ShouldRetry is for middleware.Retry's ShouldRetry: it does not retry
-// permanent errors, which no retry can fix.
-func ShouldRetry(p middleware.RetryParams) bool { return !dedupe.IsPermanent(p.Err) }
+// permanent errors, which no retry can fix, nor configuration errors.
+func ShouldRetry(p middleware.RetryParams) bool {
+	return !dedupe.IsPermanent(p.Err) && !errors.Is(p.Err, dedupe.ErrMisconfigured)
+}
+
+// attemptKey marks a message context that the middleware already ran with;
+// activeKey, one it is running with now.
+type attemptKey struct{}
+type activeKey struct{}
+
+// scopes binds a fixed scope, per store table and topic, to the handler
+// that uses it, across every Middleware of the process.
+var scopes sync.Map // "pool table scope topic" → handler name
 
 // Middleware wraps h. Use it as a router or handler middleware.
 func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		start := time.Now()
+		ctx := msg.Context()
 		ev := Event{Scope: m.cfg.Scope, Offset: -1}
 		if ev.Scope == "" {
-			ev.Scope = message.HandlerNameFromCtx(msg.Context())
+			ev.Scope = message.HandlerNameFromCtx(ctx)
 		}
 		if topic, p, o, ok := Source(msg); ok {
 			ev.Topic, ev.Partition, ev.Offset = topic, p, o
+		} else {
+			ev.Topic = message.SubscribeTopicFromCtx(ctx)
 		}
 		outs, err := m.handle(msg, h, &ev)
+		// Leave a mark: a later attempt that finds it on a cancelled context
+		// was handed this attempt's context again.
+		msg.SetContext(context.WithValue(ctx, attemptKey{}, true))
 		ev.Err, ev.Duration = err, time.Since(start)
 		if ev.Outcome == "" {
 			ev.Outcome = outcomeOf(err)
 		}
+		m.log(ctx, msg, ev)
 		if m.cfg.Hooks != nil {
-			m.cfg.Hooks.OnMessage(msg.Context(), ev)
+			m.cfg.Hooks.OnMessage(ctx, ev)
 		}
 		return outs, err
 	}
@@ -169,18 +259,109 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 
 func outcomeOf(err error) Outcome {
 	switch {
+	case errors.Is(err, dedupe.ErrMisconfigured):
+		return OutcomeMisconfigured
 	case errors.Is(err, dedupe.ErrKeyReused):
 		return OutcomeKeyReused
 	case errors.Is(err, dedupe.ErrInFlight):
 		return OutcomeInFlight
 	case errors.Is(err, dedupe.ErrInvalidKey):
 		return OutcomeInvalidKey
+	case errors.Is(err, dedupe.ErrInvalidPayload):
+		return OutcomeInvalidPayload
+	case errors.Is(err, dedupe.ErrResultTooLarge):
+		return OutcomeResultTooLarge
+	case errors.Is(err, dedupe.ErrPoisonMessage):
+		return OutcomePoisoned
 	}
 	return OutcomeFailed
 }
 
+// log writes one line per message, at the outcome's level.
+func (m *Middleware) log(ctx context.Context, msg *message.Message, ev Event) {
+	level, text := slog.LevelDebug, "consumer: message applied"
+	switch ev.Outcome {
+	case OutcomeDuplicate:
+		level, text = slog.LevelInfo, "consumer: duplicate: the handler did not run again"
+	case OutcomeInFlight:
+		level, text = slog.LevelInfo, "consumer: key in flight on another worker: the message will be delivered again"
+	case OutcomeKeyReused:
+		level, text = slog.LevelWarn, "consumer: key reused with another payload: not applied, for the dead-letter topic"
+	case OutcomeInvalidKey:
+		level, text = slog.LevelWarn, "consumer: invalid key: not applied, for the dead-letter topic"
+	case OutcomeInvalidPayload:
+		level, text = slog.LevelWarn, "consumer: invalid payload: not applied, for the dead-letter topic"
+	case OutcomeResultTooLarge:
+		level, text = slog.LevelWarn, "consumer: result over the store's limit: rolled back, for the dead-letter topic"
+	case OutcomePoisoned:
+		level, text = slog.LevelError, "consumer: poison message: it failed on every attempt; rolled back, for the dead-letter topic"
+	case OutcomeFailed:
+		level, text = slog.LevelWarn, "consumer: handler failed: rolled back, the message will be retried"
+	case OutcomeUnavailable:
+		level, text = slog.LevelWarn, "consumer: database unavailable: rolled back, the message will be retried"
+	case OutcomeMisconfigured:
+		level, text = slog.LevelError, "consumer: configuration error: the message is retried until it is fixed"
+	case OutcomeSkipped:
+		return // logged at WARN where it happens
+	}
+	if !m.cfg.Logger.Enabled(ctx, level) {
+		return
+	}
+	attrs := []any{"key", ev.Key, "scope", ev.Scope, "topic", ev.Topic, "partition", ev.Partition, "offset", ev.Offset,
+		"uuid", msg.UUID, "outcome", string(ev.Outcome), "attempts", ev.Attempts, "duration", ev.Duration}
+	if ev.Err != nil {
+		attrs = append(attrs, "err", ev.Err)
+	}
+	m.cfg.Logger.Log(ctx, level, text, attrs...)
+}
+
+// checkScope refuses a fixed scope that a second handler on the same topic
+// would share.
+func (m *Middleware) checkScope(ctx context.Context, ev *Event) error {
+	handler := message.HandlerNameFromCtx(ctx)
+	if m.cfg.Scope == "" || handler == "" {
+		return nil
+	}
+	sc := m.store.Config()
+	id := fmt.Sprintf("%p %s.%s %s %s", m.store.Pool(), sc.Schema, sc.Table, m.cfg.Scope, ev.Topic)
+	owner, _ := scopes.LoadOrStore(id, handler)
+	if owner.(string) == handler {
+		return nil
+	}
+	return fmt.Errorf("consumer: %w: Config.Scope %q is used by handlers %q and %q on topic %q: they would skip each "+
+		"other's messages; give each handler its own middleware with its own Scope "+
+		"(handler.AddMiddleware), or leave Config.Scope empty to scope keys by handler name",
+		dedupe.ErrMisconfigured, m.cfg.Scope, owner, handler, ev.Topic)
+}
+
+// run calls h on msg, recovering a panic into an error. It reports whether
+// the error (if any) is the handler's own.
+func run(h message.HandlerFunc, msg *message.Message) (outs []*message.Message, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("consumer: handler panicked: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return h(msg)
+}
+
 func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Event) ([]*message.Message, error) {
 	ctx := msg.Context()
+	if ctx.Value(activeKey{}) != nil {
+		return nil, fmt.Errorf("consumer: %w: the dedupe middleware wraps itself (router-level and handler-level?): "+
+			"the inner claim would wait for the outer one; add it once", dedupe.ErrMisconfigured)
+	}
+	if ctx.Value(attemptKey{}) != nil && ctx.Err() != nil {
+		return nil, fmt.Errorf("consumer: %w: message %s came back with the cancelled context of an earlier attempt (%v): "+
+			"set middleware.Retry{ResetContextOnRetry: true}; %s", dedupe.ErrMisconfigured, msg.UUID, ctx.Err(), chainOrder)
+	}
+	if ev.Scope == "" {
+		return nil, fmt.Errorf("consumer: %w: no scope for message %s: Config.Scope is empty and the message does not come "+
+			"from a Watermill router handler: set Config.Scope to the handler's stable name", dedupe.ErrMisconfigured, msg.UUID)
+	}
+	if err := m.checkScope(ctx, ev); err != nil {
+		return nil, err
+	}
 	id, keyErr := m.cfg.KeyFunc(msg)
 	key := dedupe.Key{Scope: ev.Scope, ID: id}
 	if keyErr == nil {
@@ -204,7 +385,7 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 			if !errors.As(keyErr, &ik) {
 				keyErr = &dedupe.InvalidKeyError{Key: key, Reason: keyErr.Error()}
 			}
-			return nil, keyErr
+			return nil, m.permanent(msg, ev, keyErr)
 		}
 	}
 	ev.Key = key.ID
@@ -213,7 +394,7 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		if !errors.Is(err, dedupe.ErrInvalidPayload) {
 			err = fmt.Errorf("%w: %v", dedupe.ErrInvalidPayload, err)
 		}
-		return nil, fmt.Errorf("consumer: fingerprint of %s: %w", key, err)
+		return nil, m.permanent(msg, ev, fmt.Errorf("consumer: fingerprint of %s: %w", key, err))
 	}
 	req := dedupe.Request{Key: key, Fingerprint: fp, TTL: m.cfg.TTL}
 	if ev.Offset >= 0 {
@@ -221,11 +402,15 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 	}
 
 	var outs []*message.Message
+	var handlerErr error // the last handler run's own error
 	var claim dedupe.Claim
 	if m.cfg.Lease > 0 {
 		claim, err = m.store.DoLease(ctx, req, m.cfg.Lease, func(ctx context.Context) ([]byte, error) {
-			o, err := h(msg)
-			if err != nil {
+			orig := msg.Context()
+			msg.SetContext(context.WithValue(orig, activeKey{}, true))
+			defer msg.SetContext(orig)
+			o, err := run(h, msg)
+			if handlerErr = err; err != nil {
 				return nil, err
 			}
 			outs = o
@@ -234,10 +419,16 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 	} else {
 		claim, err = m.store.Do(ctx, req, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
 			orig := msg.Context()
-			msg.SetContext(context.WithValue(orig, txKey{}, tx))
+			slot := &txSlot{tx: tx}
+			msg.SetContext(context.WithValue(context.WithValue(orig, activeKey{}, true), txKey{}, slot))
 			defer msg.SetContext(orig)
-			o, err := h(msg)
-			if err != nil {
+			o, err := run(h, msg)
+			if err == nil && slot.failed.Load() {
+				err = fmt.Errorf("consumer: %w: the handler of message %s failed but a middleware inside the dedupe "+
+					"middleware returned success (a PoisonQueue?): its writes are rolled back; %s",
+					dedupe.ErrMisconfigured, msg.UUID, chainOrder)
+			}
+			if handlerErr = err; err != nil {
 				return nil, err
 			}
 			if m.cfg.Outputs != nil {
@@ -251,8 +442,9 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 	}
 	ev.Attempts = claim.Record.Attempts
 	if err != nil {
-		return nil, err
+		return nil, m.failed(msg, ev, err, handlerErr != nil && errors.Is(err, handlerErr))
 	}
+	m.forget(msg, ev)
 	if claim.Outcome == dedupe.OutcomeDuplicate {
 		ev.Outcome = OutcomeDuplicate
 		stored, err := decodeOutputs(claim.Record.Result)
@@ -265,10 +457,117 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 	return outs, nil
 }
 
+// identity names a message for the failure counts: its key and where it
+// came from, which its redeliveries share.
+func identity(msg *message.Message, ev *Event) string {
+	return fmt.Sprintf("%s/%s %s/%d/%d %s", ev.Scope, ev.Key, ev.Topic, ev.Partition, ev.Offset, msg.UUID)
+}
+
+// state returns the message's record, creating it; m.mu held.
+func (m *Middleware) state(id string) *msgState {
+	st := m.messages[id]
+	if st == nil {
+		if len(m.messages) >= maxTracked {
+			for k := range m.messages { // forget one at random
+				delete(m.messages, k)
+				break
+			}
+		}
+		st = &msgState{}
+		m.messages[id] = st
+	}
+	return st
+}
+
+func (m *Middleware) forget(msg *message.Message, ev *Event) {
+	m.mu.Lock()
+	delete(m.messages, identity(msg, ev))
+	m.mu.Unlock()
+}
+
+// permanent records a permanent error for the message. One that comes back
+// after a permanent error was not dead-lettered: the PoisonQueue is missing,
+// filters it out, or cannot publish (a dead-letter topic that does not
+// exist). That is logged at ERROR with the fix; the message stays where it is.
+func (m *Middleware) permanent(msg *message.Message, ev *Event, err error) error {
+	m.mu.Lock()
+	st := m.state(identity(msg, ev))
+	st.permanent++
+	n := st.permanent
+	m.mu.Unlock()
+	if n > 1 {
+		m.cfg.Logger.ErrorContext(msg.Context(), "consumer: a message with a permanent error came back: it was not dead-lettered; "+
+			"check that the dead-letter topic exists and that middleware.PoisonQueueWithFilter(pub, topic, dedupe.IsPermanent) "+
+			"is the outermost middleware", "key", ev.Key, "scope", ev.Scope, "topic", ev.Topic, "partition", ev.Partition,
+			"offset", ev.Offset, "uuid", msg.UUID, "times", n, "err", err)
+	}
+	return err
+}
+
+// failed classifies a failed attempt. A configuration error and a failure
+// of the infrastructure (the database or its connection) never count
+// against the message; the handler's own failure does, while the database
+// answers, and after Config.MaxAttempts of them the message is poison.
+func (m *Middleware) failed(msg *message.Message, ev *Event, err error, ownErr bool) error {
+	switch {
+	case errors.Is(err, dedupe.ErrMisconfigured):
+		return err
+	case pgstore.IsConfigurationError(err):
+		return fmt.Errorf("consumer: %w: the handler's SQL names a table, column or schema that is not there "+
+			"(run the service's migrations, or schema-qualify the name): %w", dedupe.ErrMisconfigured, err)
+	case dedupe.IsPermanent(err):
+		return m.permanent(msg, ev, err)
+	case errors.Is(err, dedupe.ErrInFlight):
+		return err
+	}
+	if m.unavailable(msg.Context(), err) {
+		ev.Outcome = OutcomeUnavailable
+		return err
+	}
+	if !ownErr || m.cfg.MaxAttempts < 0 {
+		return err
+	}
+	m.mu.Lock()
+	st := m.state(identity(msg, ev))
+	st.failures++
+	n := st.failures
+	m.mu.Unlock()
+	if n < m.cfg.MaxAttempts {
+		return err
+	}
+	return m.permanent(msg, ev, fmt.Errorf("consumer: %w: %d attempts of %s failed while the database answered; the last: %w",
+		dedupe.ErrPoisonMessage, n, identity(msg, ev), err))
+}
+
+// unavailable reports whether err is, or came with, a failure of the
+// infrastructure: a transient database error, a lost connection, a shutdown
+// (the message's context cancelled), an error the handler marked with
+// dedupe.Retryable, or a database that does not answer a ping now.
+func (m *Middleware) unavailable(ctx context.Context, err error) bool {
+	if dedupe.IsRetryable(err) || pgstore.IsRetryableError(err) || errors.Is(err, context.Canceled) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", "53", "57", "58", "XX": // connection, resources, operator, system, internal
+			return true
+		}
+		return false // the server answered: the database is there
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pingTimeout)
+	defer cancel()
+	return m.store.Pool().Ping(pctx) != nil
+}
+
+// pingTimeout bounds the ping that tells a failing message from a database
+// that does not answer.
+const pingTimeout = 2 * time.Second
+
 // runUnprotected runs h in a transaction with no key (policy Skip).
 func (m *Middleware) runUnprotected(msg *message.Message, h message.HandlerFunc) (outs []*message.Message, err error) {
 	if m.cfg.Lease > 0 {
-		return h(msg)
+		return run(h, msg)
 	}
 	ctx := msg.Context()
 	tx, err := m.store.Pool().Begin(ctx)
@@ -281,9 +580,9 @@ func (m *Middleware) runUnprotected(msg *message.Message, h message.HandlerFunc)
 		_ = tx.Rollback(rctx)
 	}()
 	orig := msg.Context()
-	msg.SetContext(context.WithValue(orig, txKey{}, tx))
+	msg.SetContext(context.WithValue(orig, txKey{}, &txSlot{tx: tx}))
 	defer msg.SetContext(orig)
-	if outs, err = h(msg); err != nil {
+	if outs, err = run(h, msg); err != nil {
 		return nil, err
 	}
 	if m.cfg.Outputs != nil {

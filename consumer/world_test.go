@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -119,6 +120,17 @@ type routerOpts struct {
 	// outer wraps everything, outside the dedupe middleware.
 	outer message.HandlerMiddleware
 	hooks *countingHooks
+	// logger is the middleware's; defaults to quietLogger().
+	logger *slog.Logger
+	// chain replaces the recommended middleware chain.
+	chain func(c chain) []message.HandlerMiddleware
+}
+
+// chain holds the middleware that startRouter builds, to be put in order.
+type chain struct {
+	poison, retry, timeout, dedupe, recoverer message.HandlerMiddleware
+	// retryNoReset is retry without ResetContextOnRetry.
+	retryNoReset message.HandlerMiddleware
 }
 
 type countingHooks struct {
@@ -143,7 +155,8 @@ func (h *countingHooks) get(o consumer.Outcome) int {
 
 // startRouter runs a Watermill router with the recommended middleware
 // order: PoisonQueue (permanent errors to the DLQ), Retry (not of permanent
-// errors), the dedupe middleware, Recoverer. It returns a stop function.
+// errors, with ResetContextOnRetry), Timeout, the dedupe middleware,
+// Recoverer. It returns a stop function.
 func (w *world) startRouter(o routerOpts) (stop func()) {
 	t := w.t
 	t.Helper()
@@ -167,6 +180,12 @@ func (w *world) startRouter(o routerOpts) (stop func()) {
 	if o.hooks != nil {
 		cfg.Hooks = o.hooks
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
+	if o.logger != nil {
+		cfg.Logger = o.logger
+	}
 	mw, err := consumer.NewMiddleware(w.store, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -175,7 +194,7 @@ func (w *world) startRouter(o routerOpts) (stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	retry := middleware.Retry{MaxRetries: 2, InitialInterval: 5 * time.Millisecond, ShouldRetry: consumer.ShouldRetry}
+	retry := middleware.Retry{MaxRetries: 2, InitialInterval: 5 * time.Millisecond, ShouldRetry: consumer.ShouldRetry, ResetContextOnRetry: true}
 	h := o.handler
 	if h == nil {
 		h = w.handler(nil)
@@ -183,7 +202,14 @@ func (w *world) startRouter(o routerOpts) (stop func()) {
 	if o.outer != nil {
 		r.AddMiddleware(o.outer)
 	}
-	r.AddMiddleware(poison, retry.Middleware, middleware.Timeout(time.Second), mw.Middleware, middleware.Recoverer)
+	if o.chain != nil {
+		noReset := retry
+		noReset.ResetContextOnRetry = false
+		r.AddMiddleware(o.chain(chain{poison: poison, retry: retry.Middleware, timeout: middleware.Timeout(time.Second),
+			dedupe: mw.Middleware, recoverer: middleware.Recoverer, retryNoReset: noReset.Middleware})...)
+	} else {
+		r.AddMiddleware(poison, retry.Middleware, middleware.Timeout(time.Second), mw.Middleware, middleware.Recoverer)
+	}
 	// The router closes a handler's publisher when it stops: each router
 	// gets its own.
 	out, err := consumer.NewPublisher(&consumer.PublisherConfig{Brokers: w.brokers, Logger: quietLogger()})

@@ -1,8 +1,10 @@
 package dedupe_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -183,8 +185,82 @@ func TestCanonicalJSON(t *testing.T) {
 	}
 }
 
+// Hostile numbers cost no more than their length: an exponent is never
+// expanded. Past the bounds a number is an invalid payload, never a hang.
+func TestCanonicalJSONHostileNumbers(t *testing.T) {
+	for in, want := range map[string]string{
+		`1e1000000`:   `1e1000000`,
+		`-1E+1000000`: `-1e1000000`,
+		`1e-1000000`:  `1e-1000000`,
+		`10e999999`:   `1e1000000`,
+		`1e63`:        `1` + strings.Repeat("0", 63),
+		`1e64`:        `1e64`,
+		`123.456e-70`: `1.23456e-68`,
+		`0.000001`:    `0.000001`,
+		`0e99999999`:  `0`,
+		`1.5`:         `1.5`,
+		`-0.0`:        `0`,
+	} {
+		got, err := dedupe.CanonicalJSON([]byte(in))
+		if err != nil || string(got) != want {
+			t.Errorf("CanonicalJSON(%s) = %s, %v; want %s", in, got, err, want)
+		}
+	}
+	array := []byte("[" + strings.TrimSuffix(strings.Repeat("1e1000000,", 40), ",") + "]")
+	if _, err := dedupe.JSONFingerprint(array); err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range []string{`1e1000000001`, `1e-99999999999999999999`, "[" + strings.Repeat("1", dedupe.MaxNumberLen+1) + "]"} {
+		if _, err := dedupe.JSONFingerprint([]byte(in)); !errors.Is(err, dedupe.ErrInvalidPayload) {
+			t.Errorf("JSONFingerprint(%.40s…) err = %v, want ErrInvalidPayload", in, err)
+		}
+	}
+}
+
+// Values that differ fingerprint differently: digits past float64's
+// precision, and strings that differ only in bytes that are not valid UTF-8
+// or in lone surrogate escapes (which decoders all turn into U+FFFD).
+func TestJSONFingerprintKeepsValuesApart(t *testing.T) {
+	different := [][2]string{
+		{`{"amount":0.1}`, `{"amount":0.10000000000000000555}`},
+		{`12345678901234567890.5`, `12345678901234567890.50000001`},
+		{`1e400`, `1e401`},
+		{"\"a\xff\"", "\"a\xfe\""},
+		{"\"a\xff\"", "\"a\ufffd\""},
+		{`"\ud800"`, `"\udc00"`},
+		{`"\ud800"`, `"\ufffd"`},
+		{`{"k\ud800":1}`, `{"k\ud801":1}`},
+	}
+	for _, d := range different {
+		a, err := dedupe.JSONFingerprint([]byte(d[0]))
+		if err != nil {
+			t.Fatalf("%q: %v", d[0], err)
+		}
+		b, err := dedupe.JSONFingerprint([]byte(d[1]))
+		if err != nil {
+			t.Fatalf("%q: %v", d[1], err)
+		}
+		if a == b {
+			t.Errorf("%q and %q have the same fingerprint", d[0], d[1])
+		}
+	}
+	// A surrogate pair is one valid character, canonicalised like the raw one.
+	a, _ := dedupe.JSONFingerprint([]byte(`{"e":"\ud83d\ude00", "n":1}`))
+	b, _ := dedupe.JSONFingerprint([]byte("{\"n\":1,\"e\":\"\U0001F600\"}"))
+	if a != b || a == "" {
+		t.Errorf("a surrogate pair and its character: %s and %s", a, b)
+	}
+	for _, in := range []string{"\"\xff", "{\"a\xff\":1,\"a\xff\":2}"} {
+		if _, err := dedupe.JSONFingerprint([]byte(in)); !errors.Is(err, dedupe.ErrInvalidPayload) {
+			t.Errorf("JSONFingerprint(%q) err = %v, want ErrInvalidPayload", in, err)
+		}
+	}
+}
+
 func FuzzCanonicalJSON(f *testing.F) {
-	for _, s := range []string{`{"b":1,"a":[1,2.5,"x"]}`, `[]`, `"s"`, `1e400`, `{"a":{"a":{}}}`} {
+	for _, s := range []string{`{"b":1,"a":[1,2.5,"x"]}`, `[]`, `"s"`, `1e400`, `{"a":{"a":{}}}`,
+		`1e1000000`, `[1e1000000,-1e-1000000,1e1000000001]`, `0.1`, `0.10000000000000000555`,
+		"\"a\xff\"", "\"a\xfe\"", `"\ud800"`, `"\udc00\ud800"`, `"\ud83d\ude00"`, `{"a":0.0e-0}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -196,6 +272,13 @@ func FuzzCanonicalJSON(f *testing.F) {
 		c2, err := dedupe.CanonicalJSON(c)
 		if err != nil || string(c2) != string(c) {
 			t.Fatalf("not a fixed point: %s -> %s (%v)", c, c2, err)
+		}
+		// It is the same value for encoding/json.
+		var a, b any
+		if json.Unmarshal(in, &a) == nil {
+			if err := json.Unmarshal(c, &b); err != nil || !reflect.DeepEqual(a, b) {
+				t.Fatalf("%q and its canonical form %s differ (%v)", in, c, err)
+			}
 		}
 	})
 }

@@ -13,6 +13,8 @@
 //	// *InFlightError:   another worker holds the lease — retry later
 //	// OutcomeTakeover:  the lease expired — run the handler again
 //
-// Errors are classified for routers: IsPermanent (never retry: dead-letter)
-// and IsRetryable (try again later).
+// Errors are classified for routers: IsPermanent (never retry: dead-letter;
+// a poison message, ErrPoisonMessage, is one), IsRetryable (try again
+// later), and ErrMisconfigured (the deployment is wrong: neither, until it
+// is fixed).
 package dedupe

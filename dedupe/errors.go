@@ -25,6 +25,18 @@ var (
 	ErrNotFound = errors.New("dedupe: key not found")
 	// ErrCleanupBusy: another cleanup of the same table is running.
 	ErrCleanupBusy = errors.New("dedupe: another cleanup is running")
+	// ErrPoisonMessage: a message failed, because of itself, on every one of
+	// a bounded number of attempts (its handler panics on it, or returns an
+	// error every time while the database answers). It is permanent: it
+	// belongs on a dead-letter topic, with the last error, so that the
+	// messages after it are not held up.
+	ErrPoisonMessage = errors.New("dedupe: poison message: it failed on every attempt")
+	// ErrMisconfigured: the deployment, not the message, is wrong (a table
+	// that does not exist, a scope shared by two handlers, a misordered
+	// middleware chain). It is neither permanent nor transient: the message
+	// must not be dead-lettered, and retrying cannot help until the
+	// configuration is fixed; the error says how.
+	ErrMisconfigured = errors.New("dedupe: misconfigured")
 )
 
 // InvalidKeyError reports a key that cannot be stored. It is permanent.
@@ -113,11 +125,17 @@ func IsRetryable(err error) bool {
 }
 
 // IsPermanent reports whether err can never succeed on a retry: an invalid
-// key, a reused key, an invalid payload or a result over the limit. A router
-// should send such a message to its dead-letter topic instead of retrying.
+// key, a reused key, an invalid payload, a result over the limit or a
+// poison message. A router should send such a message to its dead-letter
+// topic instead of retrying. A configuration error (ErrMisconfigured) is
+// never permanent, whatever it wraps: the message is not at fault.
 func IsPermanent(err error) bool {
+	if errors.Is(err, ErrMisconfigured) {
+		return false
+	}
 	return errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrKeyReused) ||
-		errors.Is(err, ErrInvalidPayload) || errors.Is(err, ErrResultTooLarge)
+		errors.Is(err, ErrInvalidPayload) || errors.Is(err, ErrResultTooLarge) ||
+		errors.Is(err, ErrPoisonMessage)
 }
 
 func truncate(s string, n int) string {

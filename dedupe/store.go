@@ -36,6 +36,9 @@ type Claim struct {
 	// Record is the key as stored after the claim. On OutcomeDuplicate,
 	// Record.Result is the result the first run stored.
 	Record Record
+	// TTL is the Request's TTL (0: the store's). Complete keeps the key for
+	// it, as the claim did.
+	TTL time.Duration
 }
 
 // Stats describes a store's table, for metrics.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/clock"
@@ -27,14 +28,31 @@ type TxFunc func(ctx context.Context, tx pgx.Tx) (result []byte, err error)
 // as is: the next delivery runs fn again. Transient failures (serialisation
 // failures, deadlocks, a lost connection) retry the whole transaction up to
 // Config.MaxTxAttempts times with jittered back-off.
+//
+// A COMMIT whose answer never arrived (the connection dropped) may or may
+// not have committed; Do runs the transaction again to find out. When the
+// key is then there with the completion time of the transaction whose
+// commit went unanswered, that write was this call's own: the Claim reports
+// the first outcome (OutcomeNew or OutcomeTakeover), not a duplicate.
 func (s *Store) Do(ctx context.Context, req dedupe.Request, fn TxFunc) (dedupe.Claim, error) {
 	if err := req.Validate(); err != nil {
 		return dedupe.Claim{}, err
 	}
 	backoff := s.cfg.RetryBackoff
+	var unanswered *dedupe.Claim // a claim whose COMMIT got no answer
 	for attempt := 1; ; attempt++ {
-		c, err := s.doTx(ctx, req, fn)
-		if err == nil || !retryTx(err) || attempt >= s.cfg.MaxTxAttempts {
+		c, committing, err := s.doTx(ctx, req, fn)
+		if err == nil && unanswered != nil && c.Outcome == dedupe.OutcomeDuplicate &&
+			c.Record.CompletedAt.Equal(unanswered.Record.CompletedAt) && c.Record.Fingerprint == req.Fingerprint {
+			c.Outcome = unanswered.Outcome // our own write, committed after all
+			return c, nil
+		}
+		ambiguous := committing && !isServerError(err)
+		if ambiguous {
+			uc := c
+			unanswered = &uc
+		}
+		if err == nil || (!ambiguous && !retryTx(err)) || attempt >= s.cfg.MaxTxAttempts {
 			return c, err
 		}
 		s.cfg.Logger.DebugContext(ctx, "pgstore: retrying transaction", "key", req.Key.String(), "attempt", attempt, "err", err)
@@ -43,6 +61,13 @@ func (s *Store) Do(ctx context.Context, req dedupe.Request, fn TxFunc) (dedupe.C
 		}
 		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// isServerError reports whether err is Postgres's answer (then a COMMIT is
+// known not to have committed).
+func isServerError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback)
 }
 
 // retryTx: transaction-level transient failures, marked by classify or
@@ -54,31 +79,32 @@ func retryTx(err error) bool {
 }
 
 // doTx is one attempt: BEGIN and the claim go in one round trip, then
-// the function, the result and COMMIT.
-func (s *Store) doTx(ctx context.Context, req dedupe.Request, fn TxFunc) (_ dedupe.Claim, err error) {
+// the function, the result and COMMIT. committing reports that err came
+// from the COMMIT itself.
+func (s *Store) doTx(ctx context.Context, req dedupe.Request, fn TxFunc) (_ dedupe.Claim, committing bool, err error) {
 	tx, first, err := s.beginPipelined(ctx, req)
 	if err != nil {
-		return dedupe.Claim{}, err
+		return dedupe.Claim{}, false, err
 	}
 	defer rollback(ctx, tx)
 	c, err := s.claimFrom(ctx, tx, req, dedupe.StatusCompleted, 0, first)
 	if err != nil {
-		return c, err
+		return c, false, err
 	}
 	if c.Outcome.Run() {
 		result, err := fn(ctx, tx)
 		if err != nil {
-			return c, err
+			return c, false, err
 		}
 		if err := s.CompleteTx(ctx, tx, c, result); err != nil {
-			return c, err
+			return c, false, err
 		}
 		c.Record.Result = result
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return c, classify("commit "+req.Key.String(), err)
+		return c, true, classify("commit "+req.Key.String(), err)
 	}
-	return c, nil
+	return c, false, nil
 }
 
 // LeaseFunc is the work that DoLease runs once per key, outside any
@@ -100,20 +126,44 @@ func (s *Store) DoLease(ctx context.Context, req dedupe.Request, lease time.Dura
 		return c, err
 	}
 	result, err := fn(ctx)
+	// fn's effect happened (or failed) whatever became of ctx meanwhile: a
+	// Timeout that fires after a payment went through must not keep the key
+	// from completing, or the next delivery would pay again. Complete and
+	// Release run on a context of their own, bounded by LeaseFinishTimeout,
+	// and retry transient failures within it.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), LeaseFinishTimeout)
+	defer cancel()
 	if err != nil {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if rerr := s.Release(rctx, c); rerr != nil {
+		if rerr := s.finish(fctx, func() error { return s.Release(fctx, c) }); rerr != nil {
 			return c, errors.Join(err, fmt.Errorf("pgstore: release after failure: %w", rerr))
 		}
 		return c, err
 	}
-	if err := s.Complete(ctx, c, result); err != nil {
+	if err := s.finish(fctx, func() error { return s.Complete(fctx, c, result) }); err != nil {
 		return c, err
 	}
 	c.Record.Result = result
 	c.Record.Status = dedupe.StatusCompleted
 	return c, nil
+}
+
+// LeaseFinishTimeout bounds how long DoLease tries to complete or release a
+// key after fn returned, independently of the caller's context.
+const LeaseFinishTimeout = 10 * time.Second
+
+// finish runs op until it succeeds, fails for good, or ctx ends.
+func (s *Store) finish(ctx context.Context, op func() error) error {
+	backoff := s.cfg.RetryBackoff
+	for {
+		err := op()
+		if err == nil || !retryTx(err) {
+			return err
+		}
+		if serr := clock.Sleep(ctx, backoff/2+rand.N(backoff)); serr != nil {
+			return err
+		}
+		backoff = min(2*backoff, time.Second)
+	}
 }
 
 // rollback ends tx if it is still open, even when ctx is cancelled.

@@ -67,7 +67,23 @@
 //	WHERE scope = $1 AND key = $2 AND status = 'PROCESSING' AND attempts = $3
 //	  AND locked_until <= clock_timestamp()
 //
-// DoLease wraps the three.
+// DoLease wraps the three. Once fn returned, its effect happened whatever
+// became of the caller's context (a Timeout that fires after the payment
+// went through), so Complete and Release run on a context of their own,
+// bounded by LeaseFinishTimeout, and retry transient failures within it;
+// Complete keeps the key for the Request's TTL, as the claim did.
+//
+// # Lost answers and configuration errors
+//
+// When the connection drops after COMMIT was sent, Do cannot know whether
+// it committed: it runs the transaction again, and a key found COMPLETED
+// with the completion time of the unanswered transaction is its own write,
+// reported with the first outcome (OutcomeNew), not as a duplicate.
+//
+// A table that is not where Config.Schema and Config.Table say (SQLSTATE
+// 42P01: the migrations did not run, or the schema is wrong) is a
+// configuration error: it wraps dedupe.ErrMisconfigured and names the fix,
+// and is neither retried nor permanent. Check finds it at start-up.
 //
 // # Retention
 //

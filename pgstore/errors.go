@@ -36,11 +36,36 @@ func IsRetryableError(err error) bool {
 	return pgconn.SafeToRetry(err)
 }
 
+// IsConfigurationError reports whether err, as returned by pgx, says that
+// the deployment is wrong rather than the data or the connection: a table,
+// column, schema or function that does not exist or is not allowed (SQLSTATE
+// class 42, e.g. 42P01 when the migrations did not run or a table name is
+// not schema-qualified), a schema or database that does not exist (3F, 3D),
+// or failed authentication (28). Running the same statement again cannot
+// succeed until someone fixes the deployment, and the message is not at
+// fault either: such errors are neither retried nor dead-lettered.
+func IsConfigurationError(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "42", "3F", "3D", "28":
+		return true
+	}
+	return false
+}
+
 // classify wraps a pgx error at the storage boundary, marking transient ones
-// with dedupe.Retryable.
+// with dedupe.Retryable and configuration errors with dedupe.ErrMisconfigured
+// and the fix.
 func classify(op string, err error) error {
 	if err == nil {
 		return nil
+	}
+	if IsConfigurationError(err) {
+		return fmt.Errorf("pgstore: %s: %w (%w: run migrations.Migrate on this database, "+
+			"or set pgstore.Config.Schema and Config.Table to the migrated table)", op, err, dedupe.ErrMisconfigured)
 	}
 	wrapped := fmt.Errorf("pgstore: %s: %w", op, err)
 	if IsRetryableError(err) {

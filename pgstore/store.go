@@ -128,11 +128,11 @@ func (s *Store) claimFrom(ctx context.Context, db DBTX, req dedupe.Request, stat
 			}
 		}
 		if inserted {
-			return dedupe.Claim{Outcome: dedupe.OutcomeNew, Record: rec}, nil
+			return dedupe.Claim{Outcome: dedupe.OutcomeNew, Record: rec, TTL: req.TTL}, nil
 		}
 		outcome, err := dedupe.Decide(rec, req.Fingerprint, now)
 		if err != nil || outcome == dedupe.OutcomeDuplicate {
-			return dedupe.Claim{Outcome: outcome, Record: rec}, err
+			return dedupe.Claim{Outcome: outcome, Record: rec, TTL: req.TTL}, err
 		}
 		rec, _, _, found, err = scanOne(db.QueryRow(ctx, s.q.takeover,
 			scope, id, rec.Attempts, string(status), topic, partition, offset, micros(lease), ttl))
@@ -140,7 +140,7 @@ func (s *Store) claimFrom(ctx context.Context, db DBTX, req dedupe.Request, stat
 			return dedupe.Claim{}, classify("take over "+req.Key.String(), err)
 		}
 		if found {
-			return dedupe.Claim{Outcome: dedupe.OutcomeTakeover, Record: rec}, nil
+			return dedupe.Claim{Outcome: dedupe.OutcomeTakeover, Record: rec, TTL: req.TTL}, nil
 		}
 	}
 	return dedupe.Claim{}, dedupe.Retryable(fmt.Errorf("pgstore: claim %s: the key kept changing under concurrent claims", req.Key))
@@ -195,13 +195,14 @@ func (s *Store) Acquire(ctx context.Context, req dedupe.Request, lease time.Dura
 	return s.claim(ctx, s.pool, req, dedupe.StatusProcessing, lease)
 }
 
-// Complete implements dedupe.Store.
+// Complete implements dedupe.Store. The key is kept for the claim's TTL
+// (the Request's, as Acquire had it), or the store's.
 func (s *Store) Complete(ctx context.Context, c dedupe.Claim, result []byte) error {
 	if err := s.checkResult(result); err != nil {
 		return err
 	}
 	k := c.Record.Key
-	tag, err := s.pool.Exec(ctx, s.q.complete, k.Scope, k.ID, c.Record.Attempts, result, micros(s.cfg.TTL))
+	tag, err := s.pool.Exec(ctx, s.q.complete, k.Scope, k.ID, c.Record.Attempts, result, micros(s.ttl(dedupe.Request{TTL: c.TTL})))
 	if err != nil {
 		return classify("complete "+k.String(), err)
 	}
@@ -222,6 +223,16 @@ func (s *Store) Release(ctx context.Context, c dedupe.Claim) error {
 		return fmt.Errorf("pgstore: release %s (attempt %d): %w", k, c.Record.Attempts, dedupe.ErrLeaseLost)
 	}
 	return nil
+}
+
+// Check verifies that the store's table exists where Config.Schema and
+// Config.Table say, with the columns the migrations create. Call it at
+// start-up: a missing table is a configuration error (an error wrapping
+// dedupe.ErrMisconfigured that names the fix), and every message would
+// otherwise fail with it.
+func (s *Store) Check(ctx context.Context) error {
+	_, err := s.pool.Exec(ctx, "SELECT "+cols+" FROM "+s.table+" LIMIT 0")
+	return classify("check "+s.table, err)
 }
 
 // Get implements dedupe.Store.

@@ -409,6 +409,20 @@ func testLeaseRelease[TX any](t *testing.T, h Harness[TX]) {
 	if err != nil || rec.Status != dedupe.StatusCompleted || rec.Attempts != 2 {
 		t.Fatalf("record %+v %v", rec, err)
 	}
+	// Complete keeps the key for the request's TTL, as the claim does.
+	long := Req("s", "m-ttl", "p")
+	long.TTL = 30 * dedupe.DefaultTTL
+	c, err := h.Store.Acquire(ctx, long, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Store.Complete(ctx, c, nil); err != nil {
+		t.Fatal(err)
+	}
+	rec, err = h.Store.Get(ctx, long.Key)
+	if err != nil || rec.ExpiresAt.Before(time.Now().Add(29*dedupe.DefaultTTL)) {
+		t.Fatalf("completed with Request.TTL %v: expires at %v (%v), want about 30 × DefaultTTL from now", long.TTL, rec.ExpiresAt, err)
+	}
 }
 
 func testLeaseVsTx[TX any](t *testing.T, h Harness[TX]) {

@@ -173,7 +173,7 @@ func (s *MemStore) claim(ctx context.Context, tx *MemTx, req dedupe.Request, lea
 	if found {
 		var err error
 		if outcome, err = dedupe.Decide(rec, req.Fingerprint, now); err != nil || outcome == dedupe.OutcomeDuplicate {
-			return dedupe.Claim{Outcome: outcome, Record: clone(rec)}, err
+			return dedupe.Claim{Outcome: outcome, Record: clone(rec), TTL: req.TTL}, err
 		}
 		rec.Attempts++
 	} else {
@@ -189,7 +189,7 @@ func (s *MemStore) claim(ctx context.Context, tx *MemTx, req dedupe.Request, lea
 		rec.Status, rec.CompletedAt, rec.LockedUntil = dedupe.StatusProcessing, time.Time{}, now.Add(lease)
 		s.committed[req.Key] = rec
 	}
-	return dedupe.Claim{Outcome: outcome, Record: clone(rec)}, nil
+	return dedupe.Claim{Outcome: outcome, Record: clone(rec), TTL: req.TTL}, nil
 }
 
 // ClaimTx implements dedupe.Store.
@@ -251,7 +251,7 @@ func (s *MemStore) Complete(ctx context.Context, c dedupe.Claim, result []byte) 
 	now := s.now()
 	rec.Status, rec.CompletedAt, rec.LockedUntil = dedupe.StatusCompleted, now, time.Time{}
 	rec.Result = bytes.Clone(result)
-	rec.ExpiresAt = now.Add(s.ttl(dedupe.Request{}))
+	rec.ExpiresAt = now.Add(s.ttl(dedupe.Request{TTL: c.TTL}))
 	s.committed[c.Record.Key] = rec
 	return nil
 }

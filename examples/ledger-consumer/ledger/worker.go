@@ -265,7 +265,7 @@ func (w *Worker) consume(ctx context.Context, setRouter func(*message.Router)) e
 	if err != nil {
 		return err
 	}
-	retry := middleware.Retry{MaxRetries: 3, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second, Multiplier: 2, ShouldRetry: consumer.ShouldRetry}
+	retry := middleware.Retry{MaxRetries: 3, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second, Multiplier: 2, ShouldRetry: consumer.ShouldRetry, ResetContextOnRetry: true}
 	router.AddMiddleware(poison, retry.Middleware, middleware.Timeout(30*time.Second))
 	if w.cfg.NoDedupe {
 		log.Warn("ledger: the dedupe middleware is OFF: redeliveries will be applied again")
