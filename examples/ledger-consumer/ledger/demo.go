@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -69,12 +70,15 @@ type Summary struct {
 	Topics []string
 }
 
-// TopicCount counts a topic's records, their distinct UUIDs, and those
-// that carry the dead-letter reason. With the middleware each command
-// emits one event, once, and each pass over the commands dead-letters each
-// record it rejects once, with its reason (a replay dead-letters them again).
+// TopicCount counts a topic's records, their distinct UUIDs, those that
+// carry the dead-letter reason, and the copies of a UUID whose payload
+// differs from its first copy. With the middleware each command emits one
+// event; a publish retried after a lost answer may write a record twice
+// (Kafka producers are at-least-once), always byte-identical, so consumers
+// deduplicate it by its UUID. Each pass over the commands dead-letters each
+// record it rejects, with its reason (a replay dead-letters them again).
 type TopicCount struct {
-	Records, Distinct, WithReason int
+	Records, Distinct, WithReason, Conflicting int
 }
 
 // Counts are the worker's totals.
@@ -238,15 +242,20 @@ func countTopic(ctx context.Context, brokers []string, topic string) (TopicCount
 		return TopicCount{}, err
 	}
 	var n TopicCount
-	seen := map[string]bool{}
+	seen := map[string][]byte{}
 	for _, p := range parts {
 		for _, m := range p {
 			n.Records++
 			for _, h := range m.Headers {
 				switch {
-				case h.Key == consumer.UUIDHeader && !seen[string(h.Value)]:
-					seen[string(h.Value)] = true
-					n.Distinct++
+				case h.Key == consumer.UUIDHeader:
+					first, ok := seen[string(h.Value)]
+					if !ok {
+						seen[string(h.Value)] = m.Value
+						n.Distinct++
+					} else if !bytes.Equal(first, m.Value) {
+						n.Conflicting++
+					}
 				case h.Key == middleware.ReasonForPoisonedKey && len(h.Value) > 0:
 					n.WithReason++
 				}
