@@ -344,7 +344,9 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 func testLease[TX any](t *testing.T, h Harness[TX]) {
 	ctx := context.Background()
 	req := Req("s", "m-1", "p")
-	const lease = 300 * time.Millisecond
+	// Long enough for the second Acquire to find the lease valid on a
+	// loaded machine; the takeover below waits it out.
+	const lease = 2 * time.Second
 	c1, err := h.Store.Acquire(ctx, req, lease)
 	if err != nil || c1.Outcome != dedupe.OutcomeNew || c1.Record.Status != dedupe.StatusProcessing || c1.Record.Attempts != 1 {
 		t.Fatalf("acquire: %+v %v", c1, err)
@@ -359,7 +361,7 @@ func testLease[TX any](t *testing.T, h Harness[TX]) {
 	}
 	// The worker "crashes": the lease runs out and the next delivery takes over.
 	var c2 dedupe.Claim
-	waitFor(t, "lease takeover", 10*time.Second, func() bool {
+	waitFor(t, "lease takeover", 10*lease, func() bool {
 		c2, err = h.Store.Acquire(ctx, req, time.Minute)
 		return err == nil
 	})
