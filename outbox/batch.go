@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 type row struct {
@@ -23,17 +24,17 @@ type row struct {
 	createdAt time.Time
 }
 
-// batch publishes at most BatchSize rows that are due in lanes, and
-// returns the lanes that may have more. It reads up to twice as many rows
-// as it publishes (shared evenly by the lanes), so that a round holds many
-// keys (see publishInOrder).
+// batch publishes at most BatchSize rows that are due in lanes, hands
+// them to m to be marked, and returns the lanes that may have more. It
+// reads up to twice as many rows as it publishes (shared evenly by the
+// lanes), so that a round holds many keys (see publishInOrder).
 //
 // It needs no transaction: the lanes' locks keep every other relay away,
 // and each statement is atomic. A relay that dies before it marks what it
 // published leaves those rows pending, to be published again.
-func (r *Relay) batch(ctx context.Context, conn *pgx.Conn, lanes []int) (published int, more []int, err error) {
+func (r *Relay) batch(ctx context.Context, conn *pgxpool.Conn, lanes []int, m *marker) (published int, more []int, err error) {
 	perLane := max((2*r.cfg.BatchSize+len(lanes)-1)/len(lanes), 1)
-	rows, err := r.fetch(ctx, conn, lanes, perLane)
+	rows, err := r.fetch(ctx, conn.Conn(), lanes, perLane, m.inFlight())
 	if err != nil {
 		return 0, nil, err
 	}
@@ -41,7 +42,7 @@ func (r *Relay) batch(ctx context.Context, conn *pgx.Conn, lanes []int) (publish
 		return 0, nil, nil
 	}
 	ev := BatchEvent{Lanes: lanes}
-	done, left, err := r.publishInOrder(ctx, conn, rows, &ev)
+	done, left, err := r.publishInOrder(ctx, conn.Conn(), rows, &ev)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -58,35 +59,28 @@ func (r *Relay) batch(ctx context.Context, conn *pgx.Conn, lanes []int) (publish
 		}
 	}
 	var oldest time.Time
-	if len(done) > 0 {
-		ids := make([]int64, len(done))
-		for i, x := range done {
-			ids[i] = x.id
-			if oldest.IsZero() || x.createdAt.Before(oldest) {
-				oldest = x.createdAt
-			}
-		}
-		q := r.q.published
-		if r.cfg.DeletePublished {
-			q = r.q.deleted
-		}
-		if _, err := conn.Exec(ctx, q, ids); err != nil {
-			return 0, nil, fmt.Errorf("outbox: mark published: %w", err)
+	ids := make([]int64, len(done))
+	for i, x := range done {
+		ids[i] = x.id
+		if oldest.IsZero() || x.createdAt.Before(oldest) {
+			oldest = x.createdAt
 		}
 	}
-	ev.Published = len(done)
-	if !oldest.IsZero() {
-		ev.Lag = time.Since(oldest)
+	// The previous batch is marked before this one: a row is never
+	// PUBLISHED before the rows of its key published ahead of it.
+	if err := m.wait(ctx, conn); err != nil {
+		return 0, nil, err
 	}
-	if r.cfg.Hooks != nil {
-		r.cfg.Hooks.OnBatch(ctx, ev)
+	if err := m.start(ctx, ids, ev, oldest); err != nil {
+		return 0, nil, err
 	}
 	return len(done), more, nil
 }
 
 // fetch reads up to perLane rows of each lane, in id order.
-func (r *Relay) fetch(ctx context.Context, conn *pgx.Conn, lanes []int, perLane int) ([]row, error) {
-	rs, err := conn.Query(ctx, r.q.fetch, laneOrder(lanes), perLane)
+// Rows being marked (skip) are left out.
+func (r *Relay) fetch(ctx context.Context, conn *pgx.Conn, lanes []int, perLane int, skip []int64) ([]row, error) {
+	rs, err := conn.Query(ctx, r.q.fetch, laneOrder(lanes), perLane, skip)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: fetch: %w", err)
 	}

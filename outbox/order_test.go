@@ -292,20 +292,21 @@ func TestKeyOrderIsCommitOrder(t *testing.T) {
 	}
 }
 
-// blockingPublisher calls before on its first call, then publishes.
-type blockingPublisher struct {
+// droppingPublisher calls drop on its first call, and fails every call.
+type droppingPublisher struct {
 	message.Publisher
-	once   sync.Once
-	before func()
+	once sync.Once
+	drop func()
 }
 
-func (p *blockingPublisher) Publish(topic string, msgs ...*message.Message) error {
-	p.once.Do(p.before)
-	return p.Publisher.Publish(topic, msgs...)
+func (p *droppingPublisher) Publish(string, ...*message.Message) error {
+	p.once.Do(p.drop)
+	return errors.New("test: broker unreachable")
 }
 
-// Postgres drops the relay's connection mid-batch: RunOnce reports the
-// batch's own error as well as the lane unlock's.
+// Postgres drops the relay's connection mid-batch, as the publisher fails:
+// RunOnce reports the batch's own error (recording the failure) as well as
+// the lane unlock's.
 func TestConnectionLostMidBatchKeepsBothErrors(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 1)
@@ -326,7 +327,7 @@ func TestConnectionLostMidBatchKeepsBothErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	pub := &blockingPublisher{Publisher: f.pub, before: func() {
+	pub := &droppingPublisher{Publisher: f.pub, drop: func() {
 		// Terminate the session that holds the lanes.
 		var n int
 		if err := f.db.Pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
@@ -343,8 +344,8 @@ WHERE application_name = $1 AND pid IN (SELECT pid FROM pg_locks WHERE locktype 
 		t.Fatal("RunOnce on a dropped connection returned no error")
 	}
 	msg := err.Error()
-	if !strings.Contains(msg, "lane unlock") || !strings.Contains(msg, "mark published") {
-		t.Fatalf("error %q: want the batch's error (mark published) and the unlock's", msg)
+	if !strings.Contains(msg, "lane unlock") || !strings.Contains(msg, "record failure") {
+		t.Fatalf("error %q: want the batch's error (record failure) and the unlock's", msg)
 	}
 	var target interface{ Unwrap() []error }
 	if !errors.As(err, &target) {

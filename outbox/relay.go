@@ -132,16 +132,13 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	if err != nil || len(held) == 0 {
 		return 0, err
 	}
+	m := r.newMarker()
 	total, since, lanes := 0, time.Now(), held
 	for ctx.Err() == nil {
-		n, more, err := r.batch(ctx, conn.Conn(), lanes)
+		n, more, err := r.batch(ctx, conn, lanes, m)
 		total += n
 		if err != nil {
-			if uerr := r.unlockLanes(ctx, conn, held); uerr != nil {
-				// Keep the batch's own error: it says what went wrong first.
-				return total, errors.Join(err, uerr)
-			}
-			return total, err
+			return total, r.release(ctx, conn, held, m, err)
 		}
 		if len(more) == 0 {
 			break
@@ -151,7 +148,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 			continue
 		}
 		// Time to share: let go, and take again those still free.
-		if err := r.unlockLanes(ctx, conn, held); err != nil {
+		if err := r.release(ctx, conn, held, m, nil); err != nil {
 			return total, err
 		}
 		if held, err = r.lockLanes(ctx, conn, lanes); err != nil || len(held) == 0 {
@@ -159,7 +156,15 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		}
 		since, lanes = time.Now(), held
 	}
-	return total, r.unlockLanes(ctx, conn, held)
+	return total, r.release(ctx, conn, held, m, nil)
+}
+
+// release waits for the marks in flight, then lets go of the lanes held.
+// It returns every error: the batch's own (berr), the mark's, the unlock's.
+func (r *Relay) release(ctx context.Context, conn *pgxpool.Conn, held []int, m *marker, berr error) error {
+	merr := m.close(ctx, conn)
+	uerr := r.unlockLanes(ctx, conn, held)
+	return errors.Join(berr, merr, uerr)
 }
 
 // due reports whether some message could be published now (true when it

@@ -22,12 +22,14 @@ SELECT $1, k, u, m, p, l FROM unnest($2::text[], $3::text[], $4::jsonb[], $5::by
 	// fetchSQL reads, from each lane in $1, its first $2 pending rows that
 	// are due and whose key is not held, in id order. Rows of a held key are
 	// skipped, so they never stand in front of other keys' rows. It locks no
-	// row: the lanes' advisory locks keep other relays away.
+	// row: the lanes' advisory locks keep other relays away. Rows in $3 (being
+	// marked) are left out.
 	fetchSQL = `SELECT o.id, o.lane, o.topic, coalesce(o.partition_key, ''), o.uuid, o.metadata, o.payload, o.attempts, o.created_at
 FROM unnest($1::smallint[]) AS l(lane)
 CROSS JOIN LATERAL (
     SELECT * FROM {T} o
-    WHERE o.lane = l.lane AND o.status = 'PENDING' AND o.next_attempt_at <= now() AND NOT (` + heldSQL + `)
+    WHERE o.lane = l.lane AND o.status = 'PENDING' AND o.next_attempt_at <= now() AND o.id <> ALL($3::bigint[])
+      AND NOT (` + heldSQL + `)
     ORDER BY o.id LIMIT $2) o`
 
 	// dueSQL reports whether any row could be published now.
