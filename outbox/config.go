@@ -9,8 +9,8 @@ import (
 // RelayConfig configures a Relay.
 type RelayConfig struct {
 	Config
-	// BatchSize is how many rows one transaction publishes, over the lanes
-	// the relay holds. Defaults to 100.
+	// BatchSize is the most rows one batch publishes, over the lanes the
+	// relay holds; a batch reads up to twice as many. Defaults to 100.
 	BatchSize int
 	// PollInterval is the polling floor when no notification arrives.
 	// Defaults to 1s. It bounds the wait of a message whose producer did

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// BatchEvent describes one relay transaction.
+// BatchEvent describes one batch, reported once its rows are marked.
 type BatchEvent struct {
 	// Lanes are the lanes the batch read.
 	Lanes []int
