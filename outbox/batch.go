@@ -24,57 +24,114 @@ type row struct {
 	createdAt time.Time
 }
 
+// prefetch is the next batch's read, made while a batch publishes.
+type prefetch struct {
+	lanes   []int
+	perLane int
+	rows    []row
+	err     error
+	done    chan struct{}
+}
+
 // batch publishes at most BatchSize rows that are due in lanes, hands
 // them to m to be marked, and returns the lanes that may have more. It
 // reads up to twice as many rows as it publishes (shared evenly by the
 // lanes), so that a round holds many keys (see publishInOrder).
 //
+// While its first round publishes, it reads the next batch (next), leaving
+// out the rows in that round and those being marked; once the batch is
+// done it drops from that read the rows it published and every row of a
+// key that failed. pf, when not nil, is this batch's read.
+//
 // It needs no transaction: the lanes' locks keep every other relay away,
 // and each statement is atomic. A relay that dies before it marks what it
 // published leaves those rows pending, to be published again.
-func (r *Relay) batch(ctx context.Context, conn *pgxpool.Conn, lanes []int, m *marker) (published int, more []int, err error) {
+func (r *Relay) batch(ctx context.Context, conn *pgxpool.Conn, lanes []int, m *marker, pf *prefetch) (published int, more []int, next *prefetch, err error) {
 	perLane := max((2*r.cfg.BatchSize+len(lanes)-1)/len(lanes), 1)
-	rows, err := r.fetch(ctx, conn.Conn(), lanes, perLane, m.inFlight())
-	if err != nil {
-		return 0, nil, err
+	var rows []row
+	if pf != nil && pf.err == nil && isSubset(lanes, pf.lanes) {
+		perLane = pf.perLane
+		rows = slices.DeleteFunc(pf.rows, func(x row) bool { return !slices.Contains(lanes, int(x.lane)) })
+	} else if rows, err = r.fetch(ctx, conn.Conn(), lanes, perLane, m.inFlight()); err != nil {
+		return 0, nil, nil, err
 	}
 	if len(rows) == 0 {
-		return 0, nil, nil
+		return 0, nil, nil, nil
 	}
 	ev := BatchEvent{Lanes: lanes}
-	done, left, err := r.publishInOrder(ctx, conn.Conn(), rows, &ev)
-	if err != nil {
-		return 0, nil, err
+	read := func(round []row) {
+		skip := slices.Clone(m.inFlight())
+		for _, x := range round {
+			skip = append(skip, x.id)
+		}
+		next = &prefetch{lanes: lanes, perLane: perLane, done: make(chan struct{})}
+		go func(p *prefetch) {
+			defer close(p.done)
+			p.rows, p.err = r.fetch(ctx, conn.Conn(), lanes, perLane, skip)
+		}(next)
 	}
-	read := map[int16]int{}
+	join := func() {
+		if next != nil {
+			<-next.done
+		}
+	}
+	done, left, held, err := r.publishInOrder(ctx, conn.Conn(), rows, &ev, read, join)
+	join()
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	counts := map[int16]int{}
 	for _, x := range rows {
-		read[x.lane]++
+		counts[x.lane]++
 	}
 	for _, x := range left {
-		read[x.lane] = perLane
+		counts[x.lane] = perLane
 	}
 	for _, l := range lanes {
-		if read[int16(l)] >= perLane {
+		if counts[int16(l)] >= perLane {
 			more = append(more, l)
 		}
 	}
 	var oldest time.Time
 	ids := make([]int64, len(done))
+	sent := map[int64]bool{}
 	for i, x := range done {
 		ids[i] = x.id
+		sent[x.id] = true
 		if oldest.IsZero() || x.createdAt.Before(oldest) {
 			oldest = x.createdAt
 		}
 	}
+	if next != nil && next.err == nil {
+		next.rows = slices.DeleteFunc(next.rows, func(x row) bool { return sent[x.id] || held[queueKey(x)] })
+	}
 	// The previous batch is marked before this one: a row is never
 	// PUBLISHED before the rows of its key published ahead of it.
 	if err := m.wait(ctx, conn); err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	if err := m.start(ctx, ids, ev, oldest); err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
-	return len(done), more, nil
+	return len(done), more, next, nil
+}
+
+func isSubset(a, b []int) bool {
+	for _, x := range a {
+		if !slices.Contains(b, x) {
+			return false
+		}
+	}
+	return true
+}
+
+// queueKey is the key that orders x: its partition key, or, without one,
+// a key of its own (text never holds NUL).
+func queueKey(x row) string {
+	if x.key == "" {
+		return "\x00" + x.uuid
+	}
+	return x.key
 }
 
 // fetch reads up to perLane rows of each lane, in id order.
@@ -109,22 +166,22 @@ func (r *Relay) fetch(ctx context.Context, conn *pgx.Conn, lanes []int, perLane 
 // the rest of the batch. A round costs a publisher round trip whatever its
 // size, so once rounds shrink to less than half the first, or BatchSize
 // rows went out, the rows left wait for the next batch, where they share
-// a round with other keys. It returns the rows published, in order, and
-// those left.
-func (r *Relay) publishInOrder(ctx context.Context, conn *pgx.Conn, rows []row, ev *BatchEvent) (done, left []row, err error) {
+// a round with other keys. It returns the rows published, in order, those
+// left and the keys held by a failure. It calls first with the first round
+// before publishing it, and after once each round is published, before
+// it uses conn again.
+func (r *Relay) publishInOrder(ctx context.Context, conn *pgx.Conn, rows []row, ev *BatchEvent, first func([]row), after func()) (done, left []row, held map[string]bool, err error) {
 	queues := map[string][]row{}
+	held = map[string]bool{}
 	var keys []string // in order of each key's first row
 	for _, x := range rows {
-		k := x.key
-		if k == "" {
-			k = "\x00" + x.uuid // no key, no order: a queue of its own (text never holds NUL)
-		}
+		k := queueKey(x)
 		if _, ok := queues[k]; !ok {
 			keys = append(keys, k)
 		}
 		queues[k] = append(queues[k], x)
 	}
-	first := 0
+	firstSize := 0
 	for {
 		var round []row
 		live := keys[:0]
@@ -140,14 +197,18 @@ func (r *Relay) publishInOrder(ctx context.Context, conn *pgx.Conn, rows []row, 
 			}
 			round = append(round, queues[k][0])
 		}
-		if len(round) == 0 || 2*len(round) < first {
+		if len(round) == 0 || 2*len(round) < firstSize {
 			for _, k := range keys {
 				left = append(left, queues[k]...)
 			}
-			return done, left, nil
+			return done, left, held, nil
 		}
-		first = max(first, len(round))
+		if firstSize == 0 {
+			first(round)
+		}
+		firstSize = max(firstSize, len(round))
 		errs := r.publishRound(round)
+		after()
 		for i, x := range round {
 			k := keys[i]
 			if errs[i] == nil {
@@ -157,13 +218,14 @@ func (r *Relay) publishInOrder(ctx context.Context, conn *pgx.Conn, rows []row, 
 			}
 			dead, err := r.recordFailure(ctx, conn, x, errs[i])
 			if err != nil {
-				return nil, nil, err
+				return nil, nil, nil, err
 			}
 			ev.Failed++
 			if dead {
 				ev.Dead++
 			}
 			queues[k] = nil // held: its later rows wait for a later batch
+			held[k] = true
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -351,4 +352,59 @@ WHERE application_name = $1 AND pid IN (SELECT pid FROM pg_locks WHERE locktype 
 	if !errors.As(err, &target) {
 		t.Fatalf("error %q does not join its causes", msg)
 	}
+}
+
+// chunkyPublisher publishes a call in chunks of three, as kafka-go splits a
+// call into requests, and drops a chunk now and then but goes on with the
+// next one, as kafka-go does after a failed request; the call then fails.
+type chunkyPublisher struct {
+	message.Publisher
+	mu      sync.Mutex
+	rng     *rand.Rand
+	dropped atomic.Int64
+}
+
+func (p *chunkyPublisher) Publish(topic string, msgs ...*message.Message) error {
+	var failed bool
+	for i := 0; i < len(msgs); i += 3 {
+		p.mu.Lock()
+		drop := p.rng.IntN(6) == 0
+		p.mu.Unlock()
+		if drop {
+			failed = true
+			p.dropped.Add(1)
+			continue
+		}
+		if err := p.Publisher.Publish(topic, msgs[i:min(i+3, len(msgs))]...); err != nil {
+			return err
+		}
+	}
+	if failed {
+		return errors.New("test: a request failed")
+	}
+	return nil
+}
+
+// A publisher that loses some requests of a call and delivers the later
+// ones: every message reaches Kafka, and each key's first copies are in
+// order (copies of retried messages may follow).
+func TestKeyOrderWhenThePublisherLosesRequests(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 2)
+	f.write(t, 60, 20, 12)
+	pub := &chunkyPublisher{Publisher: f.pub, rng: rand.New(rand.NewPCG(1, 2))}
+	r := f.relay(t, pub, &outbox.RelayConfig{BatchSize: 50, RetryBackoff: time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond,
+		MaxAttempts: 1000, PollInterval: 20 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	testenv.WaitFor(t, 2*time.Minute, "the outbox to drain", func() bool { return f.pending(t) == 0 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if pub.dropped.Load() == 0 {
+		t.Fatal("the publisher dropped nothing: the test tested nothing")
+	}
+	f.check(t, true)
 }

@@ -134,8 +134,10 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	}
 	m := r.newMarker()
 	total, since, lanes := 0, time.Now(), held
+	var pf *prefetch
 	for ctx.Err() == nil {
-		n, more, err := r.batch(ctx, conn, lanes, m)
+		n, more, next, err := r.batch(ctx, conn, lanes, m, pf)
+		pf = next
 		total += n
 		if err != nil {
 			return total, r.release(ctx, conn, held, m, err)
@@ -148,6 +150,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 			continue
 		}
 		// Time to share: let go, and take again those still free.
+		pf = nil // read under locks let go
 		if err := r.release(ctx, conn, held, m, nil); err != nil {
 			return total, err
 		}
