@@ -47,7 +47,7 @@ func (r *Relay) waitLane(ctx context.Context, conn *pgxpool.Conn) ([]int, error)
 	}
 	defer rollback(ctx, tx)
 	timeout := strconv.FormatInt(max(r.cfg.PollInterval.Milliseconds(), 1), 10)
-	if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", timeout); err != nil {
+	if _, err := tx.Exec(ctx, lockTimeoutSQL, timeout); err != nil {
 		return nil, fmt.Errorf("outbox: relay: lane wait: %w", err)
 	}
 	if _, err := tx.Exec(ctx, waitLaneSQL, r.lockID, lane); err != nil {

@@ -56,6 +56,9 @@ WHERE id = $1 RETURNING status`
 WHERE pg_try_advisory_lock($1::bigint + l)`
 	unlockLanesSQL = `SELECT coalesce(bool_and(pg_advisory_unlock($1::bigint + l)), true) FROM unnest($2::smallint[]) AS u(l)`
 	waitLaneSQL    = `SELECT pg_advisory_lock($1::bigint + $2::smallint)`
+	// lockTimeoutSQL bounds, for the transaction, how long waitLaneSQL waits
+	// ($1 in milliseconds).
+	lockTimeoutSQL = `SELECT set_config('lock_timeout', $1, true)`
 
 	cleanupSQL = `DELETE FROM {T} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {T}
     WHERE status = 'PUBLISHED' AND published_at < now() - $1::float8 * interval '1 microsecond' LIMIT 1000))`
