@@ -16,14 +16,57 @@
 //
 // The relay is at-least-once: a relay that dies after publishing a batch but
 // before marking it publishes the batch again, with the same UUIDs, which
-// consumers with the dedupe middleware absorb. Messages with the same
-// partition key are published in id order, even with several relays: keys
-// are spread over Lanes lanes and one relay at a time works a lane, under a
-// session advisory lock. A relay wakes on LISTEN/NOTIFY (a trigger notifies
-// on insert) and polls as a floor. A message the publisher rejects is
-// retried with back-off, holding up only later messages of its own key, and
-// after MaxAttempts it is marked DEAD (see Stats, and the table's
-// last_error) so it no longer holds anything up.
+// consumers with the dedupe middleware absorb. Several relays may run at
+// once: keys are spread over Lanes lanes and one relay at a time works a
+// lane, under a session advisory lock. A relay wakes on LISTEN/NOTIFY (a
+// trigger notifies on insert) and polls as a floor.
+//
+// # Order
+//
+// Messages with the same partition key are published in commit order: the
+// order in which the relay sees the producing transactions commit, and
+// write order within a transaction. Rows that the relay first sees in the
+// same read (their transactions committed between two of its reads) go out
+// in the order they were written (their id order). So when transaction T1
+// commits before T2 writes a message of the same key, T1's message comes
+// first; two transactions that write one key at the same time may come out
+// in either order. Producers that need an order between such transactions
+// serialise them on the key (for example SELECT … FOR UPDATE on the key's
+// row before WriteTx): then commit order and write order agree.
+//
+// Order holds whatever the publisher does with a call: a message goes to the
+// publisher only after the publisher acknowledged every earlier message of
+// its key. (kafka-go's Writer splits one call into several produce
+// requests, by count and by its 1 MiB BatchBytes, and goes on with the next
+// request after one fails; so one call never holds two messages of a key.)
+// Each batch publishes in rounds, a round holding the first unpublished
+// message of every key, one publisher call per topic. A retry may put a
+// copy of a message after it on Kafka (a request that timed out but was
+// written); never a later message of its key before it.
+//
+// # Failures
+//
+// A message the publisher rejects is retried with back-off (RetryBackoff,
+// doubling to MaxRetryBackoff) and holds up only later messages of its own
+// key: the relay reads past a held key's rows to other keys', so a failing
+// key delays other keys by nothing, and a lane whose rows are all held
+// costs nothing until the first retry is due (the relay sleeps until then
+// or PollInterval, whichever comes first).
+//
+// After MaxAttempts a message is marked DEAD (see Stats, and the table's
+// last_error), and it goes on holding the later messages of its key: they
+// stay PENDING, so that no consumer ever sees a key's message without the
+// ones before it. Stats.Lag grows while a key is held. An operator resolves
+// a DEAD message by retrying it,
+//
+//	UPDATE exactly_outbox SET status = 'PENDING', attempts = 0, next_attempt_at = now() WHERE uuid = '…';
+//
+// or by giving up on it, which releases the key's later messages:
+//
+//	DELETE FROM exactly_outbox WHERE uuid = '…';
+//
+// Migration 00005 indexes the rows that hold a key; without it the relay
+// works, more slowly.
 //
 // A NOTIFY has a price under many concurrent producers: Postgres
 // serialises the commits of notifying transactions (they queue for one lock

@@ -13,10 +13,6 @@ import (
 	"github.com/exactly-go/exactly/internal/sqlident"
 )
 
-// Lanes is the number of lanes partition keys are spread over; at most this
-// many relays work at once.
-const Lanes = 16
-
 // KeyMetadata is the metadata field that carries a message's partition key
 // (the Kafka record key), as the consumer package's Publisher reads it.
 const KeyMetadata = "kafka_key"
@@ -69,8 +65,7 @@ func NewWriter(cfg *Config) (*Writer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Writer{cfg: c, insert: `INSERT INTO ` + table + ` (topic, partition_key, uuid, metadata, payload, lane)
-SELECT $1, k, u, m, p, l FROM unnest($2::text[], $3::text[], $4::jsonb[], $5::bytea[], $6::smallint[]) AS t(k, u, m, p, l)`}, nil
+	return &Writer{cfg: c, insert: newQueries(table, "").insert}, nil
 }
 
 func lane(key, uuid string) int16 {

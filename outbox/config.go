@@ -1,0 +1,73 @@
+package outbox
+
+import (
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// RelayConfig configures a Relay.
+type RelayConfig struct {
+	Config
+	// BatchSize is the most rows one batch publishes, over the lanes the
+	// relay holds; a batch reads up to twice as many. Defaults to 100.
+	BatchSize int
+	// PollInterval is the polling floor when no notification arrives.
+	// Defaults to 1s. It bounds the wait of a message whose producer did
+	// not notify (see the package doc), and is the publishing latency when
+	// the NOTIFY trigger is disabled.
+	PollInterval time.Duration
+	// RetryBackoff is the first pause before a failed message is tried
+	// again; it doubles per attempt up to MaxRetryBackoff. Defaults to
+	// 100ms and 1m.
+	RetryBackoff, MaxRetryBackoff time.Duration
+	// MaxAttempts moves a message that failed this many times to the DEAD
+	// status, where operators see it (Stats, the table's last_error). A
+	// DEAD message holds the later messages of its key until an operator
+	// retries or removes it (see the package doc). Defaults to 10.
+	MaxAttempts int
+	// DeletePublished deletes rows once published instead of marking them
+	// PUBLISHED (and deleting them after PublishedRetention). Defaults to false.
+	DeletePublished bool
+	// PublishedRetention is how long PUBLISHED rows are kept, for audits.
+	// Defaults to 24h.
+	PublishedRetention time.Duration
+	// Hooks receives an event per batch. Defaults to none.
+	Hooks Hooks
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *RelayConfig) withDefaults() (RelayConfig, string, error) {
+	var o RelayConfig
+	if c != nil {
+		o = *c
+	}
+	base, table, err := o.Config.withDefaults()
+	if err != nil {
+		return o, "", err
+	}
+	o.Config = base
+	if o.BatchSize == 0 {
+		o.BatchSize = 100
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&o.PollInterval, time.Second)
+	def(&o.RetryBackoff, 100*time.Millisecond)
+	def(&o.MaxRetryBackoff, time.Minute)
+	def(&o.PublishedRetention, 24*time.Hour)
+	if o.MaxAttempts == 0 {
+		o.MaxAttempts = 10
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.BatchSize < 0 || o.MaxAttempts < 0 || o.PollInterval < 0 || o.RetryBackoff < 0 || o.MaxRetryBackoff < 0 || o.PublishedRetention < 0 {
+		return o, "", errors.New("outbox: RelayConfig sizes and durations must not be negative: leave a field 0 for its default")
+	}
+	return o, table, nil
+}

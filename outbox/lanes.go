@@ -1,0 +1,106 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Lanes is the number of lanes partition keys are spread over; at most this
+// many relays work at once.
+const Lanes = 16
+
+// lockLanes takes, with one statement, every lane of want (nil: all)
+// that no other relay holds, trying them in a random order. (A session
+// may take an advisory lock twice: never ask for a lane it holds.)
+func (r *Relay) lockLanes(ctx context.Context, conn *pgxpool.Conn, want []int) ([]int, error) {
+	try := slices.Clone(want)
+	if want == nil {
+		try = rand.Perm(Lanes)
+	}
+	rand.Shuffle(len(try), func(i, j int) { try[i], try[j] = try[j], try[i] })
+	var lanes []int16
+	if err := conn.QueryRow(ctx, lockLanesSQL, r.lockID, laneOrder(try)).Scan(&lanes); err != nil {
+		return nil, fmt.Errorf("outbox: relay: lane lock: %w", err)
+	}
+	out := make([]int, len(lanes))
+	for i, l := range lanes {
+		out[i] = int(l)
+	}
+	return out, nil
+}
+
+// waitLane waits, at most PollInterval, for one lane that another relay
+// holds (Postgres hands it over when that relay lets go between batches),
+// then takes every other free lane too.
+func (r *Relay) waitLane(ctx context.Context, conn *pgxpool.Conn) ([]int, error) {
+	lane := rand.IntN(Lanes)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: relay: lane wait: %w", err)
+	}
+	defer rollback(ctx, tx)
+	timeout := strconv.FormatInt(max(r.cfg.PollInterval.Milliseconds(), 1), 10)
+	if _, err := tx.Exec(ctx, lockTimeoutSQL, timeout); err != nil {
+		return nil, fmt.Errorf("outbox: relay: lane wait: %w", err)
+	}
+	if _, err := tx.Exec(ctx, waitLaneSQL, r.lockID, lane); err != nil {
+		return nil, nil // still taken: the relay that holds it publishes
+	}
+	// A session lock outlives the transaction.
+	if err := tx.Commit(ctx); err != nil {
+		return nil, r.releaseAfter(ctx, conn, []int{lane}, fmt.Errorf("outbox: relay: lane wait: %w", err))
+	}
+	others := slices.DeleteFunc(rand.Perm(Lanes), func(l int) bool { return l == lane })
+	more, err := r.lockLanes(ctx, conn, others)
+	if err != nil {
+		return nil, r.releaseAfter(ctx, conn, []int{lane}, err)
+	}
+	return append([]int{lane}, more...), nil
+}
+
+func (r *Relay) releaseAfter(ctx context.Context, conn *pgxpool.Conn, lanes []int, err error) error {
+	if uerr := r.unlockLanes(ctx, conn, lanes); uerr != nil {
+		return fmt.Errorf("%w; %w", err, uerr)
+	}
+	return err
+}
+
+// unlockLanes lets go of lanes, even when ctx is done. A connection that
+// cannot tell whether it still holds a lane is closed, never handed back to
+// the pool.
+func (r *Relay) unlockLanes(ctx context.Context, conn *pgxpool.Conn, lanes []int) error {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	var ok bool
+	err := conn.QueryRow(uctx, unlockLanesSQL, r.lockID, laneOrder(lanes)).Scan(&ok)
+	if err == nil && !ok {
+		err = fmt.Errorf("lane(s) %v were not held", lanes)
+	}
+	if err != nil {
+		_ = conn.Conn().Close(uctx)
+		return fmt.Errorf("outbox: relay: lane unlock: %w", err)
+	}
+	return nil
+}
+
+func laneOrder(lanes []int) []int16 {
+	out := make([]int16, len(lanes))
+	for i, l := range lanes {
+		out[i] = int16(l)
+	}
+	return out
+}
+
+// rollback ends tx, even when ctx is done; after a commit it does nothing.
+func rollback(ctx context.Context, tx pgx.Tx) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = tx.Rollback(rctx)
+}
