@@ -44,6 +44,7 @@ func summarize(r io.Reader, w io.Writer) bool {
 		skips          []skip
 		ok             = true
 		outputs        = map[string][]string{} // package + " " + test -> its output
+		summaries      = map[string]string{}   // package -> its "ok" or "FAIL" line
 	)
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<26)
@@ -62,8 +63,12 @@ func summarize(r io.Reader, w io.Writer) bool {
 			ok = false
 		case "output":
 			if e.Test == "" {
-				if s := strings.TrimSpace(e.Output); s != "PASS" && s != "FAIL" && !strings.HasPrefix(s, "=== ") {
-					fmt.Fprint(w, e.Output)
+				// Like go test on a list of packages: the summary line
+				// always, the rest of a package's output only if it fails.
+				if summaryLine.MatchString(e.Output) {
+					summaries[e.Package] += e.Output
+				} else if s := strings.TrimSpace(e.Output); s != "PASS" && s != "FAIL" && !strings.HasPrefix(s, "=== ") {
+					outputs[key] = append(outputs[key], e.Output)
 				}
 				continue
 			}
@@ -71,23 +76,31 @@ func summarize(r io.Reader, w io.Writer) bool {
 		case "pass":
 			if e.Test != "" {
 				passed++
-				delete(outputs, key)
+			}
+			delete(outputs, key)
+			if e.Test == "" {
+				fmt.Fprint(w, summaries[e.Package])
 			}
 		case "skip":
 			if e.Test != "" {
 				skips = append(skips, skip{short(e.Package) + "." + e.Test, reason(outputs[key])})
-				delete(outputs, key)
+			} else {
+				fmt.Fprint(w, summaries[e.Package]) // no test files
 			}
+			delete(outputs, key)
 		case "fail":
 			ok = false
 			if e.Test != "" {
 				failed++
-				for _, o := range outputs[key] {
-					if !strings.HasPrefix(o, "=== ") {
-						fmt.Fprint(w, o)
-					}
+			}
+			for _, o := range outputs[key] {
+				if !strings.HasPrefix(o, "=== ") {
+					fmt.Fprint(w, o)
 				}
-				delete(outputs, key)
+			}
+			delete(outputs, key)
+			if e.Test == "" {
+				fmt.Fprint(w, summaries[e.Package])
 			}
 		}
 	}
@@ -99,6 +112,10 @@ func summarize(r io.Reader, w io.Writer) bool {
 	fmt.Fprintf(w, "tests: %d passed, %d failed, %d skipped\n", passed, failed, len(skips))
 	return ok
 }
+
+// summaryLine is go test's line for a package: "ok  \tpkg\t1.2s",
+// "FAIL\tpkg\t1.2s", "?   \tpkg\t[no test files]".
+var summaryLine = regexp.MustCompile(`^(ok  |FAIL|\?   )\t`)
 
 // logLine is a t.Log/t.Skip line as go test prints it: "    file_test.go:12: message".
 var logLine = regexp.MustCompile(`^\s+[\w.-]+\.go:\d+: `)

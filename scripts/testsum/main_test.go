@@ -69,3 +69,23 @@ func TestSummarizePassAndBuildFailure(t *testing.T) {
 		}
 	}
 }
+
+// What a passing package prints outside its tests stays hidden, as with go
+// test; a failing package's is shown.
+func TestSummarizePackageOutput(t *testing.T) {
+	in := `{"Action":"output","Package":"x/a","Output":"noise from a goroutine\n"}
+{"Action":"output","Package":"x/a","Output":"ok  \tx/a\t0.01s\n"}
+{"Action":"pass","Package":"x/a"}
+{"Action":"output","Package":"x/b","Output":"panic: boom\n"}
+{"Action":"output","Package":"x/b","Output":"FAIL\tx/b\t0.01s\n"}
+{"Action":"fail","Package":"x/b"}
+`
+	var out strings.Builder
+	if summarize(strings.NewReader(in), &out) {
+		t.Fatal("a failed package passed")
+	}
+	want := "ok  \tx/a\t0.01s\npanic: boom\nFAIL\tx/b\t0.01s\ntests: 0 passed, 0 failed, 0 skipped\n"
+	if out.String() != want {
+		t.Fatalf("got %q, want %q", out.String(), want)
+	}
+}
