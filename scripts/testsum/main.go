@@ -1,7 +1,7 @@
 // Command testsum reads `go test -json` on standard input and prints what
 // go test prints (a line per package, the output of failed tests), then
-// every skipped test with the reason it gave, grouped by reason, and a last
-// line that counts them:
+// every skipped test with the reason it gave, grouped by reason, the failed
+// tests, and a last line that counts them:
 //
 //	tests: 812 passed, 0 failed, 3 skipped
 //
@@ -42,6 +42,7 @@ func summarize(r io.Reader, w io.Writer) bool {
 	var (
 		passed, failed int
 		skips          []skip
+		fails          []string
 		ok             = true
 		outputs        = map[string][]string{} // package + " " + test -> its output
 		summaries      = map[string]string{}   // package -> its "ok" or "FAIL" line
@@ -92,6 +93,7 @@ func summarize(r io.Reader, w io.Writer) bool {
 			ok = false
 			if e.Test != "" {
 				failed++
+				fails = append(fails, short(e.Package)+"."+e.Test)
 			}
 			for _, o := range outputs[key] {
 				if !strings.HasPrefix(o, "=== ") {
@@ -109,6 +111,9 @@ func summarize(r io.Reader, w io.Writer) bool {
 		ok = false
 	}
 	printSkips(w, skips)
+	if len(fails) > 0 {
+		fmt.Fprintf(w, "\nfailed tests (%d):\n  %s\n", len(fails), strings.Join(fails, "\n  "))
+	}
 	fmt.Fprintf(w, "tests: %d passed, %d failed, %d skipped\n", passed, failed, len(skips))
 	return ok
 }

@@ -29,6 +29,7 @@ func TestSummarizeRecorded(t *testing.T) {
 		"  1 × (no reason given)\n      example.com/fix/p.TestSkipNow\n",
 		"balance 3, want 4\n--- FAIL: TestFail",
 		"FAIL\texample.com/fix/p",
+		"\nfailed tests (1):\n  example.com/fix/p.TestFail\n",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q:\n%s", want, got)
