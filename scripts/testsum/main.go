@@ -149,8 +149,15 @@ func reason(output []string) string {
 			parts = append(parts, s)
 		}
 	}
-	return strings.Join(parts, " ")
+	r := strings.Join(parts, " ")
+	if len(r) > maxReason {
+		r = strings.ToValidUTF8(r[:maxReason], "") + " …"
+	}
+	return r
 }
+
+// maxReason keeps a reason that quotes a whole log to a line or two.
+const maxReason = 200
 
 func printSkips(w io.Writer, skips []skip) {
 	if len(skips) == 0 {

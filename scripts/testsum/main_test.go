@@ -90,3 +90,11 @@ func TestSummarizePackageOutput(t *testing.T) {
 		t.Fatalf("got %q, want %q", out.String(), want)
 	}
 }
+
+func TestReasonShortened(t *testing.T) {
+	long := "    x_test.go:9: could not start a broker: " + strings.Repeat("log line ", 100) + "\n"
+	r := reason([]string{"=== RUN   TestX\n", long, "--- SKIP: TestX (0.00s)\n"})
+	if !strings.HasPrefix(r, "could not start a broker: log line") || !strings.HasSuffix(r, " …") || len(r) > maxReason+len(" …") {
+		t.Fatalf("reason %q", r)
+	}
+}
