@@ -4,15 +4,18 @@ PKGS ?= ./...
 
 .PHONY: demo test test-short bench lint services services-stop up down
 
-# The ledger demo: needs Postgres at DATABASE_URL; Kafka in-process unless KAFKA_BROKERS is set.
+# The ledger demo: Postgres at DATABASE_URL, else at localhost, else a
+# throwaway server for the demo's lifetime; Kafka in-process unless
+# KAFKA_BROKERS is set.
 demo:
 	$(GO) run ./examples/ledger-consumer demo
 
-# The whole suite against real Postgres and Kafka, with the race detector.
-# Services come from TEST_DATABASE_URL / TEST_KAFKA_BROKERS, testcontainers
-# when Docker runs, local servers (make services), or an in-process broker.
+# The whole suite against real Postgres and Kafka, with the race detector,
+# then the skipped tests with their reasons and a count (scripts/test.sh).
+# Services come from TEST_DATABASE_URL / TEST_KAFKA_BROKERS, else it starts
+# them (scripts/postgres.sh, scripts/kafka.sh).
 test:
-	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	GO="$(GO)" PKGS="$(PKGS)" scripts/test.sh
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)

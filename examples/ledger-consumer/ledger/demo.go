@@ -29,7 +29,8 @@ const DefaultDatabaseURL = "postgres://postgres:postgres@localhost:5432/postgres
 
 // DemoConfig configures Demo.
 type DemoConfig struct {
-	// DatabaseURL defaults to DefaultDatabaseURL.
+	// DatabaseURL defaults to DefaultDatabaseURL, and while DATABASE_URL is
+	// unset and nothing answers there, to a throwaway server (embedpg.go).
 	DatabaseURL string
 	// Schema is dropped and re-created. Defaults to "ledger_demo".
 	Schema string
@@ -145,11 +146,11 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 	if err := cfg.Load.Validate(); err != nil {
 		return sum, err
 	}
-	pool, err := connect(ctx, cfg.DatabaseURL)
+	pool, release, err := openDemoDB(ctx, cfg)
 	if err != nil {
 		return sum, err
 	}
-	defer pool.Close()
+	defer release()
 	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{cfg.Schema}.Sanitize()+" CASCADE"); err != nil {
 		return sum, fmt.Errorf("ledger: reset schema: %w", err)
 	}

@@ -1,0 +1,7 @@
+//go:build unix && !linux
+
+package embedpg
+
+import "syscall"
+
+func setPdeathsig(*syscall.SysProcAttr) {}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# `make test`: every test, with the race detector, against a real Postgres
+# and a real Kafka broker, then a summary that counts the skipped tests and
+# gives each one's reason.
+#
+# TEST_DATABASE_URL and TEST_KAFKA_BROKERS are used when set (as .ci/run sets
+# them). Otherwise this starts the machine's PostgreSQL (scripts/postgres.sh)
+# and a Kafka broker (scripts/kafka.sh, stopped again at the end if this
+# started it). Whatever cannot be started is reported, and the tests that
+# need it skip (fail with CI=true) and are listed in the summary.
+#
+# Environment: GO (go), PKGS (./...), TESTFLAGS (extra go test flags).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GO=${GO:-go}
+PKGS=${PKGS:-./...}
+bin=$(mktemp -d)
+stop_kafka=
+cleanup() {
+	rm -rf "$bin"
+	if [ -n "$stop_kafka" ]; then scripts/kafka.sh stop || true; fi
+}
+trap cleanup EXIT
+
+if [ -z "${TEST_DATABASE_URL:-}" ]; then
+	if url=$(scripts/postgres.sh start); then
+		export TEST_DATABASE_URL=$url
+		echo "test.sh: Postgres at ${url%%\?*}" | sed 's#//\([^:]*\):[^@]*@#//\1:***@#' >&2
+	else
+		echo "test.sh: no Postgres (above); the tests that need it skip, listed at the end" >&2
+	fi
+fi
+if [ -z "${TEST_KAFKA_BROKERS:-}" ]; then
+	running=
+	scripts/kafka.sh status >/dev/null 2>&1 && running=yes
+	if brokers=$(scripts/kafka.sh start); then
+		export TEST_KAFKA_BROKERS=$brokers
+		[ -n "$running" ] || stop_kafka=yes
+		echo "test.sh: Kafka at $brokers" >&2
+	else
+		echo "test.sh: no Kafka broker (above); the tests use an in-process one, and those that need a real one skip" >&2
+	fi
+fi
+
+"$GO" build -o "$bin/testsum" ./scripts/testsum
+# shellcheck disable=SC2086 # PKGS and TESTFLAGS are lists
+"$GO" test -json -race -count=1 -timeout 20m ${TESTFLAGS:-} $PKGS 2>&1 | "$bin/testsum"
