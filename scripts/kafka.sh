@@ -20,7 +20,8 @@
 #
 # Environment: KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093),
 # KAFKA_RUN_DIR (${TMPDIR:-/tmp}/exactly-kafka-$KAFKA_PORT: config, data, log
-# and pid file), KAFKA_HEAP (512m), KAFKA_START_TIMEOUT seconds (60).
+# and pid file), KAFKA_HEAP (512m), KAFKA_START_TIMEOUT seconds (60),
+# KAFKA_PROPERTIES (server.properties lines added by start; later lines win).
 # A fault test runs a broker of its own by setting the two ports and the run
 # directory, so it never touches the shared broker.
 set -euo pipefail
@@ -85,6 +86,7 @@ start() {
 	mkdir -p "$run/data"
 	sed -e "s#@DATA@#$run/data#" -e "s#@PORT@#$port#g" -e "s#@CONTROLLER_PORT@#$cport#g" \
 		"$here/kafka/server.properties" >"$run/server.properties"
+	[ -z "${KAFKA_PROPERTIES:-}" ] || printf '%s\n' "$KAFKA_PROPERTIES" >>"$run/server.properties"
 	local cp="$cache/libs/*"
 	local id
 	id=$(java -cp "$cp" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -356,6 +357,14 @@ func audit(committed, all, events, dlq []rec, db *dbState) *findings {
 	}
 
 	// Balances.
+	partsOf := map[string][]int32{}
+	for _, w := range winners {
+		for _, r := range byKey[w.c.CommandID] {
+			if !slices.Contains(partsOf[w.c.Account], r.part) {
+				partsOf[w.c.Account] = append(partsOf[w.c.Account], r.part)
+			}
+		}
+	}
 	ids := map[string]bool{}
 	for id := range m.accounts {
 		ids[id] = true
@@ -388,7 +397,7 @@ func audit(committed, all, events, dlq []rec, db *dbState) *findings {
 		default:
 			f.wrongAccounts++
 		}
-		f.fail("balance", "account %s: available/held %d/%d, recomputed %d/%d", id, got[0], got[1], want[0], want[1])
+		f.fail("balance", "account %s: available/held %d/%d, recomputed %d/%d; its commands were on partitions %v", id, got[0], got[1], want[0], want[1], partsOf[id])
 	}
 
 	// Key rows.

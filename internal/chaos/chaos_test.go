@@ -218,12 +218,12 @@ func TestChaos(t *testing.T) {
 		defer prodWG.Done()
 		for i := 0; i < sc.chunks; i++ {
 			lo, hi := i*len(wl.main)/sc.chunks, (i+1)*len(wl.main)/sc.chunks
-			if err := mainCl.ProduceSync(ctx, wl.main[lo:hi]...).FirstErr(); err != nil {
+			if err := produce(ctx, mainCl, wl.main[lo:hi]); err != nil {
 				prodErr.Store(fmt.Errorf("main producer: %w", err))
 				return
 			}
 			lo, hi = i*len(wl.alt)/sc.chunks, (i+1)*len(wl.alt)/sc.chunks
-			if err := altCl.ProduceSync(ctx, wl.alt[lo:hi]...).FirstErr(); err != nil {
+			if err := produce(ctx, altCl, wl.alt[lo:hi]); err != nil {
 				prodErr.Store(fmt.Errorf("other-partitioner producer: %w", err))
 				return
 			}
@@ -252,15 +252,15 @@ func TestChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Late copies, then one end marker per partition.
-	if err := mainCl.ProduceSync(ctx, wl.late...).FirstErr(); err != nil {
+	if err := produce(ctx, mainCl, wl.late); err != nil {
 		t.Fatalf("late copies: %v", err)
 	}
-	if err := altCl.ProduceSync(ctx, wl.lateAlt...).FirstErr(); err != nil {
+	if err := produce(ctx, altCl, wl.lateAlt); err != nil {
 		t.Fatalf("late copies (other partitioner): %v", err)
 	}
 	// Recovery time: a batch to consume, and kills one at a time with
 	// nothing else failing.
-	if err := mainCl.ProduceSync(ctx, recoveryBatch(rnd, sc)...).FirstErr(); err != nil {
+	if err := produce(ctx, mainCl, recoveryBatch(rnd, sc)); err != nil {
 		t.Fatalf("recovery batch: %v", err)
 	}
 	recTimes, recSkipped := ch.measureRecovery(ctx, sc.recoveryKills)
@@ -274,7 +274,7 @@ func TestChaos(t *testing.T) {
 		r.Partition = int32(p)
 		ends = append(ends, r)
 	}
-	if err := endCl.ProduceSync(ctx, ends...).FirstErr(); err != nil {
+	if err := produce(ctx, endCl, ends); err != nil {
 		t.Fatalf("end markers: %v", err)
 	}
 	endCl.Close()
@@ -335,6 +335,7 @@ func TestChaos(t *testing.T) {
 		n.pauses.Load(), n.workerStops.Load(), len(exits), f.lostAccounts, f.lostAmount, f.doubledAccounts, f.doubledAmount, f.wrongAccounts,
 		f.unapplied, f.phantom, f.abortedApplied, f.missingEvents, f.extraEvents, f.strayEvents, f.deadLettered, f.dlqMissing, f.dlqUnexpected,
 		faultTime.Round(time.Second), drain.Round(100*time.Millisecond), rec)
+	t.Logf("chaos: faults other than kills: %s", strings.Join(ch.timeline, ", "))
 	logExits(t, exits)
 	if len(f.problems) > 0 {
 		report(t, f.problems)
@@ -471,4 +472,34 @@ func logExits(t *testing.T, exits []string) {
 	for _, c := range order {
 		t.Logf("chaos: %d× a worker %s", causes[c], c)
 	}
+}
+
+// produce writes recs and sends again, for up to three minutes, the ones
+// that failed (the broker may be down or just restarted). A record that was
+// written although its produce failed is written twice: an exact copy, which
+// the audit counts as one; the audit takes the order from the log, not from
+// recs.
+func produce(ctx context.Context, cl *kgo.Client, recs []*kgo.Record) error {
+	deadline := time.Now().Add(3 * time.Minute)
+	for len(recs) > 0 {
+		var failed []*kgo.Record
+		var last error
+		for _, r := range cl.ProduceSync(ctx, recs...) {
+			if r.Err != nil {
+				c := &kgo.Record{Key: r.Record.Key, Value: r.Record.Value, Headers: r.Record.Headers, Partition: r.Record.Partition}
+				failed, last = append(failed, c), r.Err
+			}
+		}
+		if len(failed) > 0 && (time.Now().After(deadline) || ctx.Err() != nil) {
+			return fmt.Errorf("%d records not written: %w", len(failed), last)
+		}
+		if len(failed) > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(500 * time.Millisecond): // back-off before sending again
+			}
+		}
+		recs = failed
+	}
+	return nil
 }

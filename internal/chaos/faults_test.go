@@ -34,6 +34,8 @@ type chaosRun struct {
 	mu              sync.Mutex
 	startupProblems []string
 
+	timeline []string // the faults other than kills and how long each took
+
 	lastKill time.Time
 	lastBase map[int]int64
 }
@@ -61,6 +63,7 @@ func (c *chaosRun) runPlan(ctx context.Context) {
 		}
 		gap := c.sc.gapMin + time.Duration(c.rnd.Int64N(int64(c.sc.gapMax-c.sc.gapMin)))
 		time.Sleep(gap) // the schedule: faults are spaced out on purpose
+		start := time.Now()
 		switch f {
 		case "kill":
 			c.kill(ctx)
@@ -79,6 +82,9 @@ func (c *chaosRun) runPlan(ctx context.Context) {
 		case "broker-pause":
 			c.br.pause(time.Duration(1000+c.rnd.IntN(1500)) * time.Millisecond)
 			c.n.pauses.Add(1)
+		}
+		if f != "kill" {
+			c.timeline = append(c.timeline, fmt.Sprintf("%s %s", f, time.Since(start).Round(100*time.Millisecond)))
 		}
 	}
 	c.bg.Wait()
