@@ -105,13 +105,17 @@ launch() {
 	# from this start, so wait for one more occurrence than there was.
 	local before=0
 	[ -f "$logfile" ] && before=$(grep -c "Kafka Server started" "$logfile" || true)
+	touch "$logfile"
 	nohup java -Xms${KAFKA_HEAP:-512m} -Xmx${KAFKA_HEAP:-512m} -XX:+UseG1GC -Djava.awt.headless=true \
 		-Dlog4j2.configurationFile="$here/kafka/log4j2.properties" \
 		-cp "$cp" kafka.Kafka "$run/server.properties" >>"$logfile" 2>&1 </dev/null &
-	echo $! >"$pidfile"
+	local pid=$!
+	echo "$pid" >"$pidfile"
 	local deadline=$((SECONDS + timeout))
-	until [ "$(grep -c "Kafka Server started" "$logfile" 2>/dev/null || true)" -gt "$before" ] && port_open "$port"; do
-		if ! running; then
+	until [ "$(grep -c "Kafka Server started" "$logfile" || true)" -gt "$before" ] && port_open "$port"; do
+		# kill -0, not running: right after the fork the child may not have
+		# become java yet.
+		if ! kill -0 "$pid" 2>/dev/null; then
 			tail -40 "$logfile" >&2
 			die "the broker exited during start-up (log above, full log in $logfile)"
 		fi

@@ -109,6 +109,9 @@ func TestChaos(t *testing.T) {
 	}
 	o := loadOptions()
 	sc := scaleOf(o.long)
+	if k, err := strconv.Atoi(os.Getenv("CHAOS_RECOVERY_KILLS")); err == nil && k >= 0 {
+		sc.recoveryKills, sc.recoveryBatch = k, max(sc.recoveryBatch, 1500*k)
+	}
 	t.Logf("chaos: seed %d (repeat: %s)", o.seed, o.repro())
 	base, err := os.MkdirTemp("", "exactly-chaos-")
 	if err != nil {
@@ -122,6 +125,12 @@ func TestChaos(t *testing.T) {
 		_ = os.RemoveAll(base)
 	})
 	root := moduleRoot(t)
+	phases := []string{}
+	phase, phaseStart := "setup", time.Now()
+	next := func(name string) {
+		phases = append(phases, fmt.Sprintf("%s %s", phase, time.Since(phaseStart).Round(time.Second)))
+		phase, phaseStart = name, time.Now()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
@@ -243,6 +252,7 @@ func TestChaos(t *testing.T) {
 
 	// Faults.
 	ch := &chaosRun{t: t, o: o, sc: sc, ws: ws, pg: pg, br: br, pool: pool, n: &n, mon: mon, rnd: rand.New(rand.NewPCG(o.seed, 99))}
+	next("faults")
 	faultStart := time.Now()
 	ch.runPlan(ctx)
 	faultTime := time.Since(faultStart)
@@ -263,6 +273,7 @@ func TestChaos(t *testing.T) {
 	if err := produce(ctx, mainCl, recoveryBatch(rnd, sc)); err != nil {
 		t.Fatalf("recovery batch: %v", err)
 	}
+	next("recovery")
 	recTimes, recSkipped := ch.measureRecovery(ctx, sc.recoveryKills)
 	endCl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(commandsTopic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
@@ -281,6 +292,7 @@ func TestChaos(t *testing.T) {
 
 	// Drain: the group's committed offsets reach the log end and the outbox
 	// is empty.
+	next("drain")
 	drainStart := time.Now()
 	lag, drainErr := mon.waitDrained(ctx, sc.drain)
 	drain := time.Since(drainStart)
@@ -319,6 +331,7 @@ func TestChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := audit(committed, all, events, dlq, db)
+	next("")
 	if drainErr != nil {
 		f.fail("drain", "%v (lag by partition %v)", drainErr, lag)
 	}
@@ -335,7 +348,7 @@ func TestChaos(t *testing.T) {
 		n.pauses.Load(), n.workerStops.Load(), len(exits), f.lostAccounts, f.lostAmount, f.doubledAccounts, f.doubledAmount, f.wrongAccounts,
 		f.unapplied, f.phantom, f.abortedApplied, f.missingEvents, f.extraEvents, f.strayEvents, f.deadLettered, f.dlqMissing, f.dlqUnexpected,
 		faultTime.Round(time.Second), drain.Round(100*time.Millisecond), rec)
-	t.Logf("chaos: faults other than kills: %s", strings.Join(ch.timeline, ", "))
+	t.Logf("chaos: faults other than kills: %s; phases: %s", strings.Join(ch.timeline, ", "), strings.Join(phases, ", "))
 	logExits(t, exits)
 	if len(f.problems) > 0 {
 		report(t, f.problems)

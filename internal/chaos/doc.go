@@ -9,7 +9,8 @@
 //	go test -count=1 -run TestChaos -v ./internal/chaos/          # short run (also part of make test)
 //	make chaos                                                    # the long run
 //
-// Environment: CHAOS_SEED repeats a run; CHAOS_LONG=1 selects the long run.
+// Environment: CHAOS_SEED repeats a run; CHAOS_LONG=1 selects the long run;
+// CHAOS_RECOVERY_KILLS sets how many crashes are timed one at a time.
 // Parts of the run can be switched off to see whether the rest holds:
 // CHAOS_TRANSACTIONS=0 leaves out the transactional producers (their
 // aborted transactions, and the transaction markers that commits leave in
