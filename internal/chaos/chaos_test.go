@@ -90,8 +90,8 @@ type scale struct {
 
 func scaleOf(long bool) scale {
 	if long {
-		return scale{commands: 30000, accountsA: 60, accountsB: 2000, kills: 32, pgRestarts: 2, brokerCrashes: 2, workerStops: 2, pgPauses: 3, brokerPauses: 3,
-			gapMin: time.Second, gapMax: 3 * time.Second, chunks: 20, chunkGap: 6 * time.Second, drain: 5 * time.Minute, workers: 3, recoveryBatch: 6000, recoveryKills: 3}
+		return scale{commands: 18000, accountsA: 60, accountsB: 1500, kills: 32, pgRestarts: 2, brokerCrashes: 2, workerStops: 2, pgPauses: 3, brokerPauses: 3,
+			gapMin: time.Second, gapMax: 3 * time.Second, chunks: 20, chunkGap: 6 * time.Second, drain: 5 * time.Minute, workers: 3, recoveryBatch: 4500, recoveryKills: 3}
 	}
 	return scale{commands: 3000, accountsA: 30, accountsB: 300, kills: 14, pgRestarts: 1, brokerCrashes: 1, workerStops: 1, pgPauses: 1, brokerPauses: 1,
 		gapMin: 500 * time.Millisecond, gapMax: 1500 * time.Millisecond, chunks: 8, chunkGap: 2 * time.Second, drain: 150 * time.Second, workers: 3, recoveryBatch: 3000, recoveryKills: 1}
