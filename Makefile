@@ -2,7 +2,7 @@
 GO ?= go
 PKGS ?= ./...
 
-.PHONY: demo test test-short bench lint services services-stop up down
+.PHONY: demo test test-short chaos bench lint services services-stop up down
 
 # The ledger demo: Postgres at DATABASE_URL, else at localhost, else a
 # throwaway server for the demo's lifetime; Kafka in-process unless
@@ -19,6 +19,12 @@ test:
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
+
+# The long chaos run (about 5 minutes): worker processes, a Postgres and a
+# Kafka broker of its own, crashes, restarts and pauses, then an audit. Its
+# short version runs in make test. CHAOS_SEED=… repeats a run.
+chaos:
+	CHAOS_LONG=1 $(GO) test -race -count=1 -timeout 30m -run 'TestChaos$$' -v ./internal/chaos/
 
 # Side-by-side benchmarks; see README "Performance".
 bench:

@@ -2,8 +2,14 @@
 # Runs a real Apache Kafka broker (single-node KRaft: broker + controller in
 # one JVM) on 127.0.0.1 for tests, CI and the demo, without Docker.
 #
-#   scripts/kafka.sh start    fetch (once), format and start; wait until it serves
+#   scripts/kafka.sh start    fetch (once), format a fresh run directory and start;
+#                             wait until it serves
 #   scripts/kafka.sh stop     stop it cleanly and remove its data
+#   scripts/kafka.sh restart  start again on the data of the run directory (after
+#                             a crash or kill): topics, records, committed offsets
+#                             and transactions survive; stops a running broker first
+#   scripts/kafka.sh kill     kill -9 the broker and keep its data (fault tests)
+#   scripts/kafka.sh pid      the running broker's pid (to pause it with SIGSTOP)
 #   scripts/kafka.sh status
 #   scripts/kafka.sh log      the broker's log
 #
@@ -13,7 +19,11 @@
 # instant. Nothing downloaded is committed. Needs Java 17+ and Maven.
 #
 # Environment: KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093),
-# KAFKA_HEAP (512m), KAFKA_START_TIMEOUT seconds (60).
+# KAFKA_RUN_DIR (${TMPDIR:-/tmp}/exactly-kafka-$KAFKA_PORT: config, data, log
+# and pid file), KAFKA_HEAP (512m), KAFKA_START_TIMEOUT seconds (60),
+# KAFKA_PROPERTIES (server.properties lines added by start; later lines win).
+# A fault test runs a broker of its own by setting the two ports and the run
+# directory, so it never touches the shared broker.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -76,6 +86,7 @@ start() {
 	mkdir -p "$run/data"
 	sed -e "s#@DATA@#$run/data#" -e "s#@PORT@#$port#g" -e "s#@CONTROLLER_PORT@#$cport#g" \
 		"$here/kafka/server.properties" >"$run/server.properties"
+	[ -z "${KAFKA_PROPERTIES:-}" ] || printf '%s\n' "$KAFKA_PROPERTIES" >>"$run/server.properties"
 	local cp="$cache/libs/*"
 	local id
 	id=$(java -cp "$cp" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)
@@ -83,19 +94,34 @@ start() {
 	java -cp "$cp" -Dlog4j2.configurationFile="$here/kafka/log4j2.properties" \
 		kafka.tools.StorageTool format -t "$id" -c "$run/server.properties" >"$run/format.log" 2>&1 ||
 		{ cat "$run/format.log" >&2; die "formatting the storage failed"; }
+	launch
+}
+
+# launch starts the JVM on the run directory as it is and waits until the
+# broker serves.
+launch() {
+	local cp="$cache/libs/*"
+	# A restarted broker appends to its log: "Kafka Server started" must come
+	# from this start, so wait for one more occurrence than there was.
+	local before=0
+	[ -f "$logfile" ] && before=$(grep -c "Kafka Server started" "$logfile" || true)
+	touch "$logfile"
 	nohup java -Xms${KAFKA_HEAP:-512m} -Xmx${KAFKA_HEAP:-512m} -XX:+UseG1GC -Djava.awt.headless=true \
 		-Dlog4j2.configurationFile="$here/kafka/log4j2.properties" \
-		-cp "$cp" kafka.Kafka "$run/server.properties" >"$logfile" 2>&1 </dev/null &
-	echo $! >"$pidfile"
+		-cp "$cp" kafka.Kafka "$run/server.properties" >>"$logfile" 2>&1 </dev/null &
+	local pid=$!
+	echo "$pid" >"$pidfile"
 	local deadline=$((SECONDS + timeout))
-	until grep -q "Kafka Server started" "$logfile" 2>/dev/null && port_open "$port"; do
-		if ! running; then
+	until [ "$(grep -c "Kafka Server started" "$logfile" || true)" -gt "$before" ] && port_open "$port"; do
+		# kill -0, not running: right after the fork the child may not have
+		# become java yet.
+		if ! kill -0 "$pid" 2>/dev/null; then
 			tail -40 "$logfile" >&2
 			die "the broker exited during start-up (log above, full log in $logfile)"
 		fi
 		if [ $SECONDS -ge $deadline ]; then
 			tail -40 "$logfile" >&2
-			stop >/dev/null 2>&1 || true
+			halt
 			die "the broker did not start within ${timeout}s (log above)"
 		fi
 		sleep 0.5
@@ -104,20 +130,50 @@ start() {
 	echo "127.0.0.1:$port"
 }
 
-stop() {
-	if ! running; then
-		echo "kafka.sh: not running" >&2
-		rm -rf "$run"
-		return 0
-	fi
+# restart starts the broker again on the data it left in the run directory.
+restart() {
+	[ -f "$run/server.properties" ] && [ -f "$run/data/meta.properties" ] ||
+		die "no broker data in $run to restart on: use start for a fresh broker"
+	running && halt
+	for p in "$port" "$cport"; do
+		port_open "$p" && die "port $p is taken by another process (ss -ltnp 'sport = :$p'); stop it or set KAFKA_PORT / KAFKA_CONTROLLER_PORT"
+	done
+	javacheck
+	fetch
+	launch
+}
+
+# halt stops the broker (SIGTERM, then SIGKILL after 30 s) and keeps its data.
+halt() {
+	running || return 0
 	local pid
 	pid=$(cat "$pidfile")
+	kill -CONT "$pid" 2>/dev/null || true # a paused broker cannot act on SIGTERM
 	kill -TERM "$pid"
 	for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
 	if kill -0 "$pid" 2>/dev/null; then
 		echo "kafka.sh: broker did not stop in 30s; killing it" >&2
 		kill -KILL "$pid" 2>/dev/null || true
 	fi
+}
+
+# crash kills the broker with SIGKILL, as a power cut would, and keeps its data.
+crash() {
+	running || die "not running"
+	local pid
+	pid=$(cat "$pidfile")
+	kill -KILL "$pid"
+	while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+	echo "kafka.sh: killed pid $pid; data kept in $run (restart resumes on it)" >&2
+}
+
+stop() {
+	if ! running; then
+		echo "kafka.sh: not running" >&2
+		rm -rf "$run"
+		return 0
+	fi
+	halt
 	rm -rf "$run"
 	echo "kafka.sh: stopped" >&2
 }
@@ -125,8 +181,11 @@ stop() {
 case "${1:-}" in
 start) start ;;
 stop) stop ;;
+restart) restart ;;
+kill) crash ;;
+pid) if running; then cat "$pidfile"; else echo "kafka.sh: not running" >&2; exit 1; fi ;;
 status) if running; then echo "kafka: Kafka $version up on 127.0.0.1:$port (pid $(cat "$pidfile"))"; else echo "kafka: down"; exit 1; fi ;;
 log) cat "$logfile" ;;
 fetch) fetch ;;
-*) echo "usage: $0 start|stop|status|log|fetch" >&2; exit 2 ;;
+*) echo "usage: $0 start|stop|restart|kill|pid|status|log|fetch" >&2; exit 2 ;;
 esac

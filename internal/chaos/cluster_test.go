@@ -1,0 +1,470 @@
+package chaos
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/exactly-go/exactly/internal/testenv"
+)
+
+// freePort returns a loopback port nothing listens on right now.
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func portOpen(port int) bool {
+	c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), time.Second)
+	if err == nil {
+		c.Close()
+	}
+	return err == nil
+}
+
+// moduleRoot is the directory of go.mod.
+func moduleRoot(t testing.TB) string {
+	t.Helper()
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil || len(bytes.TrimSpace(out)) == 0 {
+		t.Fatalf("go env GOMOD: %v", err)
+	}
+	return filepath.Dir(string(bytes.TrimSpace(out)))
+}
+
+// pgCluster is a PostgreSQL cluster of the suite's own (initdb in a
+// temporary directory, its own port), run as the postgres user so it can be
+// crashed and paused without touching the shared server.
+type pgCluster struct {
+	bin, dir, sock string
+	port           int
+	uid, gid       int
+}
+
+func pgBinDir() string {
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Strings(dirs)
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if _, err := os.Stat(filepath.Join(dirs[i], "initdb")); err == nil {
+			return dirs[i]
+		}
+	}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		return filepath.Dir(p)
+	}
+	return ""
+}
+
+func newPGCluster(t testing.TB, base string) *pgCluster {
+	t.Helper()
+	bin := pgBinDir()
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	c := &pgCluster{bin: bin, dir: filepath.Join(base, "pgdata"), sock: filepath.Join(base, "pgsock"), port: freePort(t), uid: uid, gid: gid}
+	for _, d := range []string{c.dir, c.sock} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(d, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = os.Chmod(base, 0o755)
+	if out, err := c.run("initdb", "-D", c.dir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"); err != nil {
+		t.Fatalf("chaos: initdb: %v\n%s", err, out)
+	}
+	conf := fmt.Sprintf("\nport = %d\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '%s'\nmax_connections = 200\nfsync = off\nfull_page_writes = off\nshared_buffers = 64MB\n", c.port, c.sock)
+	f, err := os.OpenFile(filepath.Join(c.dir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = f.WriteString(conf)
+	f.Close()
+	if err := c.start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = c.run("pg_ctl", "-D", c.dir, "-m", "immediate", "-w", "stop") })
+	return c
+}
+
+// run runs a server binary as the postgres user.
+func (c *pgCluster) run(name string, args ...string) ([]byte, error) {
+	cmd := exec.Command("runuser", append([]string{"-u", "postgres", "--", filepath.Join(c.bin, name)}, args...)...)
+	return cmd.CombinedOutput()
+}
+
+// URL is the cluster's database URL.
+func (c *pgCluster) URL() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
+}
+
+func (c *pgCluster) start() error {
+	out, err := c.run("pg_ctl", "-D", c.dir, "-l", filepath.Join(c.dir, "server.log"), "-w", "-t", "60", "start")
+	if err != nil {
+		return fmt.Errorf("chaos: pg_ctl start: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// restartImmediate crashes the server (pg_ctl stop -m immediate: no
+// checkpoint, crash recovery on the next start) and starts it again.
+func (c *pgCluster) restartImmediate() error {
+	if out, err := c.run("pg_ctl", "-D", c.dir, "-m", "immediate", "-w", "stop"); err != nil {
+		return fmt.Errorf("chaos: pg_ctl stop -m immediate: %v\n%s", err, out)
+	}
+	return c.start()
+}
+
+// pids is the postmaster and every process it forked.
+func (c *pgCluster) pids() []int {
+	b, err := os.ReadFile(filepath.Join(c.dir, "postmaster.pid"))
+	if err != nil {
+		return nil
+	}
+	pm, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
+	if err != nil {
+		return nil
+	}
+	return append([]int{pm}, children(pm)...)
+}
+
+// children lists the processes whose parent is pid.
+func children(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …; comm may hold spaces, so cut after ')'.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// pause stops every process of the cluster for d, then resumes them.
+func (c *pgCluster) pause(d time.Duration) {
+	ps := c.pids()
+	for _, p := range ps {
+		_ = syscall.Kill(p, syscall.SIGSTOP)
+	}
+	time.Sleep(d) // the fault itself: the server is frozen this long
+	for _, p := range ps {
+		_ = syscall.Kill(p, syscall.SIGCONT)
+	}
+}
+
+// broker is a Kafka broker of the suite's own, run by scripts/kafka.sh on
+// its own ports and run directory.
+type broker struct {
+	script string
+	env    []string
+	port   int
+	run    string
+}
+
+// requireTools skips (fails under CI=true) when the suite cannot run its
+// own servers.
+func requireTools(t testing.TB) {
+	t.Helper()
+	if _, err := exec.LookPath("java"); err != nil {
+		testenv.Missing(t, "chaos: java not found: the suite runs its own Kafka broker through scripts/kafka.sh (Java 17+)")
+	}
+	if pgBinDir() == "" {
+		testenv.Missing(t, "chaos: PostgreSQL server binaries (initdb, pg_ctl) not found: install postgresql")
+	}
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "chaos: the suite runs its own Postgres cluster as the postgres user and needs root for that (runuser)")
+	}
+	if _, err := user.Lookup("postgres"); err != nil {
+		testenv.Missing(t, "chaos: no postgres user to run a Postgres cluster as: %v", err)
+	}
+}
+
+func startBroker(root, base string) (*broker, error) {
+	b := &broker{script: filepath.Join(root, "scripts", "kafka.sh"), run: filepath.Join(base, "kafka")}
+	var err error
+	if b.port, err = freePortErr(); err != nil {
+		return nil, err
+	}
+	cport, err := freePortErr()
+	if err != nil {
+		return nil, err
+	}
+	b.env = append(os.Environ(), "KAFKA_PORT="+strconv.Itoa(b.port), "KAFKA_CONTROLLER_PORT="+strconv.Itoa(cport),
+		"KAFKA_RUN_DIR="+b.run, "KAFKA_HEAP=384m", "KAFKA_START_TIMEOUT=180",
+		// Fewer internal partitions: a restart after kill -9 recovers each.
+		"KAFKA_PROPERTIES=offsets.topic.num.partitions=3\ntransaction.state.log.num.partitions=3")
+	return b, b.do("start")
+}
+
+func freePortErr() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (b *broker) Addr() string { return "127.0.0.1:" + strconv.Itoa(b.port) }
+
+func (b *broker) do(verb string) error {
+	cmd := exec.Command(b.script, verb)
+	cmd.Env = b.env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("chaos: kafka.sh %s: %v\n%s", verb, err, out)
+	}
+	return nil
+}
+
+func (b *broker) pid() int {
+	raw, err := os.ReadFile(filepath.Join(b.run, "broker.pid"))
+	if err != nil {
+		return 0
+	}
+	p, _ := strconv.Atoi(strings.TrimSpace(string(raw)))
+	return p
+}
+
+func (b *broker) pause(d time.Duration) {
+	p := b.pid()
+	if p == 0 {
+		return
+	}
+	_ = syscall.Kill(p, syscall.SIGSTOP)
+	time.Sleep(d) // the fault itself: the broker is frozen this long
+	_ = syscall.Kill(p, syscall.SIGCONT)
+}
+
+// worker is one ledger worker process slot: the supervisor starts it again
+// after every exit, as a service manager would.
+type worker struct {
+	id   int
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+	// killed is set before the suite kills the process, so its exit is not
+	// counted as one of its own.
+	killed bool
+	// stopped while SIGSTOPped: not a kill target.
+	stopped bool
+	starts  int
+	exitErr error
+	logs    []string
+}
+
+type workers struct {
+	bin, dir string
+	args     []string
+	mu       sync.Mutex
+	all      []*worker
+	// exits are the exits that nobody asked for, with their log tails.
+	exits    []string
+	stopping bool
+	// restarts counts the starts after the first of every slot.
+	restarts *atomic.Int64
+	wg       sync.WaitGroup
+}
+
+// respawn starts w again after d, unless the run is ending.
+func (ws *workers) respawn(w *worker, d time.Duration) {
+	ws.wg.Add(1)
+	time.AfterFunc(d, func() {
+		defer ws.wg.Done()
+		ws.mu.Lock()
+		defer ws.mu.Unlock()
+		if ws.stopping || w.alive() {
+			return
+		}
+		if err := ws.start(w); err == nil && ws.restarts != nil {
+			ws.restarts.Add(1)
+		}
+	})
+}
+
+// start launches w's process and a goroutine that waits for it.
+func (ws *workers) start(w *worker) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.starts++
+	log := filepath.Join(ws.dir, fmt.Sprintf("worker-%d.%d.log", w.id, w.starts))
+	f, err := os.Create(log)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(ws.bin, ws.args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return fmt.Errorf("chaos: start worker: %w", err)
+	}
+	w.cmd, w.done, w.killed, w.stopped = cmd, make(chan struct{}), false, false
+	w.logs = append(w.logs, log)
+	done, n := w.done, w.starts
+	ws.wg.Add(1)
+	go func() {
+		defer ws.wg.Done()
+		err := cmd.Wait()
+		f.Close()
+		w.mu.Lock()
+		w.exitErr = err
+		killed := w.killed
+		w.mu.Unlock()
+		close(done)
+		if !killed {
+			ws.mu.Lock()
+			ws.exits = append(ws.exits, fmt.Sprintf("worker %d (start %d) exited on its own: %v: %s", w.id, n, err, lastLines(log, 1)))
+			ws.mu.Unlock()
+			ws.respawn(w, time.Second) // as a service manager would
+		}
+	}()
+	return nil
+}
+
+func (w *worker) pid() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cmd == nil || w.cmd.Process == nil {
+		return 0
+	}
+	return w.cmd.Process.Pid
+}
+
+func (w *worker) alive() bool {
+	w.mu.Lock()
+	done := w.done
+	w.mu.Unlock()
+	if done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return false
+	default:
+		return true
+	}
+}
+
+// kill sends SIGKILL and waits for the process to be gone.
+func (w *worker) kill() {
+	w.mu.Lock()
+	w.killed = true
+	cmd, done := w.cmd, w.done
+	w.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	<-done
+}
+
+// stopAll ends every worker gracefully (SIGTERM, then SIGKILL after 40 s).
+func (ws *workers) stopAll() {
+	ws.mu.Lock()
+	ws.stopping = true
+	all := append([]*worker(nil), ws.all...)
+	ws.mu.Unlock()
+	for _, w := range all {
+		w.mu.Lock()
+		w.killed = true
+		cmd, done := w.cmd, w.done
+		w.mu.Unlock()
+		if cmd == nil {
+			continue
+		}
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(40 * time.Second):
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+			<-done
+		}
+	}
+	ws.wg.Wait()
+}
+
+func lastLines(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// tcpPorts returns the local ports of pid's TCP sockets (through the socket
+// inodes of its file descriptors and /proc/net/tcp{,6}).
+func tcpPorts(pid int) map[int]bool {
+	inodes := map[string]bool{}
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, fd := range fds {
+		l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		if err == nil && strings.HasPrefix(l, "socket:[") {
+			inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
+		}
+	}
+	ports := map[int]bool{}
+	for _, file := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		f, err := os.Open(file)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		sc.Scan() // header
+		for sc.Scan() {
+			fs := strings.Fields(sc.Text())
+			if len(fs) < 10 || !inodes[fs[9]] {
+				continue
+			}
+			if i := strings.LastIndexByte(fs[1], ':'); i >= 0 {
+				if p, err := strconv.ParseInt(fs[1][i+1:], 16, 32); err == nil {
+					ports[int(p)] = true
+				}
+			}
+		}
+		f.Close()
+	}
+	return ports
+}

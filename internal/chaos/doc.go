@@ -1,0 +1,20 @@
+// Package chaos holds the chaos suite of exactly (in its tests): several
+// ledger worker processes in one consumer group run against a Postgres
+// cluster and a Kafka broker of the suite's own, through worker kills,
+// database and broker crashes, pauses, producers with another partitioner
+// and transactional producers that commit and abort; an audit that reads
+// Postgres and Kafka directly then checks that every command was applied
+// exactly once.
+//
+//	go test -count=1 -run TestChaos -v ./internal/chaos/          # short run (also part of make test)
+//	make chaos                                                    # the long run
+//
+// Environment: CHAOS_SEED repeats a run; CHAOS_LONG=1 selects the long run;
+// CHAOS_RECOVERY_KILLS sets how many crashes are timed one at a time.
+// Parts of the run can be switched off to see whether the rest holds:
+// CHAOS_TRANSACTIONS=0 leaves out the transactional producers (their
+// aborted transactions, and the transaction markers that commits leave in
+// the log too), CHAOS_CROSS_PARTITION=0 the producer with another
+// partitioner, CHAOS_STARTUP_WAIT=0 the check that a worker started while the
+// broker is down waits for it instead of exiting.
+package chaos
