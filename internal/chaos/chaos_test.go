@@ -190,6 +190,11 @@ func TestChaos(t *testing.T) {
 	rnd := &workloadRand{rand.New(rand.NewPCG(o.seed, o.seed^0x9e3779b97f4a7c15))}
 	wl := generate(rnd, genConfig{commands: sc.commands, accountsA: sc.accountsA, accountsB: sc.accountsB, crossParts: o.cross})
 
+	// Production workers run without DDL rights: the tables come from one
+	// migrate step before any worker starts.
+	if out, err := exec.Command(bin, "migrate", "--database-url", pg.URL(), "--schema", "ledger").CombinedOutput(); err != nil {
+		t.Fatalf("ledger migrate: %v\n%s", err, out)
+	}
 	var n counts
 	ws := &workers{restarts: &n.workerRestarts, bin: bin, dir: base, args: []string{"worker", "--database-url", pg.URL(), "--brokers", br.Addr(),
 		"--schema", "ledger", "--commands", commandsTopic, "--metrics-addr", "127.0.0.1:0"}}

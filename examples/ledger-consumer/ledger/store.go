@@ -12,7 +12,18 @@ import (
 // Setup creates the ledger's tables in schema (the schema must exist).
 func Setup(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	s := pgx.Identifier{schema}.Sanitize()
-	_, err := pool.Exec(ctx, `
+	// CREATE TABLE IF NOT EXISTS is not safe against itself: two workers
+	// migrating at once fail on pg_type's unique index. A transaction-level
+	// advisory lock per schema serialises them.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("ledger: setup: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('exactly/ledger/setup/' || $1))", schema); err != nil {
+		return fmt.Errorf("ledger: setup lock: %w", err)
+	}
+	_, err = tx.Exec(ctx, `
 CREATE TABLE IF NOT EXISTS `+s+`.accounts (
     id        text PRIMARY KEY,
     available bigint NOT NULL DEFAULT 0 CHECK (available >= 0),
@@ -34,6 +45,9 @@ CREATE TABLE IF NOT EXISTS `+s+`.rejections (
     at         timestamptz NOT NULL DEFAULT now()
 );`)
 	if err != nil {
+		return fmt.Errorf("ledger: setup: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("ledger: setup: %w", err)
 	}
 	return nil
