@@ -3,12 +3,14 @@ package consumer_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/internal/kafkatest"
 	"github.com/exactly-go/exactly/internal/testenv"
 )
@@ -217,4 +219,57 @@ func TestAbortedTailIsCommittedPast(t *testing.T) {
 	w.startRouter(routerOpts{group: group})
 	w.waitCaughtUp(group, 2*time.Minute)
 	w.assertExactlyOnce(exp)
+}
+
+// Without a group, under either isolation level: ReadUncommitted delivers
+// the records of an aborted transaction, ReadCommitted does not, and
+// neither delivers the transaction's marker.
+func TestIsolationLevels(t *testing.T) {
+	kafkatest.RequireReal(t)
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	topic := kafkatest.Topic(t, 1)
+	p := newTxProducer(t, brokers, topic)
+	p.begin()
+	p.produce(kafka.Message{Value: []byte("aborted-1")}, kafka.Message{Value: []byte("aborted-2")})
+	p.end(false)
+	p.begin()
+	p.produce(kafka.Message{Value: []byte("committed")})
+	p.end(true)
+	settled(t, brokers, topic)
+	wr := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer wr.Close()
+	if err := wr.WriteMessages(context.Background(), kafka.Message{Value: []byte("last")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		isolation consumer.Isolation
+		want      string
+	}{
+		{consumer.ReadUncommitted, "aborted-1,aborted-2,committed,last"},
+		{consumer.ReadCommitted, "committed,last"},
+	} {
+		sub, err := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: brokers, Isolation: tc.isolation, Logger: quietLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		ch, err := sub.Subscribe(ctx, topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for m := range ch {
+			got = append(got, string(m.Payload))
+			m.Ack()
+			if string(m.Payload) == "last" {
+				break
+			}
+		}
+		cancel()
+		_ = sub.Close()
+		if g := strings.Join(got, ","); g != tc.want {
+			t.Errorf("isolation %d delivered %s, want %s", tc.isolation, g, tc.want)
+		}
+	}
 }
