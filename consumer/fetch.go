@@ -52,9 +52,6 @@ type fetcher struct {
 type fetched struct {
 	records []kafka.Message
 	next    int64
-	// lso and hwm are the partition's last stable offset and high watermark
-	// as the broker reported them.
-	lso, hwm int64
 }
 
 // fetch reads from pos.
@@ -187,7 +184,7 @@ func closeBytes(b protocol.Bytes) {
 // this response: the broker lists every aborted transaction overlapping the
 // returned range, even one whose first offset is below pos.
 func filterPartition(topic string, p *fetchapi.ResponsePartition, pos int64, committed bool) (fetched, error) {
-	out := fetched{next: pos, lso: p.LastStableOffset, hwm: p.HighWatermark}
+	out := fetched{next: pos}
 	stream, ok := p.RecordSet.Records.(*protocol.RecordStream)
 	if p.RecordSet.Records == nil {
 		return out, nil

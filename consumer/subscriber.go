@@ -425,33 +425,23 @@ func (s *Subscriber) consumePartition(subCtx, stopCtx context.Context, topic str
 	if !ok {
 		return
 	}
+	// The next response is fetched while this one is delivered.
+	ctx, cancel := context.WithCancel(stopCtx)
+	responses := make(chan fetched, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.fetchLoop(ctx, f, pos, responses)
+	}()
+	defer func() { cancel(); <-done }()
 	committed := pos
-	backoff := 100 * time.Millisecond
 	for {
-		res, err := f.fetch(stopCtx, pos)
-		if stopCtx.Err() != nil {
+		var res fetched
+		select {
+		case res = <-responses:
+		case <-stopCtx.Done():
 			return
 		}
-		if errors.Is(err, kafka.OffsetOutOfRange) {
-			// Retention removed the records at pos (or the topic was
-			// recreated): start again where a new group would.
-			next, ok := s.resolveOffset(stopCtx, topic, partition, int64(s.cfg.StartOffset))
-			if !ok {
-				return
-			}
-			s.log().Warn("consumer: offset out of range; starting again at StartOffset", "topic", topic, "partition", partition, "offset", pos, "restart", next)
-			pos = next
-			continue
-		}
-		if err != nil {
-			s.log().Warn("consumer: fetch failed; retrying", "topic", topic, "partition", partition, "offset", pos, "err", err)
-			if clock.Sleep(stopCtx, backoff) != nil {
-				return
-			}
-			backoff = min(2*backoff, 5*time.Second)
-			continue
-		}
-		backoff = 100 * time.Millisecond
 		for _, km := range res.records {
 			if !s.deliver(subCtx, stopCtx, km, out) {
 				return
@@ -459,13 +449,53 @@ func (s *Subscriber) consumePartition(subCtx, stopCtx context.Context, topic str
 			committed = km.Offset + 1
 			acked(committed)
 		}
-		pos = res.next
-		if pos > committed {
+		if res.next > committed {
 			// Hidden records: commit past them, or the partition looks
 			// lagging forever when its tail is a transaction marker.
-			committed = pos
+			committed = res.next
 			acked(committed)
 		}
+	}
+}
+
+// fetchLoop fetches f's partition from pos and sends every response that
+// moves the position on, until ctx ends.
+func (s *Subscriber) fetchLoop(ctx context.Context, f *fetcher, pos int64, responses chan<- fetched) {
+	backoff := 100 * time.Millisecond
+	for {
+		res, err := f.fetch(ctx, pos)
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, kafka.OffsetOutOfRange) {
+			// Retention removed the records at pos (or the topic was
+			// recreated): start again where a new group would.
+			next, ok := s.resolveOffset(ctx, f.topic, f.partition, int64(s.cfg.StartOffset))
+			if !ok {
+				return
+			}
+			s.log().Warn("consumer: offset out of range; starting again at StartOffset", "topic", f.topic, "partition", f.partition, "offset", pos, "restart", next)
+			pos = next
+			continue
+		}
+		if err != nil {
+			s.log().Warn("consumer: fetch failed; retrying", "topic", f.topic, "partition", f.partition, "offset", pos, "err", err)
+			if clock.Sleep(ctx, backoff) != nil {
+				return
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		if res.next == pos && len(res.records) == 0 {
+			continue
+		}
+		select {
+		case responses <- res:
+		case <-ctx.Done():
+			return
+		}
+		pos = res.next
 	}
 }
 
