@@ -36,11 +36,11 @@ func TestSlowDrainKeepsMembership(t *testing.T) {
 	}
 	_ = wr.Close()
 
-	const session = 2 * time.Second
+	const session = 6 * time.Second
 	newSub := func() *consumer.Subscriber {
 		sub, err := consumer.NewSubscriber(&consumer.SubscriberConfig{
-			Brokers: brokers, ConsumerGroup: group, SessionTimeout: session, HeartbeatInterval: 300 * time.Millisecond,
-			RebalanceTimeout: 30 * time.Second, DrainTimeout: 20 * time.Second, Logger: quietLogger(),
+			Brokers: brokers, ConsumerGroup: group, SessionTimeout: session, HeartbeatInterval: time.Second,
+			RebalanceTimeout: time.Minute, DrainTimeout: 40 * time.Second, Logger: quietLogger(),
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -62,7 +62,7 @@ func TestSlowDrainKeepsMembership(t *testing.T) {
 				<-joined
 				// The handler's work outlasts the session timeout, all of it
 				// during the rebalance that the second member started.
-				time.Sleep(3 * session)
+				time.Sleep(2*session + session/2)
 			}
 			m.Ack()
 		}

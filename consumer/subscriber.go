@@ -150,12 +150,14 @@ func (c *SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 // the offsets of hidden records are still committed, so a partition whose
 // tail is a transaction marker does not look lagging.
 type Subscriber struct {
-	cfg       SubscriberConfig
-	transport *kafka.Transport
-	closing   chan struct{}
-	wg        sync.WaitGroup
-	mu        sync.Mutex
-	closed    bool
+	cfg SubscriberConfig
+	// transports holds one kafka-go Transport per topic, whose metadata
+	// covers that topic alone (a cluster's full metadata can be large).
+	transports map[string]*kafka.Transport
+	closing    chan struct{}
+	wg         sync.WaitGroup
+	mu         sync.Mutex
+	closed     bool
 }
 
 var _ message.Subscriber = (*Subscriber)(nil)
@@ -166,7 +168,7 @@ func NewSubscriber(cfg *SubscriberConfig) (*Subscriber, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Subscriber{cfg: c, transport: c.Security.transport(), closing: make(chan struct{})}, nil
+	return &Subscriber{cfg: c, transports: map[string]*kafka.Transport{}, closing: make(chan struct{})}, nil
 }
 
 // ErrSubscriberClosed is returned by Subscribe after Close.
@@ -218,11 +220,28 @@ func (s *Subscriber) Close() error {
 	close(s.closing)
 	s.mu.Unlock()
 	s.wg.Wait()
-	s.transport.CloseIdleConnections()
+	s.mu.Lock()
+	for _, t := range s.transports {
+		t.CloseIdleConnections()
+	}
+	s.mu.Unlock()
 	return nil
 }
 
 func (s *Subscriber) log() *slog.Logger { return s.cfg.Logger }
+
+// transport returns the Transport for topic's subscriptions.
+func (s *Subscriber) transport(topic string) *kafka.Transport {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.transports[topic]
+	if !ok {
+		t = s.cfg.Security.transport()
+		t.MetadataTopics = []string{topic}
+		s.transports[topic] = t
+	}
+	return t
+}
 
 func (s *Subscriber) runGroup(ctx context.Context, topic string, out chan<- *message.Message) {
 	// A group joined before its topic exists settles on a generation with no
@@ -343,7 +362,7 @@ func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, t
 			// The generation ended: keep the membership alive while the
 			// partitions drain, so that a drain longer than SessionTimeout
 			// does not get this member expelled and its last commit refused.
-			stop := s.heartbeat(gen)
+			stop := s.heartbeat(gen, topic)
 			partitions.Wait()
 			commit()
 			stop()
@@ -369,12 +388,12 @@ func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, t
 // heartbeat sends heartbeats for gen's member until stop is called. The
 // coordinator answers "rebalance in progress" while the group waits for its
 // members to rejoin, and each heartbeat keeps this member's session alive.
-func (s *Subscriber) heartbeat(gen *kafka.Generation) (stop func()) {
+func (s *Subscriber) heartbeat(gen *kafka.Generation, topic string) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Timeout: 10 * time.Second, Transport: s.transport}
+		c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Timeout: 10 * time.Second, Transport: s.transport(topic)}
 		var coord net.Addr
 		t := time.NewTicker(s.cfg.HeartbeatInterval)
 		defer t.Stop()
@@ -418,7 +437,7 @@ func (s *Subscriber) heartbeat(gen *kafka.Generation) (stop func()) {
 // run of hidden records (transaction markers, aborted records).
 func (s *Subscriber) consumePartition(subCtx, stopCtx context.Context, topic string, partition int, start int64, out chan<- *message.Message, acked func(next int64)) {
 	f := &fetcher{
-		transport: s.transport, addr: kafka.TCP(s.cfg.Brokers...), topic: topic, partition: partition,
+		transport: s.transport(topic), addr: kafka.TCP(s.cfg.Brokers...), topic: topic, partition: partition,
 		committed: s.cfg.Isolation == ReadCommitted, maxBytes: s.cfg.MaxBytes, maxWait: s.cfg.MaxWait,
 	}
 	pos, ok := s.resolveOffset(stopCtx, topic, partition, start)
@@ -505,7 +524,7 @@ func (s *Subscriber) resolveOffset(ctx context.Context, topic string, partition 
 	if start >= 0 {
 		return start, true
 	}
-	c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Timeout: 10 * time.Second, Transport: s.transport}
+	c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Timeout: 10 * time.Second, Transport: s.transport(topic)}
 	isolation := kafka.ReadUncommitted
 	if s.cfg.Isolation == ReadCommitted {
 		isolation = kafka.ReadCommitted
@@ -622,6 +641,7 @@ func (s *Subscriber) partitions(ctx context.Context, topic string) ([]kafka.Part
 	// A transport of its own: a shared one answers from its metadata cache,
 	// which learns of a new topic only when it refreshes.
 	t := s.cfg.Security.transport()
+	t.MetadataTopics = []string{topic}
 	defer t.CloseIdleConnections()
 	c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Timeout: 10 * time.Second, Transport: t}
 	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
