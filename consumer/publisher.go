@@ -33,6 +33,14 @@ type PublisherConfig struct {
 	BatchSize int
 	// PublishTimeout bounds one Publish call. Defaults to 30s.
 	PublishTimeout time.Duration
+	// MaxRecordBytes is the largest record (key, value and headers) the
+	// Publisher sends. Records up to 1 MiB are batched together; a larger
+	// one is sent in a batch of its own, so that it is bounded by the
+	// topic's max.message.bytes alone (a dead-letter topic for large
+	// records needs it raised, as does the source topic). A record over
+	// MaxRecordBytes fails with ErrRecordTooLarge, naming this field.
+	// Defaults to 100 MiB (the broker's default socket.request.max.bytes).
+	MaxRecordBytes int
 	// Security holds TLS and SASL settings. Defaults to plain TCP.
 	Security Security
 	// Logger defaults to slog.Default().
@@ -56,11 +64,14 @@ func (c *PublisherConfig) withDefaults() (PublisherConfig, error) {
 	if o.PublishTimeout == 0 {
 		o.PublishTimeout = 30 * time.Second
 	}
+	if o.MaxRecordBytes == 0 {
+		o.MaxRecordBytes = 100 << 20
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	if o.BatchTimeout < 0 || o.BatchSize < 0 || o.PublishTimeout < 0 {
-		return o, errors.New("consumer: PublisherConfig.BatchTimeout, BatchSize and PublishTimeout must not be negative")
+	if o.BatchTimeout < 0 || o.BatchSize < 0 || o.PublishTimeout < 0 || o.MaxRecordBytes < 0 {
+		return o, errors.New("consumer: PublisherConfig.BatchTimeout, BatchSize, PublishTimeout and MaxRecordBytes must not be negative")
 	}
 	return o, nil
 }
@@ -70,9 +81,16 @@ func (c *PublisherConfig) withDefaults() (PublisherConfig, error) {
 // the message UUID travels in header UUIDHeader and metadata in headers.
 // Records with the same key go to the same partition (murmur2, as Kafka's
 // Java producer). Safe for concurrent use.
+//
+// Records larger than 1 MiB (kafka-go's batch limit, and the broker's
+// default message.max.bytes) are sent one per batch, up to MaxRecordBytes;
+// the topic's max.message.bytes decides whether the broker takes them.
 type Publisher struct {
-	cfg    PublisherConfig
-	w      *kafka.Writer
+	cfg PublisherConfig
+	w   *kafka.Writer
+	// large sends records over batchBytes, one per batch; its limit has
+	// room over MaxRecordBytes, which Publish checks itself.
+	large  *kafka.Writer
 	mu     sync.RWMutex
 	closed bool
 }
@@ -85,17 +103,47 @@ func NewPublisher(cfg *PublisherConfig) (*Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &kafka.Writer{
-		Addr:                   kafka.TCP(c.Brokers...),
-		Balancer:               &kafka.Murmur2Balancer{},
-		RequiredAcks:           kafka.RequireAll,
-		BatchTimeout:           c.BatchTimeout,
-		BatchSize:              c.BatchSize,
-		AllowAutoTopicCreation: c.AllowAutoTopicCreation,
-		Transport:              c.Security.transport(),
-		ErrorLogger:            kafkaLogger(c.Logger, slog.LevelWarn),
+	transport := c.Security.transport()
+	writer := func(batchSize, batchBytes int) *kafka.Writer {
+		return &kafka.Writer{
+			Addr:                   kafka.TCP(c.Brokers...),
+			Balancer:               &kafka.Murmur2Balancer{},
+			RequiredAcks:           kafka.RequireAll,
+			BatchTimeout:           c.BatchTimeout,
+			BatchSize:              batchSize,
+			BatchBytes:             int64(batchBytes),
+			AllowAutoTopicCreation: c.AllowAutoTopicCreation,
+			Transport:              transport,
+			ErrorLogger:            kafkaLogger(c.Logger, slog.LevelWarn),
+		}
 	}
-	return &Publisher{cfg: c, w: w}, nil
+	return &Publisher{cfg: c, w: writer(c.BatchSize, batchBytes), large: writer(1, max(c.MaxRecordBytes, batchBytes)+64<<10)}, nil
+}
+
+// batchBytes bounds a batch of several records: kafka-go's default, and
+// about the broker's default message.max.bytes.
+const batchBytes = 1 << 20
+
+// ErrRecordTooLarge is wrapped by Publish's error when a record is larger
+// than PublisherConfig.MaxRecordBytes or than the topic accepts; the error
+// says which limit it hit.
+var ErrRecordTooLarge = errors.New("consumer: record too large")
+
+// recordSize is a record's size as kafka-go counts it against a batch limit.
+func recordSize(m *kafka.Message) int {
+	n := 4 + 1 + 1 + 8 + 4 + len(m.Key) + 4 + len(m.Value) + varintLen(len(m.Headers))
+	for _, h := range m.Headers {
+		n += varintLen(len(h.Key)) + len(h.Key) + varintLen(len(h.Value)) + len(h.Value)
+	}
+	return n
+}
+
+func varintLen(n int) int {
+	l := 1
+	for u := uint64(n) << 1; u >= 0x80; u >>= 7 { // zig-zag, as Kafka's varints
+		l++
+	}
+	return l
 }
 
 // ErrPublisherClosed is returned by Publish after Close.
@@ -112,19 +160,74 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		return nil
 	}
 	records := make([]kafka.Message, len(msgs))
+	sizes := make([]int, len(msgs))
 	for i, m := range msgs {
 		key, err := p.key(topic, m)
 		if err != nil {
 			return fmt.Errorf("consumer: publish %s to %s: partition key: %w", m.UUID, topic, err)
 		}
 		records[i] = toKafka(topic, m, key)
+		sizes[i] = recordSize(&records[i])
+		if sizes[i] > p.cfg.MaxRecordBytes {
+			return fmt.Errorf("%w: publish %s to %s: the record is %d bytes, PublisherConfig.MaxRecordBytes is %d: raise it (and the topic's max.message.bytes)",
+				ErrRecordTooLarge, m.UUID, topic, sizes[i], p.cfg.MaxRecordBytes)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.PublishTimeout)
 	defer cancel()
-	if err := p.w.WriteMessages(ctx, records...); err != nil {
-		return fmt.Errorf("consumer: publish %d message(s) to %s: %w", len(msgs), topic, err)
+	// In order: runs of small records go in batches, large ones alone.
+	for start := 0; start < len(records); {
+		large := sizes[start] > batchBytes-1024
+		end := start + 1
+		for end < len(records) && (sizes[end] > batchBytes-1024) == large {
+			end++
+		}
+		w := p.w
+		if large {
+			w = p.large
+		}
+		if err := w.WriteMessages(ctx, records[start:end]...); err != nil {
+			if tooLarge(err) {
+				return p.tooLarge(topic, msgs[start:end], sizes[start:end], err)
+			}
+			return fmt.Errorf("consumer: publish %d message(s) to %s: %w", end-start, topic, err)
+		}
+		start = end
 	}
 	return nil
+}
+
+// tooLarge reports whether the broker (or kafka-go) refused a record for
+// its size.
+func tooLarge(err error) bool {
+	var we kafka.WriteErrors
+	if errors.As(err, &we) {
+		for _, e := range we {
+			if e != nil && errors.Is(e, kafka.MessageSizeTooLarge) {
+				return true
+			}
+		}
+	}
+	return errors.Is(err, kafka.MessageSizeTooLarge)
+}
+
+// tooLarge says which limit a refused record hit: the topic's
+// max.message.bytes, looked up for the message.
+func (p *Publisher) tooLarge(topic string, msgs []*message.Message, sizes []int, err error) error {
+	biggest := 0
+	for i := range sizes {
+		if sizes[i] > sizes[biggest] {
+			biggest = i
+		}
+	}
+	limit := "its max.message.bytes"
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if v, lerr := topicConfig(ctx, p.cfg.Brokers, p.cfg.Security, topic, "max.message.bytes"); lerr == nil {
+		limit = "max.message.bytes=" + v
+	}
+	return fmt.Errorf("%w: publish %d message(s) to %s: the broker refused the batch (largest record %s, %d bytes): topic %s accepts batches up to %s: raise the topic's max.message.bytes: %v",
+		ErrRecordTooLarge, len(msgs), topic, msgs[biggest].UUID, sizes[biggest], topic, limit, err)
 }
 
 func (p *Publisher) key(topic string, m *message.Message) ([]byte, error) {
@@ -149,7 +252,7 @@ func (p *Publisher) Close() error {
 		return nil
 	}
 	p.closed = true
-	return p.w.Close()
+	return errors.Join(p.w.Close(), p.large.Close())
 }
 
 // kafkaLogger bridges kafka-go's Printf loggers into slog.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"strconv"
 	"sync"
 	"time"
 
@@ -47,11 +49,23 @@ type SubscriberConfig struct {
 	// DrainTimeout bounds how long a revoked partition (rebalance or Close)
 	// waits for its in-flight message to be acked before giving it up; a
 	// message given up is delivered again to the partition's next owner.
-	// Keep it below RebalanceTimeout. Defaults to 10s.
+	// Heartbeats go on while partitions drain, so a drain longer than
+	// SessionTimeout keeps the membership; the group waits for a draining
+	// member only up to RebalanceTimeout, so DrainTimeout must be below it.
+	// Defaults to 10s, or half of RebalanceTimeout when that is shorter.
 	DrainTimeout time.Duration
 	// SessionTimeout, RebalanceTimeout and HeartbeatInterval tune group
-	// membership. Default to 10s, 30s and 1s.
+	// membership; HeartbeatInterval must be below SessionTimeout. Default to
+	// 10s, 30s and 1s.
 	SessionTimeout, RebalanceTimeout, HeartbeatInterval time.Duration
+	// Isolation says which records of transactional producers are
+	// delivered. ReadCommitted delivers only committed data, up to the last
+	// stable offset: records of aborted transactions never reach a handler,
+	// and a partition waits behind an open transaction until it ends.
+	// ReadUncommitted delivers records as they are written, including those
+	// of transactions that are later aborted. Control records (transaction
+	// markers) are never delivered. Defaults to ReadCommitted.
+	Isolation Isolation
 	// MaxWait bounds a fetch's wait for new records. Defaults to 250ms.
 	MaxWait time.Duration
 	// MaxBytes bounds one fetch response per partition. Defaults to 10 MiB.
@@ -83,9 +97,9 @@ func (c *SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 	}
 	def(&o.NackBackoff, 100*time.Millisecond)
 	def(&o.MaxNackBackoff, 5*time.Second)
-	def(&o.DrainTimeout, 10*time.Second)
 	def(&o.SessionTimeout, 10*time.Second)
 	def(&o.RebalanceTimeout, 30*time.Second)
+	def(&o.DrainTimeout, min(10*time.Second, o.RebalanceTimeout/2))
 	def(&o.HeartbeatInterval, time.Second)
 	def(&o.MaxWait, 250*time.Millisecond)
 	def(&o.CommitInterval, 200*time.Millisecond)
@@ -102,6 +116,19 @@ func (c *SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 			return o, fmt.Errorf("consumer: SubscriberConfig.%s is %v: set a positive duration", name, d)
 		}
 	}
+	if o.DrainTimeout >= o.RebalanceTimeout {
+		return o, fmt.Errorf("consumer: SubscriberConfig.DrainTimeout (%v) is not below RebalanceTimeout (%v): the group would finish the rebalance without this member and refuse its last commit; lower DrainTimeout or raise RebalanceTimeout", o.DrainTimeout, o.RebalanceTimeout)
+	}
+	if o.HeartbeatInterval >= o.SessionTimeout {
+		return o, fmt.Errorf("consumer: SubscriberConfig.HeartbeatInterval (%v) is not below SessionTimeout (%v): lower HeartbeatInterval (a third of SessionTimeout or less)", o.HeartbeatInterval, o.SessionTimeout)
+	}
+	switch o.Isolation {
+	case 0:
+		o.Isolation = ReadCommitted
+	case ReadCommitted, ReadUncommitted:
+	default:
+		return o, fmt.Errorf("consumer: SubscriberConfig.Isolation is %d: use ReadCommitted or ReadUncommitted", o.Isolation)
+	}
 	return o, nil
 }
 
@@ -114,14 +141,23 @@ func (c *SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 // Nack delivers the same message again after a back-off, never skipping it.
 // Offsets are committed with the generation that fetched the messages, so a
 // commit never crosses a rebalance: when a generation ends, each partition
-// stops fetching, waits (up to DrainTimeout) for its in-flight message,
-// commits, and only then does the group rejoin.
+// stops fetching, waits (up to DrainTimeout, heartbeating all along) for its
+// in-flight message, commits, and only then does the group rejoin.
+//
+// Records are read with kafka-go's Transport and filtered here: under
+// ReadCommitted (the default) records of aborted transactions and control
+// records are never delivered and nothing past the last stable offset is;
+// the offsets of hidden records are still committed, so a partition whose
+// tail is a transaction marker does not look lagging.
 type Subscriber struct {
-	cfg     SubscriberConfig
-	closing chan struct{}
-	wg      sync.WaitGroup
-	mu      sync.Mutex
-	closed  bool
+	cfg SubscriberConfig
+	// transports holds one kafka-go Transport per topic, whose metadata
+	// covers that topic alone (a cluster's full metadata can be large).
+	transports map[string]*kafka.Transport
+	closing    chan struct{}
+	wg         sync.WaitGroup
+	mu         sync.Mutex
+	closed     bool
 }
 
 var _ message.Subscriber = (*Subscriber)(nil)
@@ -132,7 +168,7 @@ func NewSubscriber(cfg *SubscriberConfig) (*Subscriber, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Subscriber{cfg: c, closing: make(chan struct{})}, nil
+	return &Subscriber{cfg: c, transports: map[string]*kafka.Transport{}, closing: make(chan struct{})}, nil
 }
 
 // ErrSubscriberClosed is returned by Subscribe after Close.
@@ -184,12 +220,37 @@ func (s *Subscriber) Close() error {
 	close(s.closing)
 	s.mu.Unlock()
 	s.wg.Wait()
+	s.mu.Lock()
+	for _, t := range s.transports {
+		t.CloseIdleConnections()
+	}
+	s.mu.Unlock()
 	return nil
 }
 
 func (s *Subscriber) log() *slog.Logger { return s.cfg.Logger }
 
+// transport returns the Transport for topic's subscriptions.
+func (s *Subscriber) transport(topic string) *kafka.Transport {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.transports[topic]
+	if !ok {
+		t = s.cfg.Security.transport()
+		t.MetadataTopics = []string{topic}
+		s.transports[topic] = t
+	}
+	return t
+}
+
 func (s *Subscriber) runGroup(ctx context.Context, topic string, out chan<- *message.Message) {
+	// A group joined before its topic exists settles on a generation with no
+	// partitions, and kafka-go's partition watcher, whose first look may
+	// already see the new topic, never asks for another: join once the
+	// topic is there.
+	if _, ok := s.waitForTopic(ctx, topic); !ok {
+		return
+	}
 	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
 		ID:                    s.cfg.ConsumerGroup,
 		Brokers:               s.cfg.Brokers,
@@ -297,6 +358,15 @@ func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, t
 		})
 	}
 	gen.Start(func(gctx context.Context) {
+		defer func() {
+			// The generation ended: keep the membership alive while the
+			// partitions drain, so that a drain longer than SessionTimeout
+			// does not get this member expelled and its last commit refused.
+			stop := s.heartbeat(gen, topic)
+			partitions.Wait()
+			commit()
+			stop()
+		}()
 		if s.cfg.CommitInterval > 0 {
 			t := time.NewTicker(s.cfg.CommitInterval)
 			defer t.Stop()
@@ -312,52 +382,179 @@ func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, t
 		} else {
 			<-gctx.Done()
 		}
-		partitions.Wait()
-		commit()
 	})
+}
+
+// heartbeat sends heartbeats for gen's member until stop is called. The
+// coordinator answers "rebalance in progress" while the group waits for its
+// members to rejoin, and each heartbeat keeps this member's session alive.
+func (s *Subscriber) heartbeat(gen *kafka.Generation, topic string) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Timeout: 10 * time.Second, Transport: s.transport(topic)}
+		var coord net.Addr
+		t := time.NewTicker(s.cfg.HeartbeatInterval)
+		defer t.Stop()
+		for {
+			if coord == nil {
+				res, err := c.FindCoordinator(ctx, &kafka.FindCoordinatorRequest{Key: gen.GroupID, KeyType: kafka.CoordinatorKeyTypeConsumer})
+				if err == nil && res.Error == nil && res.Coordinator != nil {
+					coord = kafka.TCP(net.JoinHostPort(res.Coordinator.Host, strconv.Itoa(res.Coordinator.Port)))
+				}
+			}
+			if coord != nil {
+				res, err := c.Heartbeat(ctx, &kafka.HeartbeatRequest{Addr: coord, GroupID: gen.GroupID, GenerationID: gen.ID, MemberID: gen.MemberID})
+				if err == nil {
+					err = res.Error
+				}
+				switch {
+				case ctx.Err() != nil:
+					return
+				case err == nil, errors.Is(err, kafka.RebalanceInProgress):
+				case errors.Is(err, kafka.UnknownMemberId), errors.Is(err, kafka.IllegalGeneration), errors.Is(err, kafka.FencedInstanceID):
+					s.log().Warn("consumer: membership lost while draining; the last commit will be refused", "group", gen.GroupID, "generation", gen.ID, "err", err)
+					return
+				default:
+					s.log().Debug("consumer: heartbeat while draining failed", "group", gen.GroupID, "generation", gen.ID, "err", err)
+					coord = nil
+				}
+			}
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // consumePartition reads one partition in order. subCtx carries the
 // subscription's values into message contexts; stopCtx ends the reading.
-// acked is called with the next offset to commit after each ack.
+// acked is called with the next offset to commit after each ack, and after a
+// run of hidden records (transaction markers, aborted records).
 func (s *Subscriber) consumePartition(subCtx, stopCtx context.Context, topic string, partition int, start int64, out chan<- *message.Message, acked func(next int64)) {
-	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers:        s.cfg.Brokers,
-		Dialer:         s.cfg.Security.dialer(10 * time.Second),
-		Topic:          topic,
-		Partition:      partition,
-		MinBytes:       1,
-		MaxBytes:       s.cfg.MaxBytes,
-		MaxWait:        s.cfg.MaxWait,
-		ReadBackoffMin: 100 * time.Millisecond,
-		ReadBackoffMax: 5 * time.Second,
-		ErrorLogger:    kafkaLogger(s.log(), slog.LevelDebug),
-	})
-	defer r.Close()
-	if err := r.SetOffset(start); err != nil {
-		s.log().Error("consumer: set offset", "topic", topic, "partition", partition, "offset", start, "err", err)
-		<-stopCtx.Done()
+	f := &fetcher{
+		transport: s.transport(topic), addr: kafka.TCP(s.cfg.Brokers...), topic: topic, partition: partition,
+		committed: s.cfg.Isolation == ReadCommitted, maxBytes: s.cfg.MaxBytes, maxWait: s.cfg.MaxWait,
+	}
+	pos, ok := s.resolveOffset(stopCtx, topic, partition, start)
+	if !ok {
 		return
 	}
-	backoff := 100 * time.Millisecond
+	// The next response is fetched while this one is delivered.
+	ctx, cancel := context.WithCancel(stopCtx)
+	responses := make(chan fetched, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.fetchLoop(ctx, f, pos, responses)
+	}()
+	defer func() { cancel(); <-done }()
+	committed := pos
 	for {
-		km, err := r.FetchMessage(stopCtx)
-		if stopCtx.Err() != nil {
+		var res fetched
+		select {
+		case res = <-responses:
+		case <-stopCtx.Done():
 			return
 		}
+		for _, km := range res.records {
+			if !s.deliver(subCtx, stopCtx, km, out) {
+				return
+			}
+			committed = km.Offset + 1
+			acked(committed)
+		}
+		if res.next > committed {
+			// Hidden records: commit past them, or the partition looks
+			// lagging forever when its tail is a transaction marker.
+			committed = res.next
+			acked(committed)
+		}
+	}
+}
+
+// fetchLoop fetches f's partition from pos and sends every response that
+// moves the position on, until ctx ends.
+func (s *Subscriber) fetchLoop(ctx context.Context, f *fetcher, pos int64, responses chan<- fetched) {
+	backoff := 100 * time.Millisecond
+	for {
+		res, err := f.fetch(ctx, pos)
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, kafka.OffsetOutOfRange) {
+			// Retention removed the records at pos (or the topic was
+			// recreated): start again where a new group would.
+			next, ok := s.resolveOffset(ctx, f.topic, f.partition, int64(s.cfg.StartOffset))
+			if !ok {
+				return
+			}
+			s.log().Warn("consumer: offset out of range; starting again at StartOffset", "topic", f.topic, "partition", f.partition, "offset", pos, "restart", next)
+			pos = next
+			continue
+		}
 		if err != nil {
-			s.log().Warn("consumer: fetch failed; retrying", "topic", topic, "partition", partition, "err", err)
-			if clock.Sleep(stopCtx, backoff) != nil {
+			s.log().Warn("consumer: fetch failed; retrying", "topic", f.topic, "partition", f.partition, "offset", pos, "err", err)
+			if clock.Sleep(ctx, backoff) != nil {
 				return
 			}
 			backoff = min(2*backoff, 5*time.Second)
 			continue
 		}
 		backoff = 100 * time.Millisecond
-		if !s.deliver(subCtx, stopCtx, km, out) {
+		if res.next == pos && len(res.records) == 0 {
+			continue
+		}
+		select {
+		case responses <- res:
+		case <-ctx.Done():
 			return
 		}
-		acked(km.Offset + 1)
+		pos = res.next
+	}
+}
+
+// resolveOffset turns StartFirst and StartLast into an offset of partition,
+// retrying until it succeeds or ctx ends (ok false).
+func (s *Subscriber) resolveOffset(ctx context.Context, topic string, partition int, start int64) (int64, bool) {
+	if start >= 0 {
+		return start, true
+	}
+	c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Timeout: 10 * time.Second, Transport: s.transport(topic)}
+	isolation := kafka.ReadUncommitted
+	if s.cfg.Isolation == ReadCommitted {
+		isolation = kafka.ReadCommitted
+	}
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		req := kafka.FirstOffsetOf(partition)
+		if start == kafka.LastOffset {
+			req = kafka.LastOffsetOf(partition)
+		}
+		res, err := c.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: {req}}, IsolationLevel: isolation})
+		if err == nil {
+			for _, p := range res.Topics[topic] {
+				switch {
+				case p.Partition != partition:
+				case p.Error != nil:
+					err = p.Error
+				case start == kafka.LastOffset:
+					return p.LastOffset, true
+				default:
+					return p.FirstOffset, true
+				}
+			}
+			if err == nil {
+				err = fmt.Errorf("no offsets for partition %d", partition)
+			}
+		}
+		s.log().Warn("consumer: list offsets failed; retrying", "topic", topic, "partition", partition, "err", err)
+		if clock.Sleep(ctx, backoff) != nil {
+			return 0, false
+		}
 	}
 }
 
@@ -406,17 +603,9 @@ func (s *Subscriber) deliver(subCtx, stopCtx context.Context, km kafka.Message, 
 // runWithoutGroup reads every partition of topic from StartOffset and
 // commits nothing.
 func (s *Subscriber) runWithoutGroup(ctx context.Context, topic string, out chan<- *message.Message) {
-	var parts []kafka.Partition
-	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
-		var err error
-		parts, err = s.partitions(ctx, topic)
-		if err == nil && len(parts) > 0 {
-			break
-		}
-		s.log().Debug("consumer: waiting for topic metadata", "topic", topic, "err", err)
-		if clock.Sleep(ctx, backoff) != nil {
-			return
-		}
+	parts, ok := s.waitForTopic(ctx, topic)
+	if !ok {
+		return
 	}
 	var wg sync.WaitGroup
 	for _, p := range parts {
@@ -429,8 +618,32 @@ func (s *Subscriber) runWithoutGroup(ctx context.Context, topic string, out chan
 	wg.Wait()
 }
 
+// waitForTopic returns topic's partitions once it exists, saying at WARN
+// while it does not; ok is false when ctx ends first.
+func (s *Subscriber) waitForTopic(ctx context.Context, topic string) (parts []kafka.Partition, ok bool) {
+	for backoff, n := 100*time.Millisecond, 0; ; backoff, n = min(2*backoff, 5*time.Second), n+1 {
+		var err error
+		parts, err = s.partitions(ctx, topic)
+		if err == nil && len(parts) > 0 {
+			if n > 0 {
+				s.log().Info("consumer: topic is there; consuming", "topic", topic, "partitions", len(parts))
+			}
+			return parts, true
+		}
+		s.log().Warn("consumer: topic does not exist (yet); waiting for it", "topic", topic, "group", s.cfg.ConsumerGroup, "err", err, "retry", backoff)
+		if clock.Sleep(ctx, backoff) != nil {
+			return nil, false
+		}
+	}
+}
+
 func (s *Subscriber) partitions(ctx context.Context, topic string) ([]kafka.Partition, error) {
-	c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Timeout: 10 * time.Second, Transport: s.cfg.Security.transport()}
+	// A transport of its own: a shared one answers from its metadata cache,
+	// which learns of a new topic only when it refreshes.
+	t := s.cfg.Security.transport()
+	t.MetadataTopics = []string{topic}
+	defer t.CloseIdleConnections()
+	c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Timeout: 10 * time.Second, Transport: t}
 	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
 		return nil, err

@@ -1,0 +1,259 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sort"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+	fetchapi "github.com/segmentio/kafka-go/protocol/fetch"
+)
+
+// Isolation says which records of transactional producers the Subscriber
+// delivers.
+type Isolation int8
+
+const (
+	// ReadCommitted delivers only records of committed transactions (and
+	// records written outside transactions), up to the last stable offset.
+	ReadCommitted Isolation = 1
+	// ReadUncommitted delivers every data record as soon as it is written,
+	// including records of transactions that are later aborted or still open.
+	ReadUncommitted Isolation = 2
+)
+
+// abortMarker is the type of the control record that ends an aborted
+// transaction (a commit marker has type 1).
+const abortMarker = 0
+
+// fetcher reads one partition with Fetch requests sent over a kafka-go
+// Transport. kafka-go's own readers do not filter aborted transactions, and
+// its Client.Fetch drops the response's aborted-transaction list, so the
+// response is filtered here as the Java consumer's CompletedFetch does.
+type fetcher struct {
+	transport *kafka.Transport
+	addr      net.Addr
+	topic     string
+	partition int
+	committed bool
+	maxBytes  int
+	maxWait   time.Duration
+}
+
+// fetched is what one Fetch response yields: the records to deliver, in
+// offset order, and the position after the response. Every offset below next
+// that is not in records is hidden (a control record, a record of an aborted
+// transaction, a record removed by compaction) and may be committed past.
+type fetched struct {
+	records []kafka.Message
+	next    int64
+}
+
+// fetch reads from pos.
+func (f *fetcher) fetch(ctx context.Context, pos int64) (fetched, error) {
+	isolation := int8(0)
+	if f.committed {
+		isolation = 1
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.maxWait+30*time.Second)
+	defer cancel()
+	m, err := f.transport.RoundTrip(ctx, f.addr, &fetchapi.Request{
+		ReplicaID:      -1,
+		MaxWaitTime:    int32(f.maxWait / time.Millisecond),
+		MinBytes:       1,
+		MaxBytes:       int32(f.maxBytes),
+		IsolationLevel: isolation,
+		SessionID:      -1,
+		SessionEpoch:   -1,
+		Topics: []fetchapi.RequestTopic{{
+			Topic: f.topic,
+			Partitions: []fetchapi.RequestPartition{{
+				Partition:          int32(f.partition),
+				CurrentLeaderEpoch: -1,
+				FetchOffset:        pos,
+				LogStartOffset:     -1,
+				PartitionMaxBytes:  int32(f.maxBytes),
+			}},
+		}},
+	})
+	if err != nil {
+		return fetched{next: pos}, err
+	}
+	res, ok := m.(*fetchapi.Response)
+	if !ok {
+		return fetched{next: pos}, fmt.Errorf("unexpected fetch response %T", m)
+	}
+	if res.ErrorCode != 0 {
+		return fetched{next: pos}, kafka.Error(res.ErrorCode)
+	}
+	for _, t := range res.Topics {
+		for i := range t.Partitions {
+			p := &t.Partitions[i]
+			if t.Topic != f.topic || int(p.Partition) != f.partition {
+				continue
+			}
+			if p.ErrorCode != 0 {
+				return fetched{next: pos}, kafka.Error(p.ErrorCode)
+			}
+			return filterPartition(f.topic, p, pos, f.committed)
+		}
+	}
+	return fetched{next: pos}, fmt.Errorf("fetch response without %s/%d", f.topic, f.partition)
+}
+
+// batch is one decoded record batch of a fetch response.
+type batch struct {
+	base          int64
+	producerID    int64
+	transactional bool
+	control       bool
+	records       []kafka.Message // data records, copied
+	abort         bool            // a control batch holding an abort marker
+	maxOffset     int64           // highest record offset seen, or -1
+}
+
+// readBatch copies the records of one batch: kafka-go's key and value bytes
+// are only valid until the next ReadRecord.
+func readBatch(topic string, partition int, rr protocol.RecordReader) (batch, error) {
+	b := batch{producerID: -1, maxOffset: -1}
+	switch v := rr.(type) {
+	case *protocol.RecordBatch:
+		b.base, b.producerID, b.transactional = v.BaseOffset, v.ProducerID, v.Attributes.Transactional()
+	case *protocol.ControlBatch:
+		b.base, b.producerID, b.transactional, b.control = v.BaseOffset, v.ProducerID, v.Attributes.Transactional(), true
+	case *protocol.MessageSet:
+		b.base = v.BaseOffset
+	default:
+		return b, fmt.Errorf("unexpected record batch %T", rr)
+	}
+	for {
+		r, err := rr.ReadRecord()
+		if errors.Is(err, io.EOF) {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		b.maxOffset = max(b.maxOffset, r.Offset)
+		if b.control {
+			cr, err := protocol.ReadControlRecord(r)
+			if err != nil {
+				return b, fmt.Errorf("control record at offset %d: %w", r.Offset, err)
+			}
+			if cr.Type == abortMarker {
+				b.abort = true
+			}
+			continue
+		}
+		key, err := protocol.ReadAll(r.Key)
+		if err != nil {
+			return b, fmt.Errorf("key at offset %d: %w", r.Offset, err)
+		}
+		value, err := protocol.ReadAll(r.Value)
+		if err != nil {
+			return b, fmt.Errorf("value at offset %d: %w", r.Offset, err)
+		}
+		closeBytes(r.Key)
+		closeBytes(r.Value)
+		var headers []kafka.Header
+		if len(r.Headers) > 0 {
+			headers = append(headers, r.Headers...)
+		}
+		b.records = append(b.records, kafka.Message{
+			Topic: topic, Partition: partition, Offset: r.Offset,
+			Key: key, Value: value, Headers: headers, Time: r.Time,
+		})
+	}
+}
+
+func closeBytes(b protocol.Bytes) {
+	if b != nil {
+		_ = b.Close()
+	}
+}
+
+// filterPartition turns one partition of a fetch response read from pos into
+// the records to deliver and the next position, hiding control records, and
+// (under read committed) records of aborted transactions and anything at or
+// past the last stable offset. The aborted-transaction state lives only for
+// this response: the broker lists every aborted transaction overlapping the
+// returned range, even one whose first offset is below pos.
+func filterPartition(topic string, p *fetchapi.ResponsePartition, pos int64, committed bool) (fetched, error) {
+	out := fetched{next: pos}
+	stream, ok := p.RecordSet.Records.(*protocol.RecordStream)
+	if p.RecordSet.Records == nil {
+		return out, nil
+	}
+	var batches []protocol.RecordReader
+	if ok {
+		batches = stream.Records
+	} else {
+		batches = []protocol.RecordReader{p.RecordSet.Records}
+	}
+	aborted := append([]fetchapi.ResponseTransaction(nil), p.AbortedTransactions...)
+	sort.Slice(aborted, func(i, j int) bool { return aborted[i].FirstOffset < aborted[j].FirstOffset })
+	abortedProducers := map[int64]bool{}
+	limit := int64(-1) // no limit
+	if committed && p.LastStableOffset >= 0 {
+		limit = p.LastStableOffset
+	}
+	decoded := 0
+	for _, rr := range batches {
+		b, err := readBatch(topic, int(p.Partition), rr)
+		if err != nil {
+			// Deliver what came before; the next fetch starts at the bad batch.
+			if len(out.records) > 0 || out.next > pos {
+				return out, nil
+			}
+			return out, err
+		}
+		if limit >= 0 && b.base >= limit {
+			break // at or past the last stable offset: not yet decided
+		}
+		decoded++
+		// kafka-go drops each batch's last offset delta: the batch ends at
+		// its last record that is still there, at least at its base.
+		last := max(b.base, b.maxOffset)
+		hidden := b.control
+		if committed && b.producerID >= 0 {
+			for len(aborted) > 0 && aborted[0].FirstOffset <= last {
+				abortedProducers[aborted[0].ProducerID] = true
+				aborted = aborted[1:]
+			}
+			switch {
+			case b.control && b.abort:
+				delete(abortedProducers, b.producerID)
+			case b.transactional && abortedProducers[b.producerID]:
+				hidden = true
+			}
+		}
+		if !hidden {
+			for _, r := range b.records {
+				if r.Offset < pos { // a fetch may start in the middle of a batch
+					continue
+				}
+				if limit >= 0 && r.Offset >= limit {
+					break
+				}
+				out.records = append(out.records, r)
+			}
+		}
+		out.next = max(out.next, last+1)
+		if limit >= 0 {
+			out.next = min(out.next, max(limit, pos))
+		}
+	}
+	if decoded > 0 && out.next == pos && len(out.records) == 0 && (limit < 0 || pos < limit) {
+		// The broker returns first the batch that holds pos. When nothing in
+		// it is at or past pos (its tail was compacted away, or it is an
+		// empty batch kept for its producer's state), pos is hidden: step
+		// over it.
+		out.next = pos + 1
+	}
+	return out, nil
+}
