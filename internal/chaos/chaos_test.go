@@ -28,9 +28,10 @@ const (
 	dlqTopic      = "ledger.dlq"
 	partitions    = 6
 	group         = "ledger-consumer" // the worker's consumer group
-	// sessionTimeout is the worker's consumer-group session timeout (the
-	// Subscriber's default; the worker has no flag for it).
-	sessionTimeout = 10 * time.Second
+	// sessionTimeout is the workers' consumer-group session timeout
+	// (--session-timeout): the time from a crash to the crashed worker's
+	// partitions being consumed again. The suite's broker allows 1s.
+	sessionTimeout = 3 * time.Second
 )
 
 // options select the run; CHAOS_* environment variables set them.
@@ -197,7 +198,8 @@ func TestChaos(t *testing.T) {
 	}
 	var n counts
 	ws := &workers{restarts: &n.workerRestarts, bin: bin, dir: base, args: []string{"worker", "--database-url", pg.URL(), "--brokers", br.Addr(),
-		"--schema", "ledger", "--commands", commandsTopic, "--metrics-addr", "127.0.0.1:0"}}
+		"--schema", "ledger", "--commands", commandsTopic, "--metrics-addr", "127.0.0.1:0",
+		"--session-timeout", sessionTimeout.String()}}
 	for i := 0; i < sc.workers; i++ {
 		w := &worker{id: i}
 		ws.all = append(ws.all, w)

@@ -70,6 +70,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var (
 		url, bs, sch, cmds, events, dlq, group, metricsAddr *string
 		noDedupe, replay, migrate                           *bool
+		sessionTimeout                                      *time.Duration
 	)
 	switch cmd {
 	case "demo":
@@ -84,6 +85,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		events = fs.String("events", "ledger.events", "events topic (the outbox publishes here)")
 		dlq = fs.String("dead-letter", "ledger.dlq", "dead-letter topic (malformed commands, key reuse)")
 		group = fs.String("group", "ledger-consumer", "consumer group")
+		sessionTimeout = fs.Duration("session-timeout", 10*time.Second, "how long the group waits for a silent member before its partitions move (a crashed worker's partitions wait this long); the broker's group.min.session.timeout.ms (6s by default) is the floor")
 		metricsAddr = fs.String("metrics-addr", "127.0.0.1:9090", "address for /metrics and /healthz (\":9090\" for every interface; \"\" for none)")
 		migrate = fs.Bool("migrate", false, "create or upgrade the tables before consuming (needs DDL rights; production runs `migrate` once instead)")
 		noDedupe = fs.Bool("no-dedupe", false, "run without the dedupe middleware (to measure it, or to watch verify fail)")
@@ -184,7 +186,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			}
 		}
 		w, err := NewWorker(pool, Config{Schema: *sch, Brokers: brokerList, Commands: *cmds, Events: *events, DeadLetter: *dlq,
-			Group: *group, MetricsAddr: *metricsAddr, CreateTopics: true, NoDedupe: *noDedupe, Logger: logger})
+			Group: *group, SessionTimeout: *sessionTimeout, MetricsAddr: *metricsAddr, CreateTopics: true, NoDedupe: *noDedupe, Logger: logger})
 		if err != nil {
 			return fail(err)
 		}

@@ -40,6 +40,11 @@ type Config struct {
 	Commands, Events, DeadLetter string
 	// Group is the consumer group. Defaults to "ledger-consumer".
 	Group string
+	// SessionTimeout is how long the group waits for a silent member
+	// before it hands the member's partitions to the others: the time from
+	// a crash to its partitions being consumed again. Heartbeats go out
+	// every tenth of it. Defaults to the Subscriber's (10s).
+	SessionTimeout time.Duration
 	// KeyFunc and FingerprintFunc are the middleware's (consumer.Config).
 	// Default to the message UUID and the SHA-256 of the payload's bytes.
 	KeyFunc         consumer.KeyFunc
@@ -253,7 +258,8 @@ func (w *Worker) consume(ctx context.Context, setRouter func(*message.Router)) e
 		return err
 	}
 	defer pub.Close()
-	sub, err := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: w.cfg.Brokers, ConsumerGroup: w.cfg.Group, Logger: log})
+	sub, err := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: w.cfg.Brokers, ConsumerGroup: w.cfg.Group, Logger: log,
+		SessionTimeout: w.cfg.SessionTimeout, HeartbeatInterval: w.cfg.SessionTimeout / 10})
 	if err != nil {
 		return err
 	}
