@@ -149,6 +149,7 @@ func runContainer() (string, error) {
 				"KAFKA_HEAP_OPTS":                                        "-Xms256m -Xmx512m",
 			}),
 			testenv.Loopback(),
+			testenv.Shared("kafka"),
 			testcontainers.WithWaitStrategyAndDeadline(3*time.Minute, wait.ForLog("Kafka Server started").WithStartupTimeout(3*time.Minute)),
 		)
 		if err != nil {
@@ -161,6 +162,13 @@ func runContainer() (string, error) {
 			}
 			continue
 		}
+		// A container shared with other test processes has their port.
+		adv, err := testenv.ContainerEnv(ctx, c, "KAFKA_ADVERTISED_LISTENERS")
+		if err != nil {
+			_ = c.Terminate(context.Background())
+			return "", err
+		}
+		addr = strings.TrimPrefix(adv, "PLAINTEXT://")
 		for ctx.Err() == nil {
 			if lastErr = ready(ctx, addr); lastErr == nil {
 				return addr, nil
@@ -175,11 +183,26 @@ func runContainer() (string, error) {
 	return "", fmt.Errorf("%s on the host network: %w", Image, lastErr)
 }
 
-// ready reports whether the broker at addr answers a metadata request.
+// ready reports whether the broker at addr serves a topic. A broker that
+// has just started answers metadata requests long before its first topic
+// creation completes on a loaded machine (the JVM is still cold), so ready
+// creates one (or finds it, on a shared broker) and reads its end offset,
+// with time to spare, before the tests' own 10 s requests go to it.
 func ready(ctx context.Context, addr string) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	_, err := clientOn([]string{addr}).Metadata(ctx, &kafka.MetadataRequest{})
+	c := &kafka.Client{Addr: kafka.TCP(addr), Timeout: time.Minute}
+	const topic = "exactly-testenv-ready"
+	res, err := c.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
+		Topic: topic, NumPartitions: 1, ReplicationFactor: 1,
+	}}})
+	if err != nil {
+		return err
+	}
+	if err := res.Errors[topic]; err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+		return err
+	}
+	_, err = kafkaadmin.EndOffsets(ctx, c, topic, 1)
 	return err
 }
 

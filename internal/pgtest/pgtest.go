@@ -95,7 +95,6 @@ func runContainer() (string, error) {
 		if err != nil {
 			return "", err
 		}
-		u := fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%d/exactly_test?sslmode=disable", ports[0])
 		c, err := testcontainers.Run(ctx, Image,
 			testcontainers.WithEnv(map[string]string{
 				"POSTGRES_USER":     "postgres",
@@ -105,6 +104,7 @@ func runContainer() (string, error) {
 			}),
 			testcontainers.WithCmd("postgres", "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200"),
 			testenv.Loopback(),
+			testenv.Shared("postgres"),
 			// The init server logs the line once, the real server once more.
 			testcontainers.WithWaitStrategyAndDeadline(2*time.Minute,
 				wait.ForLog("database system is ready to accept connections").WithOccurrence(2).WithStartupTimeout(2*time.Minute)),
@@ -119,6 +119,13 @@ func runContainer() (string, error) {
 			}
 			continue
 		}
+		// A container shared with other test processes has their port.
+		port, err := testenv.ContainerEnv(ctx, c, "PGPORT")
+		if err != nil {
+			_ = c.Terminate(context.Background())
+			return "", err
+		}
+		u := fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%s/exactly_test?sslmode=disable", port)
 		for ctx.Err() == nil {
 			if lastErr = ping(u); lastErr == nil {
 				return u, nil

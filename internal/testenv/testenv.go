@@ -23,6 +23,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -111,6 +112,36 @@ func Loopback() testcontainers.CustomizeRequestOption {
 		req.Labels[ContainerLabel] = runLabel()
 		return nil
 	}
+}
+
+// Shared makes the test processes of one run (EXACTLY_TESTENV_RUN set) share
+// one container of service, found by name, instead of one per package: the
+// tests isolate themselves (a schema, topics and groups of their own), and a
+// broker's start-up costs a minute on a loaded machine. The first process
+// creates it; the others reuse it and read its ports from its environment
+// (ContainerEnv). Without EXACTLY_TESTENV_RUN, each process has its own.
+func Shared(service string) testcontainers.CustomizeRequestOption {
+	return func(req *testcontainers.GenericContainerRequest) error {
+		if run := os.Getenv("EXACTLY_TESTENV_RUN"); run != "" {
+			return testcontainers.WithReuseByName("exactly-" + run + "-" + service)(req)
+		}
+		return nil
+	}
+}
+
+// ContainerEnv returns the value of the environment variable key in c's
+// configuration.
+func ContainerEnv(ctx context.Context, c testcontainers.Container, key string) (string, error) {
+	in, err := c.Inspect(ctx)
+	if err != nil {
+		return "", fmt.Errorf("testenv: inspect container: %w", err)
+	}
+	for _, kv := range in.Config.Env {
+		if v, ok := strings.CutPrefix(kv, key+"="); ok {
+			return v, nil
+		}
+	}
+	return "", fmt.Errorf("testenv: container %s has no %s", c.GetContainerID(), key)
 }
 
 // FreePorts returns n distinct TCP ports that are free on 127.0.0.1 now, for
