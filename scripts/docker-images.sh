@@ -118,14 +118,16 @@ kafka() {
 }
 
 golang() {
-	local goroot hash
+	local goroot hash certs=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
+	[ -s "$certs" ] || die "no certificate bundle at $certs (set SSL_CERT_FILE)"
 	goroot=$(go env GOROOT)
-	hash=$(echo "$go_version $(inputs docker/golang/Dockerfile)" | sha256sum | cut -c1-16)
+	hash=$(echo "$go_version $(sha256sum <"$certs") $(inputs docker/golang/Dockerfile)" | sha256sum | cut -c1-16)
 	fresh "$golang" "$hash" && return 0
 	local ctx=$cache/golang-context
 	rm -rf "$ctx"
 	mkdir -p "$ctx"
 	cp "$root/docker/golang/Dockerfile" "$ctx/"
+	cp "$certs" "$ctx/ca-certificates.crt"
 	tar -C "$(dirname "$goroot")" --transform "s,^$(basename "$goroot"),go," \
 		--exclude="$(basename "$goroot")/test" --exclude="$(basename "$goroot")/pkg/obj" \
 		-cf "$ctx/go.tar" "$(basename "$goroot")"
