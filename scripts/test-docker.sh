@@ -32,6 +32,9 @@ trap cleanup EXIT
 unset TEST_DATABASE_URL TEST_KAFKA_BROKERS DATABASE_URL KAFKA_BROKERS
 export EXACTLY_REQUIRE_SOURCE=testcontainers EXACTLY_TESTENV_RUN=$run
 export TESTCONTAINERS_RYUK_DISABLED=true CI=${CI:-true}
+# The fault tests start brokers of their own (scripts/kafka.sh); next to the
+# containers, on a loaded machine, they need longer than its default 60 s.
+export KAFKA_START_TIMEOUT=${KAFKA_START_TIMEOUT:-180}
 [ $# -gt 0 ] || set -- ./...
 # shellcheck disable=SC2086
 go test -race -count=1 -timeout 20m ${DOCKER_TEST_FLAGS:-} "$@"
