@@ -186,8 +186,9 @@ func runContainer() (string, error) {
 // ready reports whether the broker at addr serves a topic. A broker that
 // has just started answers metadata requests long before its first topic
 // creation completes on a loaded machine (the JVM is still cold), so ready
-// creates one (or finds it, on a shared broker) and reads its end offset,
-// with time to spare, before the tests' own 10 s requests go to it.
+// creates one (or finds it, on a shared broker), reads its end offset and a
+// group's committed offsets, with time to spare, before the tests' own 10 s
+// requests go to it.
 func ready(ctx context.Context, addr string) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -202,7 +203,12 @@ func ready(ctx context.Context, addr string) error {
 	if err := res.Errors[topic]; err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
 		return err
 	}
-	_, err = kafkaadmin.EndOffsets(ctx, c, topic, 1)
+	if _, err := kafkaadmin.EndOffsets(ctx, c, topic, 1); err != nil {
+		return err
+	}
+	// The group coordinator comes up with __consumer_offsets, created on
+	// the first group request: have it created now, not in a test's join.
+	_, err = kafkaadmin.Committed(ctx, c, "exactly-testenv-ready", topic, 1)
 	return err
 }
 
