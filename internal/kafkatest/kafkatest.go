@@ -110,7 +110,7 @@ func resolve() (Broker, error) {
 // lives as long as the test process (Ryuk, or the label
 // testenv.ContainerLabel, removes it).
 func runContainer() (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	var lastErr error
 	// A free port can be taken between the pick and the broker's bind: try
@@ -150,7 +150,7 @@ func runContainer() (string, error) {
 			}),
 			testenv.Loopback(),
 			testenv.Shared("kafka"),
-			testcontainers.WithWaitStrategyAndDeadline(3*time.Minute, wait.ForLog("Kafka Server started").WithStartupTimeout(3*time.Minute)),
+			testcontainers.WithWaitStrategyAndDeadline(5*time.Minute, wait.ForLog("Kafka Server started").WithStartupTimeout(5*time.Minute)),
 		)
 		if err != nil {
 			lastErr = err

@@ -85,7 +85,7 @@ func resolve() (url string, src testenv.Source, where string, err error) {
 // and waits until it accepts connections. The container lives as long as
 // the test process (Ryuk, or the label testenv.ContainerLabel, removes it).
 func runContainer() (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var lastErr error
 	// A free port can be taken between the pick and the server's bind: try
@@ -106,8 +106,8 @@ func runContainer() (string, error) {
 			testenv.Loopback(),
 			testenv.Shared("postgres"),
 			// The init server logs the line once, the real server once more.
-			testcontainers.WithWaitStrategyAndDeadline(2*time.Minute,
-				wait.ForLog("database system is ready to accept connections").WithOccurrence(2).WithStartupTimeout(2*time.Minute)),
+			testcontainers.WithWaitStrategyAndDeadline(4*time.Minute,
+				wait.ForLog("database system is ready to accept connections").WithOccurrence(2).WithStartupTimeout(4*time.Minute)),
 		)
 		if err != nil {
 			lastErr = err
