@@ -140,9 +140,10 @@ ledger_consumer() {
 	# The repository changes often: let the build's layer cache decide (the
 	# modules layer is reused while go.mod and go.sum stay the same).
 	say "building exactly/ledger-consumer:dev"
-	local t0=$SECONDS
+	local t0=$SECONDS deps
+	deps=$(cd "$root" && CGO_ENABLED=0 go list -deps -f '{{if not .Standard}}{{if .Module}}{{if not .Module.Main}}{{.ImportPath}}{{end}}{{end}}{{end}}' ./examples/ledger-consumer | tr '\n' ' ')
 	docker build -q --network host -f "$root/docker/ledger-consumer/Dockerfile" -t exactly/ledger-consumer:dev \
-		--build-arg "GO_IMAGE=$golang" --build-arg "BASE=$base" \
+		--build-arg "GO_IMAGE=$golang" --build-arg "BASE=$base" --build-arg "DEPS=$deps" \
 		--build-arg "GOPROXY=$(go env GOPROXY)" "$root" >/dev/null
 	say "built exactly/ledger-consumer:dev in $((SECONDS - t0))s"
 }
