@@ -53,6 +53,15 @@ func URL() (string, error) {
 	return server.url, server.err
 }
 
+// Source says where the server came from and its address; both are empty
+// until URL has resolved it.
+func Source() (testenv.Source, string) {
+	if _, err := URL(); err != nil {
+		return "", ""
+	}
+	return server.src, server.where
+}
+
 func resolve() (url string, src testenv.Source, where string, err error) {
 	for _, env := range []string{"TEST_DATABASE_URL", "DATABASE_URL"} {
 		if u := os.Getenv(env); u != "" {
