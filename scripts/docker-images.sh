@@ -65,8 +65,12 @@ debian() {
 	fi
 	local tarball=$cache/debian-$suite-minbase.tar
 	if [ ! -s "$tarball" ]; then
-		command -v debootstrap >/dev/null || die "debootstrap is not installed (apt-get install -y debootstrap)"
 		[ "$(id -u)" = 0 ] || die "debootstrap needs root"
+		if ! command -v debootstrap >/dev/null; then
+			say "installing debootstrap"
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null ||
+				die "could not install debootstrap (apt-get install -y debootstrap)"
+		fi
 		say "debootstrap $suite from $mirror (a few minutes, once)"
 		rm -rf "$cache/rootfs.tmp"
 		debootstrap --variant=minbase "$suite" "$cache/rootfs.tmp" "$mirror" >"$cache/debootstrap.log" 2>&1 ||
