@@ -2,7 +2,7 @@
 GO ?= go
 PKGS ?= ./...
 
-.PHONY: demo test test-short chaos bench lint services services-stop up down
+.PHONY: demo test test-short chaos bench lint services services-stop up down images test-docker compose-test
 
 # The ledger demo: Postgres at DATABASE_URL, else at localhost, else a
 # throwaway server for the demo's lifetime; Kafka in-process unless
@@ -43,9 +43,27 @@ services:
 services-stop:
 	-scripts/kafka.sh stop
 
-# With Docker: the same server versions from docker-compose.yml.
+# With Docker: Postgres, Kafka and the ledger worker from docker-compose.yml,
+# on 127.0.0.1 (POSTGRES_PORT, KAFKA_PORT, METRICS_PORT; 5432, 9092, 9090).
+# Without a registry the images are built locally (make images).
 up:
-	docker compose up -d --wait postgres kafka
+	scripts/compose.sh up
 
 down:
-	docker compose down -v
+	scripts/compose.sh down
+
+# The images of docker-compose.yml and the tests, built without a registry
+# (Debian packages, Maven Central, the Go module proxy); cached.
+images:
+	scripts/docker-images.sh
+
+# The suite with every service from testcontainers-go (Docker engine started
+# and images built when missing); a test served from elsewhere fails.
+# DOCKER_PKGS narrows it (default: all packages).
+DOCKER_PKGS ?= ./...
+test-docker:
+	scripts/test-docker.sh $(DOCKER_PKGS)
+
+# docker-compose.yml end to end on free ports: up, load, verify, down.
+compose-test:
+	scripts/compose.sh test

@@ -1,7 +1,8 @@
 // Package kafkatest gives tests a Kafka broker, unique topics and groups.
 //
 // The broker comes from TEST_KAFKA_BROKERS, then KAFKA_BROKERS, then a
-// testcontainers-go Kafka when a Docker engine answers, then a broker already
+// testcontainers-go Kafka when a Docker engine answers (host network,
+// 127.0.0.1, free ports), then a broker already
 // running on 127.0.0.1:9092 (scripts/kafka.sh start), and last an in-process
 // broker (franz-go's kfake), so `go test ./...` runs on a laptop with nothing
 // installed. With CI=true the in-process broker is not allowed: CI tests
@@ -22,7 +23,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
+	"github.com/testcontainers/testcontainers-go"
+	"github.com/testcontainers/testcontainers-go/wait"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/exactly-go/exactly/internal/kafkaadmin"
@@ -40,16 +42,18 @@ const Image = "apache/kafka:4.4.0"
 type Kind string
 
 const (
-	KindEnv       Kind = "env"
-	KindContainer Kind = "testcontainers"
-	KindLocal     Kind = "local"
-	KindInProcess Kind = "in-process"
+	KindEnv       = Kind(testenv.SourceEnv)
+	KindContainer = Kind(testenv.SourceContainer)
+	KindLocal     = Kind(testenv.SourceLocal)
+	KindInProcess = Kind(testenv.SourceInProcess)
 )
 
 // Broker is the resolved broker.
 type Broker struct {
 	Addrs []string
 	Kind  Kind
+	// Why says why the sources before Kind were passed over ("" for none).
+	Why string
 }
 
 var broker struct {
@@ -71,26 +75,21 @@ func resolve() (Broker, error) {
 			if err := dial(addrs[0]); err != nil {
 				return Broker{}, fmt.Errorf("%s is set but no broker answers at %s: %w", env, addrs[0], err)
 			}
-			return Broker{Addrs: addrs, Kind: KindEnv}, nil
+			return Broker{Addrs: addrs, Kind: KindEnv, Why: "$" + env}, nil
 		}
 	}
 	var reasons []string
 	if ok, why := testenv.DockerAvailable(); ok {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		c, err := tckafka.Run(ctx, Image, tckafka.WithClusterID("exactly-test"))
+		addr, err := runContainer()
 		if err == nil {
-			addrs, err := c.Brokers(ctx)
-			if err == nil {
-				return Broker{Addrs: addrs, Kind: KindContainer}, nil
-			}
+			return Broker{Addrs: []string{addr}, Kind: KindContainer}, nil
 		}
 		reasons = append(reasons, fmt.Sprintf("testcontainers: %v", err))
 	} else {
 		reasons = append(reasons, fmt.Sprintf("no Docker engine for testcontainers (%v)", why))
 	}
 	if err := dial(LocalAddr); err == nil {
-		return Broker{Addrs: []string{LocalAddr}, Kind: KindLocal}, nil
+		return Broker{Addrs: []string{LocalAddr}, Kind: KindLocal, Why: strings.Join(reasons, "; ")}, nil
 	}
 	reasons = append(reasons, "no broker on "+LocalAddr+" (scripts/kafka.sh start)")
 	if testenv.CI() {
@@ -101,7 +100,116 @@ func resolve() (Broker, error) {
 	if err != nil {
 		return Broker{}, fmt.Errorf("in-process broker: %w (and %s)", err, strings.Join(reasons, "; "))
 	}
-	return Broker{Addrs: c.ListenAddrs(), Kind: KindInProcess}, nil
+	return Broker{Addrs: c.ListenAddrs(), Kind: KindInProcess, Why: strings.Join(reasons, "; ")}, nil
+}
+
+// runContainer starts Image on the host network, its listeners on 127.0.0.1
+// at free ports (set through KAFKA_LISTENERS and the other KAFKA_* variables,
+// as the official image takes them), configured as scripts/kafka/server.properties
+// configures the broker CI runs, and waits until it serves. The container
+// lives as long as the test process (Ryuk, or the label
+// testenv.ContainerLabel, removes it).
+func runContainer() (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	var lastErr error
+	// A free port can be taken between the pick and the broker's bind: try
+	// again on others.
+	for range 3 {
+		ports, err := testenv.FreePorts(2)
+		if err != nil {
+			return "", err
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
+		controller := fmt.Sprintf("127.0.0.1:%d", ports[1])
+		c, err := testcontainers.Run(ctx, Image,
+			testcontainers.WithEnv(map[string]string{
+				"CLUSTER_ID":                                             "exactly-test-kafka-xw",
+				"KAFKA_NODE_ID":                                          "1",
+				"KAFKA_PROCESS_ROLES":                                    "broker,controller",
+				"KAFKA_LISTENERS":                                        "PLAINTEXT://" + addr + ",CONTROLLER://" + controller,
+				"KAFKA_ADVERTISED_LISTENERS":                             "PLAINTEXT://" + addr,
+				"KAFKA_LISTENER_SECURITY_PROTOCOL_MAP":                   "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+				"KAFKA_CONTROLLER_LISTENER_NAMES":                        "CONTROLLER",
+				"KAFKA_INTER_BROKER_LISTENER_NAME":                       "PLAINTEXT",
+				"KAFKA_CONTROLLER_QUORUM_VOTERS":                         "1@" + controller,
+				"KAFKA_NUM_PARTITIONS":                                   "1",
+				"KAFKA_AUTO_CREATE_TOPICS_ENABLE":                        "true",
+				"KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR":                 "1",
+				"KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS":                     "10",
+				"KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR":         "1",
+				"KAFKA_TRANSACTION_STATE_LOG_MIN_ISR":                    "1",
+				"KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR": "1",
+				"KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR":            "1",
+				"KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS":                 "0",
+				"KAFKA_GROUP_CONSUMER_MIN_SESSION_TIMEOUT_MS":            "1000",
+				"KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS":                     "1000",
+				"KAFKA_NUM_NETWORK_THREADS":                              "2",
+				"KAFKA_NUM_IO_THREADS":                                   "4",
+				"KAFKA_HEAP_OPTS":                                        "-Xms256m -Xmx512m",
+			}),
+			testenv.Loopback(),
+			testenv.Shared("kafka"),
+			testcontainers.WithWaitStrategyAndDeadline(5*time.Minute, wait.ForLog("Kafka Server started").WithStartupTimeout(5*time.Minute)),
+		)
+		if err != nil {
+			lastErr = err
+			if c != nil {
+				_ = c.Terminate(context.Background())
+			}
+			if ctx.Err() != nil {
+				break
+			}
+			continue
+		}
+		// A container shared with other test processes has their port.
+		adv, err := testenv.ContainerEnv(ctx, c, "KAFKA_ADVERTISED_LISTENERS")
+		if err != nil {
+			_ = c.Terminate(context.Background())
+			return "", err
+		}
+		addr = strings.TrimPrefix(adv, "PLAINTEXT://")
+		for ctx.Err() == nil {
+			if lastErr = ready(ctx, addr); lastErr == nil {
+				return addr, nil
+			}
+			if st, err := c.State(ctx); err == nil && !st.Running {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		_ = c.Terminate(context.Background())
+	}
+	return "", fmt.Errorf("%s on the host network: %w", Image, lastErr)
+}
+
+// ready reports whether the broker at addr serves a topic. A broker that
+// has just started answers metadata requests long before its first topic
+// creation completes on a loaded machine (the JVM is still cold), so ready
+// creates one (or finds it, on a shared broker), reads its end offset and a
+// group's committed offsets, with time to spare, before the tests' own 10 s
+// requests go to it.
+func ready(ctx context.Context, addr string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	c := &kafka.Client{Addr: kafka.TCP(addr), Timeout: time.Minute}
+	const topic = "exactly-testenv-ready"
+	res, err := c.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
+		Topic: topic, NumPartitions: 1, ReplicationFactor: 1,
+	}}})
+	if err != nil {
+		return err
+	}
+	if err := res.Errors[topic]; err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+		return err
+	}
+	if _, err := kafkaadmin.EndOffsets(ctx, c, topic, 1); err != nil {
+		return err
+	}
+	// The group coordinator comes up with __consumer_offsets, created on
+	// the first group request: have it created now, not in a test's join.
+	_, err = kafkaadmin.Committed(ctx, c, "exactly-testenv-ready", topic, 1)
+	return err
 }
 
 func dial(addr string) error {
@@ -120,6 +228,14 @@ func Brokers(t testing.TB) []string {
 	if err != nil {
 		testenv.Missing(t, "%v", err)
 	}
+	where := strings.Join(b.Addrs, ",")
+	if b.Kind == KindContainer {
+		where = Image + " at " + where
+	}
+	if b.Why != "" {
+		where += " (" + b.Why + ")"
+	}
+	testenv.Report(t, "Kafka", testenv.Source(b.Kind), where)
 	return b.Addrs
 }
 

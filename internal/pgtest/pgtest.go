@@ -1,9 +1,10 @@
 // Package pgtest gives each test a Postgres schema of its own.
 //
 // The server comes from TEST_DATABASE_URL, then DATABASE_URL, then a
-// testcontainers-go Postgres when a Docker engine answers, then a local
-// server at postgres://postgres:postgres@localhost:5432/postgres. Without one
-// the test is skipped (with CI=true it fails).
+// testcontainers-go Postgres when a Docker engine answers (host network,
+// 127.0.0.1, a free port), then a local server at
+// postgres://postgres:postgres@localhost:5432/postgres. Without one the test
+// is skipped (with CI=true it fails). Each test logs which it got.
 //
 // The pool's search_path is pinned to pg_catalog, so a query that forgets to
 // qualify a table name with the configured schema fails instead of quietly
@@ -16,13 +17,16 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+	"github.com/testcontainers/testcontainers-go"
+	"github.com/testcontainers/testcontainers-go/wait"
 
 	"github.com/exactly-go/exactly/internal/testenv"
 	"github.com/exactly-go/exactly/migrations"
@@ -35,49 +39,122 @@ const LocalURL = "postgres://postgres:postgres@localhost:5432/postgres"
 const Image = "postgres:15-alpine"
 
 var server struct {
-	once sync.Once
-	url  string
-	pool *pgxpool.Pool
-	err  error
+	once  sync.Once
+	url   string
+	src   testenv.Source
+	where string
+	pool  *pgxpool.Pool
+	err   error
 }
 
 // URL resolves the server's URL once per process.
 func URL() (string, error) {
-	server.once.Do(func() { server.url, server.err = resolve() })
+	server.once.Do(func() { server.url, server.src, server.where, server.err = resolve() })
 	return server.url, server.err
 }
 
-func resolve() (string, error) {
+// Source says where the server came from and its address; both are empty
+// until URL has resolved it.
+func Source() (testenv.Source, string) {
+	if _, err := URL(); err != nil {
+		return "", ""
+	}
+	return server.src, server.where
+}
+
+func resolve() (url string, src testenv.Source, where string, err error) {
 	for _, env := range []string{"TEST_DATABASE_URL", "DATABASE_URL"} {
 		if u := os.Getenv(env); u != "" {
 			if err := ping(u); err != nil {
-				return "", fmt.Errorf("%s is set but Postgres does not answer there: %w", env, err)
+				return "", "", "", fmt.Errorf("%s is set but Postgres does not answer there: %w", env, err)
 			}
-			return u, nil
+			return u, testenv.SourceEnv, "$" + env, nil
 		}
 	}
 	var reasons []string
 	if ok, why := testenv.DockerAvailable(); ok {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		c, err := tcpostgres.Run(ctx, Image, tcpostgres.WithDatabase("exactly_test"),
-			tcpostgres.WithUsername("postgres"), tcpostgres.WithPassword("postgres"), tcpostgres.BasicWaitStrategies())
+		u, err := runContainer()
 		if err == nil {
-			u, err := c.ConnectionString(ctx, "sslmode=disable")
-			if err == nil {
-				return u, nil
-			}
+			return u, testenv.SourceContainer, Image + " at " + hostPort(u), nil
 		}
 		reasons = append(reasons, fmt.Sprintf("testcontainers: %v", err))
 	} else {
 		reasons = append(reasons, fmt.Sprintf("no Docker engine for testcontainers (%v)", why))
 	}
 	if err := ping(LocalURL); err == nil {
-		return LocalURL, nil
+		return LocalURL, testenv.SourceLocal, fmt.Sprintf("%s (%s)", hostPort(LocalURL), strings.Join(reasons, "; ")), nil
 	} else {
 		reasons = append(reasons, fmt.Sprintf("no local server at %s (%v)", LocalURL, err))
 	}
-	return "", fmt.Errorf("no Postgres: set TEST_DATABASE_URL, or start one (make up, or .ci/run's commands): %v", reasons)
+	return "", "", "", fmt.Errorf("no Postgres: set TEST_DATABASE_URL, or start one (make up, or .ci/run's commands): %s", strings.Join(reasons, "; "))
+}
+
+// runContainer starts Image on the host network, listening on 127.0.0.1 at
+// a free port (PGPORT, which the server and the image's entrypoint honour),
+// and waits until it accepts connections. The container lives as long as
+// the test process (Ryuk, or the label testenv.ContainerLabel, removes it).
+func runContainer() (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var lastErr error
+	// A free port can be taken between the pick and the server's bind: try
+	// again on another.
+	for range 3 {
+		ports, err := testenv.FreePorts(1)
+		if err != nil {
+			return "", err
+		}
+		c, err := testcontainers.Run(ctx, Image,
+			testcontainers.WithEnv(map[string]string{
+				"POSTGRES_USER":     "postgres",
+				"POSTGRES_PASSWORD": "postgres",
+				"POSTGRES_DB":       "exactly_test",
+				"PGPORT":            strconv.Itoa(ports[0]),
+			}),
+			testcontainers.WithCmd("postgres", "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200"),
+			testenv.Loopback(),
+			testenv.Shared("postgres"),
+			// The init server logs the line once, the real server once more.
+			testcontainers.WithWaitStrategyAndDeadline(4*time.Minute,
+				wait.ForLog("database system is ready to accept connections").WithOccurrence(2).WithStartupTimeout(4*time.Minute)),
+		)
+		if err != nil {
+			lastErr = err
+			if c != nil {
+				_ = c.Terminate(context.Background())
+			}
+			if ctx.Err() != nil {
+				break
+			}
+			continue
+		}
+		// A container shared with other test processes has their port.
+		port, err := testenv.ContainerEnv(ctx, c, "PGPORT")
+		if err != nil {
+			_ = c.Terminate(context.Background())
+			return "", err
+		}
+		u := fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%s/exactly_test?sslmode=disable", port)
+		for ctx.Err() == nil {
+			if lastErr = ping(u); lastErr == nil {
+				return u, nil
+			}
+			if st, err := c.State(ctx); err == nil && !st.Running {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		_ = c.Terminate(context.Background())
+	}
+	return "", fmt.Errorf("%s on the host network: %w", Image, lastErr)
+}
+
+func hostPort(u string) string {
+	cfg, err := pgx.ParseConfig(u)
+	if err != nil {
+		return "?"
+	}
+	return fmt.Sprintf("%s:%d", cfg.Host, cfg.Port)
 }
 
 func ping(url string) error {
@@ -98,6 +175,7 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	if err != nil {
 		testenv.Missing(t, "%v", err)
 	}
+	testenv.Report(t, "Postgres", server.src, server.where)
 	poolOnce.Do(func() {
 		cfg, err := Config(u)
 		if err != nil {
