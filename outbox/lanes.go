@@ -51,10 +51,21 @@ func (r *Relay) waitLane(ctx context.Context, conn *pgxpool.Conn) ([]int, error)
 		return nil, fmt.Errorf("outbox: relay: lane wait: %w", err)
 	}
 	if _, err := tx.Exec(ctx, waitLaneSQL, r.lockID, lane); err != nil {
-		return nil, nil // still taken: the relay that holds it publishes
-	}
-	// A session lock outlives the transaction.
-	if err := tx.Commit(ctx); err != nil {
+		// Postgres may grant the lock just as lock_timeout fires (or a
+		// cancel arrives) and still fail the statement; a session lock
+		// outlives the aborted transaction. Look before the connection goes
+		// back to the pool: holding the lane there, it would keep every
+		// relay away from it for as long as the connection lives.
+		rollback(ctx, tx)
+		held, herr := r.holdsLane(ctx, conn, lane)
+		if herr != nil {
+			return nil, herr
+		}
+		if !held {
+			return nil, nil // still taken: the relay that holds it publishes
+		}
+	} else if err := tx.Commit(ctx); err != nil {
+		// A session lock outlives the transaction.
 		return nil, r.releaseAfter(ctx, conn, []int{lane}, fmt.Errorf("outbox: relay: lane wait: %w", err))
 	}
 	others := slices.DeleteFunc(rand.Perm(Lanes), func(l int) bool { return l == lane })
@@ -63,6 +74,20 @@ func (r *Relay) waitLane(ctx context.Context, conn *pgxpool.Conn) ([]int, error)
 		return nil, r.releaseAfter(ctx, conn, []int{lane}, err)
 	}
 	return append([]int{lane}, more...), nil
+}
+
+// holdsLane reports whether conn's session holds lane, even when ctx is
+// done. A connection that cannot tell is closed, never handed back to the
+// pool.
+func (r *Relay) holdsLane(ctx context.Context, conn *pgxpool.Conn, lane int) (bool, error) {
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	var held bool
+	if err := conn.QueryRow(hctx, holdsLaneSQL, r.lockID, lane).Scan(&held); err != nil {
+		_ = conn.Conn().Close(hctx)
+		return false, fmt.Errorf("outbox: relay: lane wait: %w", err)
+	}
+	return held, nil
 }
 
 func (r *Relay) releaseAfter(ctx context.Context, conn *pgxpool.Conn, lanes []int, err error) error {

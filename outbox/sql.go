@@ -56,6 +56,11 @@ WHERE id = $1 RETURNING status`
 WHERE pg_try_advisory_lock($1::bigint + l)`
 	unlockLanesSQL = `SELECT coalesce(bool_and(pg_advisory_unlock($1::bigint + l)), true) FROM unnest($2::smallint[]) AS u(l)`
 	waitLaneSQL    = `SELECT pg_advisory_lock($1::bigint + $2::smallint)`
+	// holdsLaneSQL is true when this session holds lane $2 (a bigint
+	// advisory key is classid:objid, high:low, with objsubid 1).
+	holdsLaneSQL = `SELECT EXISTS (SELECT FROM pg_locks
+    WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted AND objsubid = 1
+      AND (classid::bigint << 32) | objid::bigint = $1::bigint + $2::smallint)`
 	// lockTimeoutSQL bounds, for the transaction, how long waitLaneSQL waits
 	// ($1 in milliseconds).
 	lockTimeoutSQL = `SELECT set_config('lock_timeout', $1, true)`
