@@ -27,6 +27,12 @@ func (r *Relay) lockLanes(ctx context.Context, conn *pgxpool.Conn, want []int) (
 	rand.Shuffle(len(try), func(i, j int) { try[i], try[j] = try[j], try[i] })
 	var lanes []int16
 	if err := conn.QueryRow(ctx, lockLanesSQL, r.lockID, laneOrder(try)).Scan(&lanes); err != nil {
+		// The statement may have taken lanes before it failed: a
+		// connection that cannot tell what it holds is closed, never
+		// handed back to the pool holding them.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = conn.Conn().Close(cctx)
+		cancel()
 		return nil, fmt.Errorf("outbox: relay: lane lock: %w", err)
 	}
 	out := make([]int, len(lanes))
