@@ -307,7 +307,15 @@ func (w *Worker) consume(ctx context.Context, setRouter func(*message.Router)) e
 		log.Warn("ledger: key retention", "err", err)
 	}
 
-	relay, err := outbox.NewRelay(w.pool, pub, &outbox.RelayConfig{Config: outbox.Config{Schema: w.cfg.Schema}, Hooks: w.Metrics, Logger: log, PollInterval: 200 * time.Millisecond})
+	// The relay has a publisher of its own: the router closes the
+	// handlers' publisher when it stops, and the relay's final flush comes
+	// after that.
+	relayPub, err := consumer.NewPublisher(&consumer.PublisherConfig{Brokers: w.cfg.Brokers, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer relayPub.Close()
+	relay, err := outbox.NewRelay(w.pool, relayPub, &outbox.RelayConfig{Config: outbox.Config{Schema: w.cfg.Schema}, Hooks: w.Metrics, Logger: log, PollInterval: 200 * time.Millisecond})
 	if err != nil {
 		return err
 	}
