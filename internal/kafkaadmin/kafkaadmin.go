@@ -21,12 +21,13 @@ const Window = 30 * time.Second
 // transientErrors are the errors that asking again shortly cures.
 var transientErrors = []kafka.Error{
 	kafka.LeaderNotAvailable, kafka.NotLeaderForPartition, kafka.FencedLeaderEpoch, kafka.UnknownLeaderEpoch,
-	kafka.OffsetNotAvailable, kafka.RequestTimedOut, kafka.NotController,
+	kafka.OffsetNotAvailable, kafka.RequestTimedOut, kafka.NotController, kafka.BrokerNotAvailable,
 	kafka.NotCoordinatorForGroup, kafka.GroupCoordinatorNotAvailable, kafka.GroupLoadInProgress,
 }
 
 // Transient reports whether err (or an error it wraps) is a partition
-// leader or group coordinator that is moving or still loading.
+// leader or group coordinator that is moving or still loading, or a
+// broker that is not serving yet (as after a restart or a pause).
 func Transient(err error) bool {
 	for _, e := range transientErrors {
 		if errors.Is(err, e) {
