@@ -16,6 +16,7 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/internal/kafkatest"
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 const benchMessages = 20000
@@ -71,7 +72,7 @@ func BenchmarkSubscriber(b *testing.B) {
 	b.Run("exactly", func(b *testing.B) {
 		start := time.Now()
 		for i := 0; i < b.N; i++ {
-			sub, err := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: brokers, ConsumerGroup: kafkatest.Name("bench"), Logger: quietLogger()})
+			sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: brokers, ConsumerGroup: kafkatest.Name("bench"), Logger: quietLogger()})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -162,7 +163,7 @@ func runLedgerOnce(b *testing.B, topic string, withDedupe bool) time.Duration {
 	var h message.HandlerFunc
 	if withDedupe {
 		h = consumer.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
-			_, err := tx.Exec(ctx, update, msg.Metadata.Get(consumer.MetadataKafkaKey))
+			_, err := tx.Exec(ctx, update, msg.Metadata.Get(kafkapubsub.MetadataKafkaKey))
 			return nil, err
 		})
 	} else {
@@ -173,7 +174,7 @@ func runLedgerOnce(b *testing.B, topic string, withDedupe bool) time.Duration {
 				return nil, err
 			}
 			defer tx.Rollback(ctx)
-			if _, err := tx.Exec(ctx, update, msg.Metadata.Get(consumer.MetadataKafkaKey)); err != nil {
+			if _, err := tx.Exec(ctx, update, msg.Metadata.Get(kafkapubsub.MetadataKafkaKey)); err != nil {
 				return nil, err
 			}
 			return nil, tx.Commit(ctx)
@@ -190,7 +191,7 @@ func runLedgerOnce(b *testing.B, topic string, withDedupe bool) time.Duration {
 	if err != nil {
 		b.Fatal(err)
 	}
-	sub, err := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: w.brokers, ConsumerGroup: group, Logger: quietLogger()})
+	sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: w.brokers, ConsumerGroup: group, Logger: quietLogger()})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/exactly-go/exactly/internal/kafkatest"
 	"github.com/exactly-go/exactly/internal/pgtest"
 	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/pgstore"
 )
 
@@ -187,7 +188,7 @@ func TestTwoHandlersOneTopic(t *testing.T) {
 			for _, name := range []string{"a", "b"} {
 				group := kafkatest.Name("g")
 				groups[name] = group
-				sub, err := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: w.brokers, ConsumerGroup: group,
+				sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: w.brokers, ConsumerGroup: group,
 					NackBackoff: 20 * time.Millisecond, MaxNackBackoff: 200 * time.Millisecond, Logger: quietLogger()})
 				if err != nil {
 					t.Fatal(err)
@@ -288,7 +289,7 @@ func TestPoisonRecordsAreDeadLettered(t *testing.T) {
 	dead := w.readTopic(w.dlq)
 	reasons := map[string]string{}
 	for _, d := range dead {
-		reasons[header(d, consumer.UUIDHeader)] = header(d, middleware.ReasonForPoisonedKey)
+		reasons[header(d, kafkapubsub.UUIDHeader)] = header(d, middleware.ReasonForPoisonedKey)
 	}
 	if len(dead) != 2 || !strings.Contains(reasons[panics], "panic") || !strings.Contains(reasons[fails], "frozen") {
 		t.Fatalf("%d dead letters, reasons %q", len(dead), reasons)
@@ -456,15 +457,15 @@ func TestCheckTopics(t *testing.T) {
 	kafkatest.CreateTopicOn(t, brokers, there, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := consumer.CheckTopics(ctx, brokers, consumer.Security{}, there); err != nil {
+	if err := kafkapubsub.CheckTopics(ctx, brokers, kafkapubsub.Security{}, there); err != nil {
 		t.Fatalf("existing topic: %v", err)
 	}
 	missing := kafkatest.Name("dlq")
-	err := consumer.CheckTopics(ctx, brokers, consumer.Security{}, there, missing)
+	err := kafkapubsub.CheckTopics(ctx, brokers, kafkapubsub.Security{}, there, missing)
 	if err == nil || !strings.Contains(err.Error(), missing) || !strings.Contains(err.Error(), "create it") {
 		t.Fatalf("missing topic: %v", err)
 	}
-	if err := consumer.CheckTopics(ctx, brokers, consumer.Security{}, missing); err == nil {
+	if err := kafkapubsub.CheckTopics(ctx, brokers, kafkapubsub.Security{}, missing); err == nil {
 		t.Fatal("checking the missing topic created it")
 	}
 }

@@ -1,15 +1,18 @@
 // Package consumer makes Watermill handlers on Kafka effectively-once.
 //
-// It holds the dedupe Middleware and a Watermill Subscriber and Publisher
-// on segmentio/kafka-go (the only package that imports kafka-go).
+// It holds the dedupe Middleware, which works with any Watermill Pub/Sub;
+// package [github.com/exactly-go/exactly/kafkapubsub] is a Subscriber and
+// Publisher on segmentio/kafka-go that reads committed data and puts each
+// message's Kafka coordinates in its context ([dedupe.SourceFromContext]).
+// With another Pub/Sub, set Config.Source to record its coordinates.
 //
 //	store, _ := pgstore.New(pool, &pgstore.Config{Schema: "ledger"})
 //	dedup, _ := consumer.NewMiddleware(store, &consumer.Config{Scope: "ledger-consumer"})
-//	sub, _ := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: brokers, ConsumerGroup: "ledger"})
-//	pub, _ := consumer.NewPublisher(&consumer.PublisherConfig{Brokers: brokers})
+//	sub, _ := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: brokers, ConsumerGroup: "ledger"})
+//	pub, _ := kafkapubsub.NewPublisher(&kafkapubsub.PublisherConfig{Brokers: brokers})
 //	poison, _ := middleware.PoisonQueueWithFilter(pub, "ledger.dlq", dedupe.IsPermanent)
 //	if err := dedup.Check(ctx); err != nil { … } // the key table is where the store looks
-//	if err := consumer.CheckTopics(ctx, brokers, consumer.Security{}, "ledger.dlq"); err != nil { … } // the dead-letter topic exists
+//	if err := kafkapubsub.CheckTopics(ctx, brokers, kafkapubsub.Security{}, "ledger.dlq"); err != nil { … } // the dead-letter topic exists
 //
 //	router.AddMiddleware(
 //		poison, // permanent errors (key reused, bad key or payload, poison message) → dead-letter topic, with the reason
@@ -91,44 +94,6 @@
 // result too large, failed and unavailable (WARN); poisoned and
 // misconfigured (ERROR).
 //
-// # The Subscriber and transactional producers
-//
-// The Subscriber reads committed data by default
-// (SubscriberConfig.Isolation = ReadCommitted), as the Java consumer with
-// isolation.level=read_committed does: records of aborted transactions and
-// the transaction markers (control records) are never delivered, and nothing
-// past a partition's last stable offset is, so a partition waits behind a
-// transaction that is still open until it commits or aborts. The offsets of
-// hidden records are committed all the same: a partition whose last record
-// is a marker is not left lagging. kafka-go does not filter transactions, so
-// the Subscriber sends its own Fetch requests over kafka-go's Transport and
-// filters each response (by producer ID, with the response's list of aborted
-// transactions), as the Java consumer's CompletedFetch does.
-//
-// ReadUncommitted delivers every data record as soon as it is written. A
-// handler then applies records of transactions that are later aborted (work
-// that upstream rolled back, which the dedupe store cannot undo: to it they
-// are ordinary messages), and sees records of open transactions before they
-// are decided. Choose it only when no producer of the topic uses
-// transactions, or when the handler wants exactly that.
-//
-// A rebalance drains each revoked partition's in-flight message (up to
-// DrainTimeout, which must be below RebalanceTimeout) while heartbeats go
-// on, then commits and rejoins: a handler slower than SessionTimeout does
-// not get its member expelled. A Subscriber started before its topic exists
-// logs at WARN until the topic appears, then joins its group and consumes.
-//
-// The Publisher sends records over 1 MiB in batches of their own, so a
-// record up to the topic's max.message.bytes (and MaxRecordBytes) can be
-// published, and dead-lettered; a record refused for its size fails with
-// ErrRecordTooLarge, naming the limit it hit.
-//
-// # Retention
-//
-// A key must outlive every way its message can come back. CheckTTL compares
-// the store's TTL with the topic's retention.ms; call it at startup and
-// warn (or refuse to start) when records outlive their keys.
-//
 // # Why it is exactly once
 //
 // The handler's writes and the key commit in one Postgres transaction, and
@@ -136,6 +101,6 @@
 // loses nothing (the message comes back and the key is not there), a crash
 // after it is absorbed (the message comes back and is a duplicate, whose
 // stored output messages are re-published with their original UUIDs).
-// The Subscriber commits a partition's offset only past acked messages and
-// only within the consumer-group generation that fetched them.
+// kafkapubsub.Subscriber commits a partition's offset only past acked
+// messages and only within the consumer-group generation that fetched them.
 package consumer

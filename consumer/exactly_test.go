@@ -19,6 +19,7 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/internal/kafkatest"
 	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 // (a) Every message produced three times with the same UUID is applied once.
@@ -113,8 +114,8 @@ func TestKeyReusedGoesToDeadLetter(t *testing.T) {
 		t.Fatalf("%d dead letters, want 1", len(dead))
 	}
 	reason := header(dead[0], middleware.ReasonForPoisonedKey)
-	if header(dead[0], consumer.UUIDHeader) != u || !strings.Contains(reason, "reused with a different payload") || !strings.Contains(string(dead[0].Value), "99999") {
-		t.Fatalf("dead letter uuid=%s reason=%q payload=%s", header(dead[0], consumer.UUIDHeader), reason, dead[0].Value)
+	if header(dead[0], kafkapubsub.UUIDHeader) != u || !strings.Contains(reason, "reused with a different payload") || !strings.Contains(string(dead[0].Value), "99999") {
+		t.Fatalf("dead letter uuid=%s reason=%q payload=%s", header(dead[0], kafkapubsub.UUIDHeader), reason, dead[0].Value)
 	}
 	if hooks.get(consumer.OutcomeKeyReused) != 1 {
 		t.Errorf("hooks: %d key reused", hooks.get(consumer.OutcomeKeyReused))
@@ -231,7 +232,7 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	w.waitCaughtUp(group, time.Minute)
 	w.assertExactlyOnce(exp)
 	outs := w.readTopic(w.out)
-	if len(outs) != 1 || header(outs[0], consumer.UUIDHeader) != first[0].UUID || string(outs[0].Value) != `{"applied":"`+u+`"}` {
+	if len(outs) != 1 || header(outs[0], kafkapubsub.UUIDHeader) != first[0].UUID || string(outs[0].Value) != `{"applied":"`+u+`"}` {
 		t.Fatalf("outputs %d, want the stored one with UUID %s: %+v", len(outs), first[0].UUID, outs)
 	}
 	if hooks.get(consumer.OutcomeDuplicate) != 1 {
@@ -254,9 +255,9 @@ func TestPayloadShapes(t *testing.T) {
 		return nil, nil
 	})
 	recs := []kafka.Message{
-		{Value: []byte("not json"), Headers: []kafka.Header{{Key: consumer.UUIDHeader, Value: []byte("u-text")}}},
-		{Value: nil, Headers: []kafka.Header{{Key: consumer.UUIDHeader, Value: []byte("u-empty")}}},
-		{Value: []byte(big), Headers: []kafka.Header{{Key: consumer.UUIDHeader, Value: []byte("u-big")}}},
+		{Value: []byte("not json"), Headers: []kafka.Header{{Key: kafkapubsub.UUIDHeader, Value: []byte("u-text")}}},
+		{Value: nil, Headers: []kafka.Header{{Key: kafkapubsub.UUIDHeader, Value: []byte("u-empty")}}},
+		{Value: []byte(big), Headers: []kafka.Header{{Key: kafkapubsub.UUIDHeader, Value: []byte("u-big")}}},
 	}
 	w.produce(recs...)
 	group := kafkatest.Name("g")

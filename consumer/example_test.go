@@ -12,6 +12,7 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/pgstore"
 )
 
@@ -23,13 +24,13 @@ func ExampleMiddleware() {
 	pool, _ := pgxpool.New(ctx, "postgres://postgres:postgres@localhost:5432/postgres")
 	store, _ := pgstore.New(pool, nil) // after migrations.Migrate
 	dedup, _ := consumer.NewMiddleware(store, &consumer.Config{Scope: "ledger-consumer"})
-	sub, _ := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: brokers, ConsumerGroup: "ledger"})
-	pub, _ := consumer.NewPublisher(&consumer.PublisherConfig{Brokers: brokers})
+	sub, _ := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: brokers, ConsumerGroup: "ledger"})
+	pub, _ := kafkapubsub.NewPublisher(&kafkapubsub.PublisherConfig{Brokers: brokers})
 	poison, _ := middleware.PoisonQueueWithFilter(pub, "ledger.dlq", dedupe.IsPermanent)
 	if err := dedup.Check(ctx); err != nil { // the key table is where the store looks
 		panic(err)
 	}
-	if err := consumer.CheckTopics(ctx, brokers, consumer.Security{}, "ledger.dlq"); err != nil {
+	if err := kafkapubsub.CheckTopics(ctx, brokers, kafkapubsub.Security{}, "ledger.dlq"); err != nil {
 		panic(err)
 	}
 
@@ -44,7 +45,7 @@ func ExampleMiddleware() {
 	)
 	router.AddHandler("ledger-consumer", "ledger.commands", sub, "ledger.events", pub,
 		consumer.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
-			if _, err := tx.Exec(ctx, "UPDATE accounts SET balance = balance + 1 WHERE id = $1", msg.Metadata.Get(consumer.MetadataKafkaKey)); err != nil {
+			if _, err := tx.Exec(ctx, "UPDATE accounts SET balance = balance + 1 WHERE id = $1", msg.Metadata.Get(kafkapubsub.MetadataKafkaKey)); err != nil {
 				return nil, err
 			}
 			return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte(`{"applied":"`+msg.UUID+`"}`))}, nil

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/exactly-go/exactly/dedupe"
 )
 
 // KeyFunc returns a message's idempotency key (the id part; the scope comes
@@ -59,15 +61,16 @@ func KeyFromJSONField(path string) KeyFunc {
 }
 
 // KeyFromOffset keys a message by its Kafka coordinates, topic/partition/
-// offset. It catches redeliveries (rebalances, restarts, replays of the same
+// offset, read from its context ([dedupe.SourceFromContext], set by
+// kafkapubsub.Subscriber). It catches redeliveries (rebalances, restarts, replays of the same
 // records) but not a producer's retries, which land at new offsets, nor
 // records copied to another topic.
 func KeyFromOffset(msg *message.Message) (string, error) {
-	topic, partition, offset, ok := Source(msg)
+	src, ok := dedupe.SourceFromContext(msg.Context())
 	if !ok {
-		return "", errors.New("message has no Kafka coordinates in its metadata")
+		return "", errors.New("message has no Kafka coordinates in its context")
 	}
-	return topic + "/" + strconv.Itoa(int(partition)) + "/" + strconv.FormatInt(offset, 10), nil
+	return src.Topic + "/" + strconv.Itoa(int(src.Partition)) + "/" + strconv.FormatInt(src.Offset, 10), nil
 }
 
 // MissingKeyPolicy says what happens to a message whose key is missing or

@@ -13,9 +13,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/internal/kafkatest"
 	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 const fiveMiB = 5 << 20
@@ -74,7 +74,7 @@ func TestLargeKeyReusedRecordIsDeadLettered(t *testing.T) {
 	w.waitCaughtUp(group, 2*time.Minute)
 	w.assertExactlyOnce(map[string]command{u: {Account: "acc-1", Amount: 5}})
 	dl := w.readTopic(w.dlq)
-	if len(dl) != 1 || len(dl[0].Value) != len(big.Value) || header(dl[0], consumer.UUIDHeader) != u {
+	if len(dl) != 1 || len(dl[0].Value) != len(big.Value) || header(dl[0], kafkapubsub.UUIDHeader) != u {
 		t.Fatalf("dead-letter topic holds %d record(s), want the one large record", len(dl))
 	}
 	if header(dl[0], "reason_poisoned") == "" {
@@ -91,7 +91,7 @@ func TestPublishTooLargeSaysWhichLimit(t *testing.T) {
 	roomy, strict := kafkatest.Topic(t, 1), kafkatest.Topic(t, 1)
 	setMaxMessageBytes(t, brokers, roomy, fiveMiB)
 	setMaxMessageBytes(t, brokers, strict, 1<<20)
-	pub, err := consumer.NewPublisher(&consumer.PublisherConfig{Brokers: brokers, MaxRecordBytes: 3 << 20, Logger: quietLogger()})
+	pub, err := kafkapubsub.NewPublisher(&kafkapubsub.PublisherConfig{Brokers: brokers, MaxRecordBytes: 3 << 20, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,11 +100,11 @@ func TestPublishTooLargeSaysWhichLimit(t *testing.T) {
 		return message.NewMessage(watermill.NewUUID(), bytes.Repeat([]byte("y"), size))
 	}
 	err = pub.Publish(roomy, msg(4<<20))
-	if !errors.Is(err, consumer.ErrRecordTooLarge) || !strings.Contains(err.Error(), "MaxRecordBytes") {
+	if !errors.Is(err, kafkapubsub.ErrRecordTooLarge) || !strings.Contains(err.Error(), "MaxRecordBytes") {
 		t.Fatalf("over MaxRecordBytes: got %v, want ErrRecordTooLarge naming MaxRecordBytes", err)
 	}
 	err = pub.Publish(strict, msg(2<<20))
-	if !errors.Is(err, consumer.ErrRecordTooLarge) || !strings.Contains(err.Error(), "max.message.bytes=") {
+	if !errors.Is(err, kafkapubsub.ErrRecordTooLarge) || !strings.Contains(err.Error(), "max.message.bytes=") {
 		t.Fatalf("over the topic's limit: got %v, want ErrRecordTooLarge naming the topic's max.message.bytes", err)
 	}
 	// Small records around a large one keep their order.
@@ -118,7 +118,7 @@ func TestPublishTooLargeSaysWhichLimit(t *testing.T) {
 	got := kafkatest.ReadAll(t, roomy, 1, time.Minute)
 	var uuids []string
 	for _, m := range got {
-		uuids = append(uuids, header(m, consumer.UUIDHeader))
+		uuids = append(uuids, header(m, kafkapubsub.UUIDHeader))
 	}
 	if want := []string{big.UUID, a.UUID, big.UUID, b.UUID}; strings.Join(uuids, ",") != strings.Join(want, ",") {
 		t.Fatalf("records %v, want %v", uuids, want)

@@ -69,6 +69,14 @@ type Config struct {
 	Hooks Hooks
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Source returns the Kafka coordinates of a message, recorded with its
+	// key and reported in Events and logs. Defaults to
+	// [dedupe.SourceFromContext] on the message's context, where
+	// kafkapubsub.Subscriber puts them. With another Pub/Sub, return its
+	// coordinates here (watermill-kafka, for one, keeps the partition and
+	// offset in the message context: kafka.MessagePartitionFromCtx and
+	// kafka.MessagePartitionOffsetFromCtx).
+	Source func(msg *message.Message) (dedupe.Source, bool)
 }
 
 // OutputsWriter stores a handler's output messages in its transaction.
@@ -97,6 +105,15 @@ type Middleware struct {
 
 	mu       sync.Mutex
 	messages map[string]*msgState // failing messages, by identity
+}
+
+// source returns msg's Kafka coordinates, from Config.Source or else from
+// its context.
+func (m *Middleware) source(msg *message.Message) (dedupe.Source, bool) {
+	if m.cfg.Source != nil {
+		return m.cfg.Source(msg)
+	}
+	return dedupe.SourceFromContext(msg.Context())
 }
 
 // msgState is what the middleware remembers of a message that failed.
@@ -236,8 +253,8 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if ev.Scope == "" {
 			ev.Scope = message.HandlerNameFromCtx(ctx)
 		}
-		if topic, p, o, ok := Source(msg); ok {
-			ev.Topic, ev.Partition, ev.Offset = topic, p, o
+		if src, ok := m.source(msg); ok {
+			ev.Topic, ev.Partition, ev.Offset = src.Topic, src.Partition, src.Offset
 		} else {
 			ev.Topic = message.SubscribeTopicFromCtx(ctx)
 		}

@@ -10,9 +10,9 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/internal/kafkatest"
 	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 // txProducer is a transactional producer of this project's choosing
@@ -243,13 +243,13 @@ func TestIsolationLevels(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		isolation consumer.Isolation
+		isolation kafkapubsub.Isolation
 		want      string
 	}{
-		{consumer.ReadUncommitted, "aborted-1,aborted-2,committed,last"},
-		{consumer.ReadCommitted, "committed,last"},
+		{kafkapubsub.ReadUncommitted, "aborted-1,aborted-2,committed,last"},
+		{kafkapubsub.ReadCommitted, "committed,last"},
 	} {
-		sub, err := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: brokers, Isolation: tc.isolation, Logger: quietLogger()})
+		sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: brokers, Isolation: tc.isolation, Logger: quietLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/exactly-go/exactly/internal/kafkatest"
 	"github.com/exactly-go/exactly/internal/pgtest"
 	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/pgstore"
 )
 
@@ -36,7 +38,7 @@ type world struct {
 	dlq        string
 	out        string
 	partitions int
-	pub        *consumer.Publisher
+	pub        *kafkapubsub.Publisher
 }
 
 type command struct {
@@ -66,7 +68,7 @@ func newWorldOn(t testing.TB, brokers []string, partitions int) *world {
 	kafkatest.CreateTopicOn(t, brokers, w.dlq, 1)
 	kafkatest.CreateTopicOn(t, brokers, w.out, 1)
 	var err error
-	w.pub, err = consumer.NewPublisher(&consumer.PublisherConfig{Brokers: w.brokers, Logger: quietLogger()})
+	w.pub, err = kafkapubsub.NewPublisher(&kafkapubsub.PublisherConfig{Brokers: w.brokers, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +167,7 @@ func (w *world) startRouter(o routerOpts) (stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := consumer.NewSubscriber(&consumer.SubscriberConfig{
+	sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{
 		Brokers: w.brokers, ConsumerGroup: o.group, NackBackoff: 20 * time.Millisecond, MaxNackBackoff: 200 * time.Millisecond,
 		SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second, DrainTimeout: 5 * time.Second,
 		Logger: quietLogger(),
@@ -212,7 +214,7 @@ func (w *world) startRouter(o routerOpts) (stop func()) {
 	}
 	// The router closes a handler's publisher when it stops: each router
 	// gets its own.
-	out, err := consumer.NewPublisher(&consumer.PublisherConfig{Brokers: w.brokers, Logger: quietLogger()})
+	out, err := kafkapubsub.NewPublisher(&kafkapubsub.PublisherConfig{Brokers: w.brokers, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +262,7 @@ func record(uuid, account string, amount int64) kafka.Message {
 	payload, _ := json.Marshal(command{Account: account, Amount: amount})
 	m := kafka.Message{Key: []byte(account), Value: payload}
 	if uuid != "" {
-		m.Headers = []kafka.Header{{Key: consumer.UUIDHeader, Value: []byte(uuid)}}
+		m.Headers = []kafka.Header{{Key: kafkapubsub.UUIDHeader, Value: []byte(uuid)}}
 	}
 	return m
 }
@@ -373,4 +375,12 @@ func header(m kafka.Message, key string) string {
 		}
 	}
 	return ""
+}
+
+func quietLogger() *slog.Logger {
+	level := slog.LevelError
+	if os.Getenv("EXACTLY_TEST_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }

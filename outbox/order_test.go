@@ -17,10 +17,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/internal/kafkatest"
 	"github.com/exactly-go/exactly/internal/pgtest"
 	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -66,7 +66,7 @@ func onKafka(t testing.TB, topic string, parts int, key string) []string {
 			continue
 		}
 		for _, h := range m.Headers {
-			if h.Key == consumer.UUIDHeader {
+			if h.Key == kafkapubsub.UUIDHeader {
 				out = append(out, string(h.Value))
 			}
 		}

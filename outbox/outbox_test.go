@@ -24,6 +24,7 @@ import (
 	"github.com/exactly-go/exactly/internal/kafkatest"
 	"github.com/exactly-go/exactly/internal/pgtest"
 	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/migrations"
 	"github.com/exactly-go/exactly/outbox"
 	"github.com/exactly-go/exactly/pgstore"
@@ -46,7 +47,7 @@ type fixture struct {
 	w      *outbox.Writer
 	topic  string
 	parts  int
-	pub    *consumer.Publisher
+	pub    *kafkapubsub.Publisher
 	mu     sync.Mutex
 	wanted map[string]event // committed messages by UUID
 	seq    map[string]int   // last committed sequence number per key
@@ -58,7 +59,7 @@ func newFixture(t testing.TB, parts int) *fixture {
 	if f.w, err = outbox.NewWriter(&outbox.Config{Schema: f.db.Schema}); err != nil {
 		t.Fatal(err)
 	}
-	if f.pub, err = consumer.NewPublisher(&consumer.PublisherConfig{Brokers: kafkatest.Brokers(t), Logger: quiet()}); err != nil {
+	if f.pub, err = kafkapubsub.NewPublisher(&kafkapubsub.PublisherConfig{Brokers: kafkatest.Brokers(t), Logger: quiet()}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.pub.Close() })
@@ -145,7 +146,7 @@ func (f *fixture) check(t *testing.T, allowDuplicates bool) (dups int) {
 	for _, m := range got {
 		var u string
 		for _, h := range m.Headers {
-			if h.Key == consumer.UUIDHeader {
+			if h.Key == kafkapubsub.UUIDHeader {
 				u = string(h.Value)
 			}
 		}
@@ -327,7 +328,7 @@ func TestMiddlewareOutputsThroughOutbox(t *testing.T) {
 	var recs []kafka.Message
 	for i := 0; i < 50; i++ {
 		u := watermill.NewUUID()
-		rec := kafka.Message{Key: []byte(fmt.Sprint("k", i%5)), Value: []byte(fmt.Sprint(i)), Headers: []kafka.Header{{Key: consumer.UUIDHeader, Value: []byte(u)}}}
+		rec := kafka.Message{Key: []byte(fmt.Sprint("k", i%5)), Value: []byte(fmt.Sprint(i)), Headers: []kafka.Header{{Key: kafkapubsub.UUIDHeader, Value: []byte(u)}}}
 		recs = append(recs, rec, rec)
 	}
 	if err := wr.WriteMessages(context.Background(), recs...); err != nil {
@@ -341,7 +342,7 @@ func TestMiddlewareOutputsThroughOutbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	group := kafkatest.Name("g")
-	sub, err := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: brokers, ConsumerGroup: group, Logger: quiet()})
+	sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: brokers, ConsumerGroup: group, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,7 +356,7 @@ func TestMiddlewareOutputsThroughOutbox(t *testing.T) {
 				return nil, err
 			}
 			ev := message.NewMessage(watermill.NewUUID(), []byte("event for "+string(msg.Payload)))
-			ev.Metadata.Set(outbox.KeyMetadata, msg.Metadata.Get(consumer.MetadataKafkaKey))
+			ev.Metadata.Set(outbox.KeyMetadata, msg.Metadata.Get(kafkapubsub.MetadataKafkaKey))
 			mu.Lock()
 			emitted[ev.UUID] = string(msg.Payload)
 			mu.Unlock()
@@ -387,7 +388,7 @@ func TestMiddlewareOutputsThroughOutbox(t *testing.T) {
 	for _, m := range got {
 		var u string
 		for _, h := range m.Headers {
-			if h.Key == consumer.UUIDHeader {
+			if h.Key == kafkapubsub.UUIDHeader {
 				u = string(h.Value)
 			}
 		}

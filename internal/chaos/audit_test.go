@@ -17,8 +17,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/internal/kafkaadmin"
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 // rec is a record as the audit read it.
@@ -58,7 +58,7 @@ func readTopic(ctx context.Context, brokers []string, topic string, parts int, c
 			return out, fmt.Errorf("chaos: read %s (committed=%v): gave up after 2m with %d records, last offsets %v", topic, committed, len(out), last)
 		}
 		fs.EachRecord(func(r *kgo.Record) {
-			out = append(out, rec{part: r.Partition, off: r.Offset, uuid: header(r.Headers, consumer.UUIDHeader), src: header(r.Headers, srcHeader),
+			out = append(out, rec{part: r.Partition, off: r.Offset, uuid: header(r.Headers, kafkapubsub.UUIDHeader), src: header(r.Headers, srcHeader),
 				value: append([]byte(nil), r.Value...), reason: header(r.Headers, middleware.ReasonForPoisonedKey)})
 			last[r.Partition] = r.Offset
 		})
@@ -279,7 +279,7 @@ func audit(committed, all, events, dlq []rec, db *dbState) *findings {
 	for _, k := range keyOrder {
 		rs := byKey[k]
 		if k == "" {
-			f.fail("harness", "%d records without a %s header", len(rs), consumer.UUIDHeader)
+			f.fail("harness", "%d records without a %s header", len(rs), kafkapubsub.UUIDHeader)
 			continue
 		}
 		payloads := map[string][]rec{}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 // Record sources, in header srcHeader, so the audit can tell where a record
@@ -77,7 +77,7 @@ type genConfig struct {
 func record(src, key string, value []byte, uuid string) *kgo.Record {
 	r := &kgo.Record{Key: []byte(key), Value: value, Headers: []kgo.RecordHeader{{Key: srcHeader, Value: []byte(src)}}}
 	if uuid != "" {
-		r.Headers = append(r.Headers, kgo.RecordHeader{Key: consumer.UUIDHeader, Value: []byte(uuid)})
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: kafkapubsub.UUIDHeader, Value: []byte(uuid)})
 	}
 	return r
 }
@@ -95,7 +95,7 @@ func (r0 *workloadRand) uuid() string {
 type workloadRand struct{ *rand.Rand }
 
 func copyRecord(src string, r *kgo.Record) *kgo.Record {
-	return record(src, string(r.Key), append([]byte(nil), r.Value...), header(r.Headers, consumer.UUIDHeader))
+	return record(src, string(r.Key), append([]byte(nil), r.Value...), header(r.Headers, kafkapubsub.UUIDHeader))
 }
 
 func header(hs []kgo.RecordHeader, k string) string {

@@ -18,6 +18,7 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/redact"
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 // VerifyOpts configures Verify.
@@ -302,14 +303,14 @@ func toMessage(m kafka.Message) *message.Message {
 	var uuid string
 	md := make(message.Metadata, len(m.Headers)+1)
 	for _, h := range m.Headers {
-		if h.Key == consumer.UUIDHeader {
+		if h.Key == kafkapubsub.UUIDHeader {
 			uuid = string(h.Value)
 			continue
 		}
 		md[h.Key] = string(h.Value)
 	}
 	if m.Key != nil {
-		md[consumer.MetadataKafkaKey] = string(m.Key)
+		md[kafkapubsub.MetadataKafkaKey] = string(m.Key)
 	}
 	msg := message.NewMessage(uuid, m.Value)
 	msg.Metadata = md

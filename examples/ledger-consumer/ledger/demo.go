@@ -18,9 +18,9 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/internal/kafkaadmin"
 	"github.com/exactly-go/exactly/internal/redact"
+	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/migrations"
 )
 
@@ -249,7 +249,7 @@ func countTopic(ctx context.Context, brokers []string, topic string) (TopicCount
 			n.Records++
 			for _, h := range m.Headers {
 				switch {
-				case h.Key == consumer.UUIDHeader:
+				case h.Key == kafkapubsub.UUIDHeader:
 					first, ok := seen[string(h.Value)]
 					if !ok {
 						seen[string(h.Value)] = m.Value

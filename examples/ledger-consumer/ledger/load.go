@@ -10,7 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 // LoadConfig shapes a generated workload. The shares are taken as they
@@ -83,7 +83,7 @@ func Generate(cfg LoadConfig) (Workload, error) {
 	holds := map[string][]string{} // account -> hold ids
 	emit := func(c Command) {
 		payload, _ := json.Marshal(c)
-		rec := kafka.Message{Key: []byte(c.Account), Value: payload, Headers: []kafka.Header{{Key: consumer.UUIDHeader, Value: []byte(c.CommandID)}}}
+		rec := kafka.Message{Key: []byte(c.Account), Value: payload, Headers: []kafka.Header{{Key: kafkapubsub.UUIDHeader, Value: []byte(c.CommandID)}}}
 		w.Records = append(w.Records, rec)
 		sent = append(sent, rec)
 		w.Unique++
@@ -126,7 +126,7 @@ func Generate(cfg LoadConfig) (Workload, error) {
 		if rnd.Float64() < cfg.Malformed {
 			bad := [][]byte{[]byte("not json at all"), []byte(`{"type":"steal","account":"` + a + `","amount":5}`), {}, []byte(`{"command_id":"x","type":"topup","account":"` + a + `","amount":-3}`)}
 			w.Records = append(w.Records, kafka.Message{Key: []byte(a), Value: bad[rnd.IntN(len(bad))],
-				Headers: []kafka.Header{{Key: consumer.UUIDHeader, Value: []byte(watermill.NewUUID())}}})
+				Headers: []kafka.Header{{Key: kafkapubsub.UUIDHeader, Value: []byte(watermill.NewUUID())}}})
 			w.Malformed++
 		}
 	}

@@ -11,11 +11,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/examples/ledger-consumer/ledger"
 	"github.com/exactly-go/exactly/internal/kafkatest"
 	"github.com/exactly-go/exactly/internal/pgtest"
 	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 // explicitPartition writes each record to the partition it names, as a
@@ -31,7 +31,7 @@ func record(t *testing.T, partition int, c ledger.Command) kafka.Message {
 		t.Fatal(err)
 	}
 	return kafka.Message{Partition: partition, Key: []byte(c.Account), Value: payload,
-		Headers: []kafka.Header{{Key: consumer.UUIDHeader, Value: []byte(c.CommandID)}}}
+		Headers: []kafka.Header{{Key: kafkapubsub.UUIDHeader, Value: []byte(c.CommandID)}}}
 }
 
 // One account's commands processed on two partitions at once (another

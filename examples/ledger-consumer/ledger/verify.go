@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/kafkaadmin"
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 // Report is what Verify found.
@@ -44,7 +44,7 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, schema string, brokers []st
 			rep.Records++
 			var id string
 			for _, h := range m.Headers {
-				if h.Key == consumer.UUIDHeader {
+				if h.Key == kafkapubsub.UUIDHeader {
 					id = string(h.Value)
 				}
 			}

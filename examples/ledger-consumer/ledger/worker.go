@@ -25,6 +25,7 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/redact"
+	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/outbox"
 	"github.com/exactly-go/exactly/pgstore"
 )
@@ -253,12 +254,12 @@ func (w *Worker) Run(ctx context.Context) error {
 // done; it hands the router to setRouter before running it.
 func (w *Worker) consume(ctx context.Context, setRouter func(*message.Router)) error {
 	log := w.cfg.Logger
-	pub, err := consumer.NewPublisher(&consumer.PublisherConfig{Brokers: w.cfg.Brokers, Logger: log})
+	pub, err := kafkapubsub.NewPublisher(&kafkapubsub.PublisherConfig{Brokers: w.cfg.Brokers, Logger: log})
 	if err != nil {
 		return err
 	}
 	defer pub.Close()
-	sub, err := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: w.cfg.Brokers, ConsumerGroup: w.cfg.Group, Logger: log,
+	sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: w.cfg.Brokers, ConsumerGroup: w.cfg.Group, Logger: log,
 		SessionTimeout: w.cfg.SessionTimeout, HeartbeatInterval: w.cfg.SessionTimeout / 10})
 	if err != nil {
 		return err
@@ -303,14 +304,14 @@ func (w *Worker) consume(ctx context.Context, setRouter func(*message.Router)) e
 		// returns nothing for the router to publish.
 		router.AddHandler(Scope, w.cfg.Commands, sub, w.cfg.Events, pub, consumer.TxHandler(w.handle))
 	}
-	if err := consumer.CheckTTL(ctx, w.cfg.Brokers, consumer.Security{}, w.cfg.Commands, w.store.Config().TTL); err != nil {
+	if err := kafkapubsub.CheckTTL(ctx, w.cfg.Brokers, kafkapubsub.Security{}, w.cfg.Commands, w.store.Config().TTL); err != nil {
 		log.Warn("ledger: key retention", "err", err)
 	}
 
 	// The relay has a publisher of its own: the router closes the
 	// handlers' publisher when it stops, and the relay's final flush comes
 	// after that.
-	relayPub, err := consumer.NewPublisher(&consumer.PublisherConfig{Brokers: w.cfg.Brokers, Logger: log})
+	relayPub, err := kafkapubsub.NewPublisher(&kafkapubsub.PublisherConfig{Brokers: w.cfg.Brokers, Logger: log})
 	if err != nil {
 		return err
 	}

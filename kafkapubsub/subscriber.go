@@ -1,4 +1,4 @@
-package consumer
+package kafkapubsub
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/clock"
 )
 
@@ -82,13 +83,13 @@ func (c *SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 		o = *c
 	}
 	if len(o.Brokers) == 0 {
-		return o, errors.New("consumer: SubscriberConfig.Brokers is empty: set the Kafka bootstrap addresses")
+		return o, errors.New("kafkapubsub: SubscriberConfig.Brokers is empty: set the Kafka bootstrap addresses")
 	}
 	if o.StartOffset == 0 {
 		o.StartOffset = StartFirst
 	}
 	if o.StartOffset != StartFirst && o.StartOffset != StartLast {
-		return o, fmt.Errorf("consumer: SubscriberConfig.StartOffset is %d: use StartFirst or StartLast", o.StartOffset)
+		return o, fmt.Errorf("kafkapubsub: SubscriberConfig.StartOffset is %d: use StartFirst or StartLast", o.StartOffset)
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
@@ -113,21 +114,21 @@ func (c *SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 		"DrainTimeout": o.DrainTimeout, "SessionTimeout": o.SessionTimeout, "RebalanceTimeout": o.RebalanceTimeout,
 		"HeartbeatInterval": o.HeartbeatInterval, "MaxWait": o.MaxWait} {
 		if d < 0 {
-			return o, fmt.Errorf("consumer: SubscriberConfig.%s is %v: set a positive duration", name, d)
+			return o, fmt.Errorf("kafkapubsub: SubscriberConfig.%s is %v: set a positive duration", name, d)
 		}
 	}
 	if o.DrainTimeout >= o.RebalanceTimeout {
-		return o, fmt.Errorf("consumer: SubscriberConfig.DrainTimeout (%v) is not below RebalanceTimeout (%v): the group would finish the rebalance without this member and refuse its last commit; lower DrainTimeout or raise RebalanceTimeout", o.DrainTimeout, o.RebalanceTimeout)
+		return o, fmt.Errorf("kafkapubsub: SubscriberConfig.DrainTimeout (%v) is not below RebalanceTimeout (%v): the group would finish the rebalance without this member and refuse its last commit; lower DrainTimeout or raise RebalanceTimeout", o.DrainTimeout, o.RebalanceTimeout)
 	}
 	if o.HeartbeatInterval >= o.SessionTimeout {
-		return o, fmt.Errorf("consumer: SubscriberConfig.HeartbeatInterval (%v) is not below SessionTimeout (%v): lower HeartbeatInterval (a third of SessionTimeout or less)", o.HeartbeatInterval, o.SessionTimeout)
+		return o, fmt.Errorf("kafkapubsub: SubscriberConfig.HeartbeatInterval (%v) is not below SessionTimeout (%v): lower HeartbeatInterval (a third of SessionTimeout or less)", o.HeartbeatInterval, o.SessionTimeout)
 	}
 	switch o.Isolation {
 	case 0:
 		o.Isolation = ReadCommitted
 	case ReadCommitted, ReadUncommitted:
 	default:
-		return o, fmt.Errorf("consumer: SubscriberConfig.Isolation is %d: use ReadCommitted or ReadUncommitted", o.Isolation)
+		return o, fmt.Errorf("kafkapubsub: SubscriberConfig.Isolation is %d: use ReadCommitted or ReadUncommitted", o.Isolation)
 	}
 	return o, nil
 }
@@ -172,13 +173,13 @@ func NewSubscriber(cfg *SubscriberConfig) (*Subscriber, error) {
 }
 
 // ErrSubscriberClosed is returned by Subscribe after Close.
-var ErrSubscriberClosed = errors.New("consumer: subscriber closed")
+var ErrSubscriberClosed = errors.New("kafkapubsub: subscriber closed")
 
 // Subscribe starts consuming topic. The channel closes when ctx is done or
 // the Subscriber is closed, after in-flight messages have drained.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if topic == "" {
-		return nil, errors.New("consumer: Subscribe: topic is empty")
+		return nil, errors.New("kafkapubsub: Subscribe: topic is empty")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -266,7 +267,7 @@ func (s *Subscriber) runGroup(ctx context.Context, topic string, out chan<- *mes
 		ErrorLogger:           kafkaLogger(s.log(), slog.LevelDebug),
 	})
 	if err != nil {
-		s.log().Error("consumer: cannot create consumer group", "group", s.cfg.ConsumerGroup, "topic", topic, "err", err)
+		s.log().Error("kafkapubsub: cannot create consumer group", "group", s.cfg.ConsumerGroup, "topic", topic, "err", err)
 		return
 	}
 	// Closing the group ends the current generation: its partitions drain
@@ -281,7 +282,7 @@ func (s *Subscriber) runGroup(ctx context.Context, topic string, out chan<- *mes
 			return
 		}
 		if err != nil {
-			s.log().Warn("consumer: joining group failed; retrying", "group", s.cfg.ConsumerGroup, "topic", topic, "err", err, "backoff", backoff)
+			s.log().Warn("kafkapubsub: joining group failed; retrying", "group", s.cfg.ConsumerGroup, "topic", topic, "err", err, "backoff", backoff)
 			if clock.Sleep(ctx, backoff) != nil {
 				return
 			}
@@ -338,13 +339,13 @@ func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, t
 		if err := gen.CommitOffsets(map[string]map[int]int64{topic: p}); err != nil {
 			// The next owner re-reads from the last commit; the dedupe
 			// middleware absorbs the redelivery.
-			s.log().Warn("consumer: commit failed", "group", s.cfg.ConsumerGroup, "topic", topic, "generation", gen.ID, "offsets", p, "err", err)
+			s.log().Warn("kafkapubsub: commit failed", "group", s.cfg.ConsumerGroup, "topic", topic, "generation", gen.ID, "offsets", p, "err", err)
 			st.putBack(p)
 		}
 	}
 	var partitions sync.WaitGroup
 	assigned := gen.Assignments[topic]
-	s.log().Debug("consumer: generation started", "group", s.cfg.ConsumerGroup, "topic", topic, "generation", gen.ID, "partitions", len(assigned))
+	s.log().Debug("kafkapubsub: generation started", "group", s.cfg.ConsumerGroup, "topic", topic, "generation", gen.ID, "partitions", len(assigned))
 	for _, a := range assigned {
 		partitions.Add(1)
 		gen.Start(func(gctx context.Context) {
@@ -414,10 +415,10 @@ func (s *Subscriber) heartbeat(gen *kafka.Generation, topic string) (stop func()
 					return
 				case err == nil, errors.Is(err, kafka.RebalanceInProgress):
 				case errors.Is(err, kafka.UnknownMemberId), errors.Is(err, kafka.IllegalGeneration), errors.Is(err, kafka.FencedInstanceID):
-					s.log().Warn("consumer: membership lost while draining; the last commit will be refused", "group", gen.GroupID, "generation", gen.ID, "err", err)
+					s.log().Warn("kafkapubsub: membership lost while draining; the last commit will be refused", "group", gen.GroupID, "generation", gen.ID, "err", err)
 					return
 				default:
-					s.log().Debug("consumer: heartbeat while draining failed", "group", gen.GroupID, "generation", gen.ID, "err", err)
+					s.log().Debug("kafkapubsub: heartbeat while draining failed", "group", gen.GroupID, "generation", gen.ID, "err", err)
 					coord = nil
 				}
 			}
@@ -493,12 +494,12 @@ func (s *Subscriber) fetchLoop(ctx context.Context, f *fetcher, pos int64, respo
 			if !ok {
 				return
 			}
-			s.log().Warn("consumer: offset out of range; starting again at StartOffset", "topic", f.topic, "partition", f.partition, "offset", pos, "restart", next)
+			s.log().Warn("kafkapubsub: offset out of range; starting again at StartOffset", "topic", f.topic, "partition", f.partition, "offset", pos, "restart", next)
 			pos = next
 			continue
 		}
 		if err != nil {
-			s.log().Warn("consumer: fetch failed; retrying", "topic", f.topic, "partition", f.partition, "offset", pos, "err", err)
+			s.log().Warn("kafkapubsub: fetch failed; retrying", "topic", f.topic, "partition", f.partition, "offset", pos, "err", err)
 			if clock.Sleep(ctx, backoff) != nil {
 				return
 			}
@@ -551,7 +552,7 @@ func (s *Subscriber) resolveOffset(ctx context.Context, topic string, partition 
 				err = fmt.Errorf("no offsets for partition %d", partition)
 			}
 		}
-		s.log().Warn("consumer: list offsets failed; retrying", "topic", topic, "partition", partition, "err", err)
+		s.log().Warn("kafkapubsub: list offsets failed; retrying", "topic", topic, "partition", partition, "err", err)
 		if clock.Sleep(ctx, backoff) != nil {
 			return 0, false
 		}
@@ -565,7 +566,7 @@ func (s *Subscriber) deliver(subCtx, stopCtx context.Context, km kafka.Message, 
 	for {
 		msg := toWatermill(km)
 		ctx, cancel := context.WithCancel(context.WithoutCancel(subCtx))
-		msg.SetContext(ctx)
+		msg.SetContext(dedupe.ContextWithSource(ctx, dedupe.Source{Topic: km.Topic, Partition: int32(km.Partition), Offset: km.Offset}))
 		select {
 		case out <- msg:
 		case <-stopCtx.Done():
@@ -588,7 +589,7 @@ func (s *Subscriber) deliver(subCtx, stopCtx context.Context, km kafka.Message, 
 				return true
 			case <-msg.Nacked():
 			case <-t.C:
-				s.log().Warn("consumer: in-flight message not acked within DrainTimeout; it will be delivered again",
+				s.log().Warn("kafkapubsub: in-flight message not acked within DrainTimeout; it will be delivered again",
 					"topic", km.Topic, "partition", km.Partition, "offset", km.Offset, "uuid", msg.UUID)
 			}
 			return false
@@ -626,11 +627,11 @@ func (s *Subscriber) waitForTopic(ctx context.Context, topic string) (parts []ka
 		parts, err = s.partitions(ctx, topic)
 		if err == nil && len(parts) > 0 {
 			if n > 0 {
-				s.log().Info("consumer: topic is there; consuming", "topic", topic, "partitions", len(parts))
+				s.log().Info("kafkapubsub: topic is there; consuming", "topic", topic, "partitions", len(parts))
 			}
 			return parts, true
 		}
-		s.log().Warn("consumer: topic does not exist (yet); waiting for it", "topic", topic, "group", s.cfg.ConsumerGroup, "err", err, "retry", backoff)
+		s.log().Warn("kafkapubsub: topic does not exist (yet); waiting for it", "topic", topic, "group", s.cfg.ConsumerGroup, "err", err, "retry", backoff)
 		if clock.Sleep(ctx, backoff) != nil {
 			return nil, false
 		}
@@ -666,10 +667,10 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 	c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Timeout: 10 * time.Second, Transport: s.cfg.Security.transport()}
 	res, err := c.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}}})
 	if err != nil {
-		return fmt.Errorf("consumer: create topic %s: %w", topic, err)
+		return fmt.Errorf("kafkapubsub: create topic %s: %w", topic, err)
 	}
 	if err := res.Errors[topic]; err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
-		return fmt.Errorf("consumer: create topic %s: %w", topic, err)
+		return fmt.Errorf("kafkapubsub: create topic %s: %w", topic, err)
 	}
 	return nil
 }

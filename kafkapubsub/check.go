@@ -1,4 +1,4 @@
-package consumer
+package kafkapubsub
 
 import (
 	"context"
@@ -18,7 +18,7 @@ func CheckTopics(ctx context.Context, brokers []string, sec Security, topics ...
 	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: sec.transport()}
 	res, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
 	if err != nil {
-		return fmt.Errorf("consumer: check topics %v: %w", topics, err)
+		return fmt.Errorf("kafkapubsub: check topics %v: %w", topics, err)
 	}
 	found := map[string]error{}
 	for _, t := range res.Topics {
@@ -29,10 +29,10 @@ func CheckTopics(ctx context.Context, brokers []string, sec Security, topics ...
 		terr, ok := found[topic]
 		switch {
 		case !ok || errors.Is(terr, kafka.UnknownTopicOrPartition):
-			errs = append(errs, fmt.Errorf("consumer: topic %q does not exist: create it (a dead-letter topic must exist before "+
+			errs = append(errs, fmt.Errorf("kafkapubsub: topic %q does not exist: create it (a dead-letter topic must exist before "+
 				"the first permanent error, or that message is retried until it does)", topic))
 		case terr != nil:
-			errs = append(errs, fmt.Errorf("consumer: topic %q: %w", topic, terr))
+			errs = append(errs, fmt.Errorf("kafkapubsub: topic %q: %w", topic, terr))
 		}
 	}
 	return errors.Join(errs...)

@@ -1,4 +1,4 @@
-package consumer
+package kafkapubsub
 
 import (
 	"context"
@@ -53,7 +53,7 @@ func (c *PublisherConfig) withDefaults() (PublisherConfig, error) {
 		o = *c
 	}
 	if len(o.Brokers) == 0 {
-		return o, errors.New("consumer: PublisherConfig.Brokers is empty: set the Kafka bootstrap addresses")
+		return o, errors.New("kafkapubsub: PublisherConfig.Brokers is empty: set the Kafka bootstrap addresses")
 	}
 	if o.BatchTimeout == 0 {
 		o.BatchTimeout = 5 * time.Millisecond
@@ -71,7 +71,7 @@ func (c *PublisherConfig) withDefaults() (PublisherConfig, error) {
 		o.Logger = slog.Default()
 	}
 	if o.BatchTimeout < 0 || o.BatchSize < 0 || o.PublishTimeout < 0 || o.MaxRecordBytes < 0 {
-		return o, errors.New("consumer: PublisherConfig.BatchTimeout, BatchSize, PublishTimeout and MaxRecordBytes must not be negative")
+		return o, errors.New("kafkapubsub: PublisherConfig.BatchTimeout, BatchSize, PublishTimeout and MaxRecordBytes must not be negative")
 	}
 	return o, nil
 }
@@ -127,7 +127,7 @@ const batchBytes = 1 << 20
 // ErrRecordTooLarge is wrapped by Publish's error when a record is larger
 // than PublisherConfig.MaxRecordBytes or than the topic accepts; the error
 // says which limit it hit.
-var ErrRecordTooLarge = errors.New("consumer: record too large")
+var ErrRecordTooLarge = errors.New("kafkapubsub: record too large")
 
 // recordSize is a record's size as kafka-go counts it against a batch limit.
 func recordSize(m *kafka.Message) int {
@@ -147,7 +147,7 @@ func varintLen(n int) int {
 }
 
 // ErrPublisherClosed is returned by Publish after Close.
-var ErrPublisherClosed = errors.New("consumer: publisher closed")
+var ErrPublisherClosed = errors.New("kafkapubsub: publisher closed")
 
 // Publish writes msgs to topic in order and waits until all are acknowledged.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
@@ -164,7 +164,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	for i, m := range msgs {
 		key, err := p.key(topic, m)
 		if err != nil {
-			return fmt.Errorf("consumer: publish %s to %s: partition key: %w", m.UUID, topic, err)
+			return fmt.Errorf("kafkapubsub: publish %s to %s: partition key: %w", m.UUID, topic, err)
 		}
 		records[i] = toKafka(topic, m, key)
 		sizes[i] = recordSize(&records[i])
@@ -190,7 +190,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 			if tooLarge(err) {
 				return p.tooLarge(topic, msgs[start:end], sizes[start:end], err)
 			}
-			return fmt.Errorf("consumer: publish %d message(s) to %s: %w", end-start, topic, err)
+			return fmt.Errorf("kafkapubsub: publish %d message(s) to %s: %w", end-start, topic, err)
 		}
 		start = end
 	}

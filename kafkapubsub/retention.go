@@ -1,4 +1,4 @@
-package consumer
+package kafkapubsub
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 // ErrTTLTooShort is returned by CheckTTL when keys may expire before the
 // records they protect: a record redelivered after its key expired is
 // applied again.
-var ErrTTLTooShort = errors.New("consumer: key TTL shorter than the topic's retention")
+var ErrTTLTooShort = errors.New("kafkapubsub: key TTL shorter than the topic's retention")
 
 // topicConfig reads one configuration value of topic.
 func topicConfig(ctx context.Context, brokers []string, sec Security, topic, name string) (string, error) {
@@ -22,11 +22,11 @@ func topicConfig(ctx context.Context, brokers []string, sec Security, topic, nam
 		ResourceType: kafka.ResourceTypeTopic, ResourceName: topic, ConfigNames: []string{name},
 	}}})
 	if err != nil {
-		return "", fmt.Errorf("consumer: describe %s: %w", topic, err)
+		return "", fmt.Errorf("kafkapubsub: describe %s: %w", topic, err)
 	}
 	for _, r := range res.Resources {
 		if r.Error != nil {
-			return "", fmt.Errorf("consumer: describe %s: %w", topic, r.Error)
+			return "", fmt.Errorf("kafkapubsub: describe %s: %w", topic, r.Error)
 		}
 		for _, e := range r.ConfigEntries {
 			if e.ConfigName == name {
@@ -34,7 +34,7 @@ func topicConfig(ctx context.Context, brokers []string, sec Security, topic, nam
 			}
 		}
 	}
-	return "", fmt.Errorf("consumer: describe %s: no %s in the answer", topic, name)
+	return "", fmt.Errorf("kafkapubsub: describe %s: no %s in the answer", topic, name)
 }
 
 // CheckTTL compares the key TTL with topic's retention.ms. It returns an
@@ -48,7 +48,7 @@ func CheckTTL(ctx context.Context, brokers []string, sec Security, topic string,
 	}
 	ms, err := strconv.ParseInt(v, 10, 64)
 	if err != nil {
-		return fmt.Errorf("consumer: %s retention.ms %q: %w", topic, v, err)
+		return fmt.Errorf("kafkapubsub: %s retention.ms %q: %w", topic, v, err)
 	}
 	if ms < 0 {
 		return fmt.Errorf("%w: %s keeps records forever, keys expire after %v: a replay of older records applies them again", ErrTTLTooShort, topic, ttl)

@@ -1,4 +1,4 @@
-package consumer_test
+package kafkapubsub_test
 
 import (
 	"context"
@@ -8,9 +8,9 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/kafkatest"
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 func TestCheckTTL(t *testing.T) {
@@ -28,14 +28,14 @@ func TestCheckTTL(t *testing.T) {
 	t.Cleanup(func() {
 		_, _ = c.DeleteTopics(context.Background(), &kafka.DeleteTopicsRequest{Topics: []string{topic}})
 	})
-	if err := consumer.CheckTTL(ctx, brokers, consumer.Security{}, topic, dedupe.DefaultTTL); err != nil {
+	if err := kafkapubsub.CheckTTL(ctx, brokers, kafkapubsub.Security{}, topic, dedupe.DefaultTTL); err != nil {
 		t.Fatalf("7-day TTL on a 1-hour topic: %v", err)
 	}
-	err = consumer.CheckTTL(ctx, brokers, consumer.Security{}, topic, time.Minute)
-	if !errors.Is(err, consumer.ErrTTLTooShort) {
+	err = kafkapubsub.CheckTTL(ctx, brokers, kafkapubsub.Security{}, topic, time.Minute)
+	if !errors.Is(err, kafkapubsub.ErrTTLTooShort) {
 		t.Fatalf("1-minute TTL on a 1-hour topic: %v, want ErrTTLTooShort", err)
 	}
-	if err := consumer.CheckTTL(ctx, brokers, consumer.Security{}, kafkatest.Name("missing"), time.Hour); err == nil || errors.Is(err, consumer.ErrTTLTooShort) {
+	if err := kafkapubsub.CheckTTL(ctx, brokers, kafkapubsub.Security{}, kafkatest.Name("missing"), time.Hour); err == nil || errors.Is(err, kafkapubsub.ErrTTLTooShort) {
 		t.Fatalf("unknown topic: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package consumer
+package kafkapubsub
 
 import (
 	"crypto/tls"
@@ -88,16 +88,4 @@ func toKafka(topic string, msg *message.Message, key []byte) kafka.Message {
 		headers = append(headers, protocol.Header{Key: k, Value: []byte(v)})
 	}
 	return kafka.Message{Topic: topic, Key: key, Value: msg.Payload, Headers: headers}
-}
-
-// Source reads the Kafka coordinates that the Subscriber put in msg's
-// metadata; ok is false for a message that did not come from it.
-func Source(msg *message.Message) (topic string, partition int32, offset int64, ok bool) {
-	topic = msg.Metadata.Get(MetadataTopic)
-	p, err1 := strconv.ParseInt(msg.Metadata.Get(MetadataPartition), 10, 32)
-	o, err2 := strconv.ParseInt(msg.Metadata.Get(MetadataOffset), 10, 64)
-	if topic == "" || err1 != nil || err2 != nil {
-		return "", 0, 0, false
-	}
-	return topic, int32(p), o, true
 }

@@ -1,4 +1,4 @@
-package consumer_test
+package kafkapubsub_test
 
 import (
 	"log/slog"
@@ -10,8 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 
-	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/internal/kafkatest"
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 func quietLogger() *slog.Logger {
@@ -24,7 +24,7 @@ func quietLogger() *slog.Logger {
 
 func newPubSub(t *testing.T, group string) (message.Publisher, message.Subscriber) {
 	brokers := kafkatest.Brokers(t)
-	pub, err := consumer.NewPublisher(&consumer.PublisherConfig{
+	pub, err := kafkapubsub.NewPublisher(&kafkapubsub.PublisherConfig{
 		Brokers:                brokers,
 		AllowAutoTopicCreation: true,
 		// Messages of one kind share a key, so they share a partition and keep their order.
@@ -34,7 +34,7 @@ func newPubSub(t *testing.T, group string) (message.Publisher, message.Subscribe
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := consumer.NewSubscriber(&consumer.SubscriberConfig{
+	sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{
 		Brokers:          brokers,
 		ConsumerGroup:    group,
 		NackBackoff:      10 * time.Millisecond,

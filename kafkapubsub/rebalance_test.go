@@ -1,4 +1,4 @@
-package consumer_test
+package kafkapubsub_test
 
 import (
 	"context"
@@ -10,9 +10,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/internal/kafkatest"
 	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 // A handler slower than the session timeout is in flight when a second
@@ -37,8 +37,8 @@ func TestSlowDrainKeepsMembership(t *testing.T) {
 	_ = wr.Close()
 
 	const session = 6 * time.Second
-	newSub := func() *consumer.Subscriber {
-		sub, err := consumer.NewSubscriber(&consumer.SubscriberConfig{
+	newSub := func() *kafkapubsub.Subscriber {
+		sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{
 			Brokers: brokers, ConsumerGroup: group, SessionTimeout: session, HeartbeatInterval: time.Second,
 			RebalanceTimeout: time.Minute, DrainTimeout: 40 * time.Second, Logger: quietLogger(),
 		})
@@ -54,7 +54,7 @@ func TestSlowDrainKeepsMembership(t *testing.T) {
 	consume := func(ch <-chan *message.Message, slowFirst bool) {
 		for m := range ch {
 			mu.Lock()
-			off := m.Metadata.Get(consumer.MetadataOffset)
+			off := m.Metadata.Get(kafkapubsub.MetadataOffset)
 			deliveries[off]++
 			first := len(deliveries) == 1 && deliveries[off] == 1
 			mu.Unlock()
@@ -106,13 +106,13 @@ func TestSlowDrainKeepsMembership(t *testing.T) {
 // A DrainTimeout the group cannot wait for is refused at construction, with
 // the field and the fix named.
 func TestDrainTimeoutMustBeBelowRebalanceTimeout(t *testing.T) {
-	_, err := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: []string{"127.0.0.1:1"}, ConsumerGroup: "g",
+	_, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: []string{"127.0.0.1:1"}, ConsumerGroup: "g",
 		RebalanceTimeout: 10 * time.Second, DrainTimeout: 10 * time.Second})
 	if err == nil || !strings.Contains(err.Error(), "DrainTimeout") || !strings.Contains(err.Error(), "RebalanceTimeout") {
 		t.Fatalf("got %v, want an error naming DrainTimeout and RebalanceTimeout", err)
 	}
 	// Only RebalanceTimeout set: the default DrainTimeout fits below it.
-	if _, err := consumer.NewSubscriber(&consumer.SubscriberConfig{Brokers: []string{"127.0.0.1:1"}, RebalanceTimeout: 4 * time.Second}); err != nil {
+	if _, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: []string{"127.0.0.1:1"}, RebalanceTimeout: 4 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,4 +1,4 @@
-package consumer_test
+package kafkapubsub_test
 
 import (
 	"context"
@@ -11,9 +11,9 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/internal/kafkatest"
 	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 // warnings counts WARN records whose message contains a text, to know
@@ -55,7 +55,7 @@ func TestSubscribeBeforeTopicExists(t *testing.T) {
 	topic := kafkatest.Name("late")
 	group := kafkatest.Name("g")
 	var warned atomic.Int64
-	sub, err := consumer.NewSubscriber(&consumer.SubscriberConfig{
+	sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{
 		Brokers: brokers, ConsumerGroup: group, SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second,
 		Logger: slog.New(warnings{quietLogger().Handler(), "topic does not exist", &warned}),
 	})
