@@ -8,7 +8,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/exactly-go/exactly/cmd/replay/replaycli"
+	"github.com/exactly-go/exactly/cmd/replay/internal/replaycli"
 )
 
 func main() {

@@ -8,7 +8,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/exactly-go/exactly/cmd/replay/replaycli"
+	"github.com/exactly-go/exactly/cmd/replay/internal/replaycli"
 	"github.com/exactly-go/exactly/internal/kafkatest"
 )
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/exactly-go/exactly/cmd/replay/replaycli"
+	"github.com/exactly-go/exactly/cmd/replay/internal/replaycli"
 	"github.com/exactly-go/exactly/internal/kafkatest"
 )
 
@@ -17,7 +17,7 @@ import (
 // topic with a bare kafka-go loop that reads each partition and writes the
 // records to another topic, same broker, same run:
 //
-//	go test -run '^$' -bench Copy -benchtime 3x ./cmd/replay/replaycli
+//	go test -run '^$' -bench Copy -benchtime 3x ./cmd/replay/internal/replaycli
 func BenchmarkCopy(b *testing.B) {
 	const n = 20000
 	brokers := kafkatest.Brokers(b)

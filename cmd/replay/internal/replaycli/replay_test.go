@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/exactly-go/exactly/cmd/replay/replaycli"
+	"github.com/exactly-go/exactly/cmd/replay/internal/replaycli"
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/examples/ledger-consumer/ledger"
