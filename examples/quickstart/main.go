@@ -70,8 +70,14 @@ func run(ctx context.Context, dbURL string, brokers []string, schema, prefix str
 		return err // a topic that exists already is not an error here
 	}
 
+	// Some commands, as a producer upstream would send them: the message
+	// UUID is the idempotency key; cmd-1 arrives twice; cmd-4 is malformed.
+	sent := [][2]string{{"cmd-1", `{"account":"acc-1","amount":10}`}, {"cmd-2", `{"account":"acc-2","amount":20}`},
+		{"cmd-3", `{"account":"acc-1","amount":5}`}, {"cmd-1", `{"account":"acc-1","amount":10}`}, {"cmd-4", `{"amount":`}}
+
 	// The worker.
 	var handled, applied, duplicates, deadLettered atomic.Int64
+	allHandled := make(chan struct{})
 	store, err := pgstore.New(pool, &pgstore.Config{Schema: schema})
 	if err != nil {
 		return err
@@ -90,7 +96,9 @@ func run(ctx context.Context, dbURL string, brokers []string, schema, prefix str
 			default:
 				return // retried: not handled yet
 			}
-			handled.Add(1)
+			if handled.Add(1) == int64(len(sent)) {
+				close(allHandled)
+			}
 		}),
 	})
 	if err != nil {
@@ -147,10 +155,6 @@ func run(ctx context.Context, dbURL string, brokers []string, schema, prefix str
 	defer stopCleanup()
 	go func() { _ = store.RunCleanup(cleanupCtx, time.Hour, nil) }() // expired keys, off the hot path
 
-	// Some commands, as a producer upstream would send them: the message
-	// UUID is the idempotency key; cmd-1 arrives twice; cmd-4 is malformed.
-	sent := [][2]string{{"cmd-1", `{"account":"acc-1","amount":10}`}, {"cmd-2", `{"account":"acc-2","amount":20}`},
-		{"cmd-3", `{"account":"acc-1","amount":5}`}, {"cmd-1", `{"account":"acc-1","amount":10}`}, {"cmd-4", `{"amount":`}}
 	for _, c := range sent {
 		msg := message.NewMessage(c[0], []byte(c[1]))
 		msg.Metadata.Set(consumer.MetadataKafkaKey, c[0]) // the partition: the repeat of cmd-1 comes after cmd-1
@@ -161,12 +165,10 @@ func run(ctx context.Context, dbURL string, brokers []string, schema, prefix str
 
 	done := make(chan error, 1)
 	go func() { done <- router.Run(ctx) }()
-	for handled.Load() < int64(len(sent)) {
-		select {
-		case err := <-done:
-			return errors.Join(errors.New("the router stopped"), err)
-		case <-time.After(50 * time.Millisecond):
-		}
+	select {
+	case <-allHandled:
+	case err := <-done:
+		return errors.Join(errors.New("the router stopped"), err)
 	}
 	if err := router.Close(); err != nil {
 		return err
