@@ -14,8 +14,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/pgtest"
-	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/outbox"
 	"github.com/exactly-go/exactly/pgstore"
 	"github.com/exactly-go/exactly/plugin/eprom"
@@ -88,9 +88,7 @@ func TestMessages(t *testing.T) {
 	}))
 	deliver := func(uuid, payload string) error {
 		msg := message.NewMessage(uuid, []byte(payload))
-		msg.Metadata.Set(kafkapubsub.MetadataTopic, "orders")
-		msg.Metadata.Set(kafkapubsub.MetadataPartition, "0")
-		msg.Metadata.Set(kafkapubsub.MetadataOffset, "7")
+		msg.SetContext(dedupe.ContextWithSource(context.Background(), dedupe.Source{Topic: "orders", Partition: 0, Offset: 7}))
 		_, err := h(msg)
 		return err
 	}
