@@ -37,7 +37,7 @@
 // are decided. Choose it only when no producer of the topic uses
 // transactions, or when the handler wants exactly that.
 //
-// A rebalance drains each revoked partition's in-flight message (up to
+// A rebalance drains each revoked partition's in-flight messages (up to
 // DrainTimeout, which must be below RebalanceTimeout) while heartbeats go
 // on, then commits and rejoins: a handler slower than SessionTimeout does
 // not get its member expelled. A Subscriber started before its topic exists

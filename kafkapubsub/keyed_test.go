@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -262,5 +263,17 @@ func TestWatermarkHoldsCommit(t *testing.T) {
 	}
 	if redelivered == 0 {
 		t.Fatal("the messages acked above the watermark were not delivered again")
+	}
+}
+
+// A negative MaxInFlight is refused, naming the field and the fix; zero is
+// the default, one message per partition.
+func TestMaxInFlightValidated(t *testing.T) {
+	_, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: []string{"127.0.0.1:1"}, MaxInFlight: -1})
+	if err == nil || !strings.Contains(err.Error(), "MaxInFlight") {
+		t.Fatalf("got %v, want an error naming MaxInFlight", err)
+	}
+	if _, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: []string{"127.0.0.1:1"}, KeyOrdered: true}); err != nil {
+		t.Fatal(err)
 	}
 }
