@@ -507,6 +507,8 @@ func (s *Subscriber) consumePartition(subCtx, stopCtx context.Context, topic str
 	}
 	var res fetched
 	taken, pending := 0, false // records of res taken into w; res not fully taken
+	withHandler := 0           // entries delivered and not yet acked or nacked
+	var unwatched []*entry     // of those, the ones without a watch goroutine
 	for {
 		for pending && taken < len(res.records) && !w.full() {
 			w.add(res.records[taken], s.cfg.NackBackoff)
@@ -533,15 +535,42 @@ func (s *Subscriber) consumePartition(subCtx, stopCtx context.Context, topic str
 			}
 			send, msg = out, e.msg
 		}
+		// One message with the handler (always so with MaxInFlight 1) is
+		// waited for here; several get a goroutine each that reports its
+		// ack or nack as an event.
+		var direct *entry
+		var ackedCh, nackedCh <-chan struct{}
+		if withHandler == 1 && len(unwatched) == 1 {
+			direct = unwatched[0]
+			ackedCh, nackedCh = direct.msg.Acked(), direct.msg.Nacked()
+		} else {
+			for _, u := range unwatched {
+				go watch(u, u.msg, events, quit)
+			}
+			unwatched = unwatched[:0]
+		}
 		select {
 		case res = <-in:
 			taken, pending = 0, true
 		case send <- msg:
 			w.sent(e)
-			go watch(e, msg, events, quit)
+			withHandler++
+			unwatched = append(unwatched, e)
+		case <-ackedCh:
+			unwatched, withHandler = unwatched[:0], withHandler-1
+			s.handle(w, windowEvent{e: direct, msg: direct.msg, acked: true}, events, quit)
+		case <-nackedCh:
+			unwatched, withHandler = unwatched[:0], withHandler-1
+			s.handle(w, windowEvent{e: direct, msg: direct.msg}, events, quit)
 		case ev := <-events:
+			if ev.msg != nil {
+				withHandler--
+			}
 			s.handle(w, ev, events, quit)
 		case <-stopCtx.Done():
+			for _, u := range unwatched {
+				go watch(u, u.msg, events, quit)
+			}
 			s.drain(w, events)
 			report()
 			return
