@@ -82,12 +82,10 @@ func retryTx(err error) bool {
 // the function, the result and COMMIT. committing reports that err came
 // from the COMMIT itself.
 func (s *Store) doTx(ctx context.Context, req dedupe.Request, fn TxFunc) (_ dedupe.Claim, committing bool, err error) {
-	tx, first, err := s.beginPipelined(ctx, req)
-	if err != nil {
-		return dedupe.Claim{}, false, err
+	tx, c, err := s.beginClaim(ctx, req)
+	if tx != nil {
+		defer rollback(ctx, tx)
 	}
-	defer rollback(ctx, tx)
-	c, err := s.claimFrom(ctx, tx, req, dedupe.StatusCompleted, 0, first)
 	if err != nil {
 		return c, false, err
 	}

@@ -67,85 +67,6 @@ func (s *Store) ttl(req dedupe.Request) time.Duration {
 	return s.cfg.TTL
 }
 
-// claim runs the claim protocol on db: the one-statement claim, the
-// FOR UPDATE read when the conflicting row was not in the statement's
-// snapshot, the decision table, and a fenced takeover of an expired lease.
-func (s *Store) claim(ctx context.Context, db DBTX, req dedupe.Request, status dedupe.Status, lease time.Duration) (dedupe.Claim, error) {
-	return s.claimFrom(ctx, db, req, status, lease, nil)
-}
-
-// claimArgs are claimSQL's arguments.
-func (s *Store) claimArgs(req dedupe.Request, status dedupe.Status, lease time.Duration) []any {
-	var topic *string
-	var partition *int32
-	var offset *int64
-	if req.Source != (dedupe.Source{}) {
-		topic, partition, offset = &req.Source.Topic, &req.Source.Partition, &req.Source.Offset
-	}
-	return []any{req.Key.Scope, req.Key.ID, string(req.Fingerprint), string(status), topic, partition, offset, micros(lease), micros(s.ttl(req))}
-}
-
-// scanned is one scanOne result, for a claim statement sent ahead (Do
-// pipelines it with BEGIN).
-type scanned struct {
-	rec      dedupe.Record
-	inserted bool
-	now      time.Time
-	found    bool
-	err      error
-}
-
-// claimFrom is claim whose first claim statement's result, when first is
-// not nil, was already read.
-func (s *Store) claimFrom(ctx context.Context, db DBTX, req dedupe.Request, status dedupe.Status, lease time.Duration, first *scanned) (dedupe.Claim, error) {
-	if err := req.Validate(); err != nil {
-		return dedupe.Claim{}, err
-	}
-	args := s.claimArgs(req, status, lease)
-	scope, id := req.Key.Scope, req.Key.ID
-	topic, partition, offset, ttl := args[4], args[5], args[6], args[8]
-	// A takeover can lose its race to another worker; the loop re-reads and
-	// decides again. A handful of rounds is plenty: each lost round means
-	// another worker made progress.
-	for round := 0; round < 8; round++ {
-		var r scanned
-		if round == 0 && first != nil {
-			r = *first
-		} else {
-			r.rec, r.inserted, r.now, r.found, r.err = scanOne(db.QueryRow(ctx, s.q.claim, args...))
-		}
-		rec, inserted, now, found, err := r.rec, r.inserted, r.now, r.found, r.err
-		if err != nil {
-			return dedupe.Claim{}, classify("claim "+req.Key.String(), err)
-		}
-		if !found {
-			rec, _, now, found, err = scanOne(db.QueryRow(ctx, s.q.lock, scope, id))
-			if err != nil {
-				return dedupe.Claim{}, classify("claim "+req.Key.String(), err)
-			}
-			if !found {
-				continue // deleted by cleanup meanwhile: claim again
-			}
-		}
-		if inserted {
-			return dedupe.Claim{Outcome: dedupe.OutcomeNew, Record: rec, TTL: req.TTL}, nil
-		}
-		outcome, err := dedupe.Decide(rec, req.Fingerprint, now)
-		if err != nil || outcome == dedupe.OutcomeDuplicate {
-			return dedupe.Claim{Outcome: outcome, Record: rec, TTL: req.TTL}, err
-		}
-		rec, _, _, found, err = scanOne(db.QueryRow(ctx, s.q.takeover,
-			scope, id, rec.Attempts, string(status), topic, partition, offset, micros(lease), ttl))
-		if err != nil {
-			return dedupe.Claim{}, classify("take over "+req.Key.String(), err)
-		}
-		if found {
-			return dedupe.Claim{Outcome: dedupe.OutcomeTakeover, Record: rec, TTL: req.TTL}, nil
-		}
-	}
-	return dedupe.Claim{}, dedupe.Retryable(fmt.Errorf("pgstore: claim %s: the key kept changing under concurrent claims", req.Key))
-}
-
 // ClaimTx implements dedupe.Store: it claims req.Key in the caller's
 // transaction with one statement (two when it had to wait for a concurrent
 // claim of the same key). The key is written COMPLETED at once: nothing
@@ -242,14 +163,14 @@ func (s *Store) Get(ctx context.Context, key dedupe.Key) (dedupe.Record, error) 
 
 // GetTx is Get on db (a transaction sees its own uncommitted keys).
 func (s *Store) GetTx(ctx context.Context, db DBTX, key dedupe.Key) (dedupe.Record, error) {
-	rec, _, _, found, err := scanOne(db.QueryRow(ctx, s.q.get, key.Scope, key.ID))
+	row, err := scanKeyRow(db.QueryRow(ctx, s.q.get, key.Scope, key.ID))
 	if err != nil {
 		return dedupe.Record{}, classify("get "+key.String(), err)
 	}
-	if !found {
+	if !row.found {
 		return dedupe.Record{}, fmt.Errorf("pgstore: get %s: %w", key, dedupe.ErrNotFound)
 	}
-	return rec, nil
+	return row.rec, nil
 }
 
 // Cleanup implements dedupe.Store. Each batch is its own statement and
@@ -341,40 +262,4 @@ func (s *Store) Stats(ctx context.Context) (dedupe.Stats, error) {
 		st.Oldest = *oldest
 	}
 	return st, nil
-}
-
-// scanOne reads one row of (inserted, cols..., clock_timestamp()).
-func scanOne(row pgx.Row) (rec dedupe.Record, inserted bool, now time.Time, found bool, err error) {
-	var (
-		fp, status          string
-		topic               *string
-		partition           *int32
-		offset              *int64
-		completed, lockedTo *time.Time
-	)
-	err = row.Scan(&inserted, &rec.Key.Scope, &rec.Key.ID, &fp, &status, &rec.Result, &rec.Attempts,
-		&topic, &partition, &offset, &rec.CreatedAt, &completed, &lockedTo, &rec.ExpiresAt, &now)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return rec, false, now, false, nil
-	}
-	if err != nil {
-		return rec, false, now, false, err
-	}
-	rec.Fingerprint, rec.Status = dedupe.Fingerprint(fp), dedupe.Status(status)
-	if topic != nil {
-		rec.Source.Topic = *topic
-	}
-	if partition != nil {
-		rec.Source.Partition = *partition
-	}
-	if offset != nil {
-		rec.Source.Offset = *offset
-	}
-	if completed != nil {
-		rec.CompletedAt = *completed
-	}
-	if lockedTo != nil {
-		rec.LockedUntil = *lockedTo
-	}
-	return rec, inserted, now, true, nil
 }

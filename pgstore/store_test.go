@@ -389,7 +389,7 @@ func TestCleanupDoesNotHoldUpClaims(t *testing.T) {
 	}
 }
 
-// Do's transaction (BEGIN pipelined with the claim) behaves as pgx's: a
+// Do's transaction (BEGIN sent with the claim) behaves as pgx's: a
 // nested Begin is a savepoint, and the transaction is closed after Do.
 func TestDoTransactionSemantics(t *testing.T) {
 	s, db := newStore(t, nil)
