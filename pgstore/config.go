@@ -24,7 +24,7 @@ type Config struct {
 	TTL time.Duration
 	// MaxResultBytes bounds a stored result. Defaults to 1 MiB.
 	MaxResultBytes int
-	// IsoLevel is the isolation level of the transactions that Do opens.
+	// IsoLevel is the isolation level of the transactions that Do and Begin open.
 	// Defaults to pgx.ReadCommitted.
 	IsoLevel pgx.TxIsoLevel
 	// MaxTxAttempts bounds how often Do runs a transaction that failed with a

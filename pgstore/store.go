@@ -58,6 +58,27 @@ func (s *Store) Config() Config { return s.cfg }
 // Pool returns the pool the store runs on.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
+// Begin opens a transaction at Config.IsoLevel that claims no key.
+func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: s.cfg.IsoLevel})
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: begin: %w", err)
+	}
+	return tx, nil
+}
+
+// Ping reports whether the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("pgstore: ping: %w", err)
+	}
+	return nil
+}
+
+// KeySpace names where the store keeps its keys: its pool and table. Stores
+// with the same KeySpace share keys.
+func (s *Store) KeySpace() string { return fmt.Sprintf("%p %s", s.pool, s.table) }
+
 func micros(d time.Duration) float64 { return float64(d.Microseconds()) }
 
 func (s *Store) ttl(req dedupe.Request) time.Duration {
