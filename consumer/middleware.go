@@ -445,7 +445,7 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		return nil, m.failed(msg, ev, err, handlerErr != nil && errors.Is(err, handlerErr))
 	}
 	m.forget(msg, ev)
-	if claim.Outcome == dedupe.OutcomeDuplicate {
+	if claim.Decision == dedupe.DecisionDuplicate {
 		ev.Outcome = OutcomeDuplicate
 		stored, err := decodeOutputs(claim.Record.Result)
 		if err != nil {

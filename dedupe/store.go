@@ -32,8 +32,8 @@ func (r Request) Validate() error {
 
 // Claim is the answer to a claim: what to do, and the stored record.
 type Claim struct {
-	Outcome Outcome
-	// Record is the key as stored after the claim. On OutcomeDuplicate,
+	Decision Decision
+	// Record is the key as stored after the claim. On DecisionDuplicate,
 	// Record.Result is the result the first run stored.
 	Record Record
 	// TTL is the Request's TTL (0: the store's). Complete keeps the key for
@@ -73,7 +73,7 @@ type CleanupOpts struct {
 // Release commits on its own. A crashed worker's key is taken over once its
 // lease expires.
 type Store[TX any] interface {
-	// ClaimTx claims req.Key in tx. OutcomeNew and OutcomeTakeover mean run
+	// ClaimTx claims req.Key in tx. DecisionNew and DecisionTakeover mean run
 	// the handler in tx, then CompleteTx and commit. A concurrent claim of the
 	// same key waits until tx ends. Errors: *InvalidKeyError, *KeyReusedError,
 	// *InFlightError (a lease-mode claim holds the key), or a RetryableError.

@@ -110,18 +110,18 @@ func (s *Store) resolveClaim(ctx context.Context, db DBTX, req dedupe.Request, a
 			row = locked
 		}
 		if row.inserted {
-			return dedupe.Claim{Outcome: dedupe.OutcomeNew, Record: row.rec, TTL: req.TTL}, nil
+			return dedupe.Claim{Decision: dedupe.DecisionNew, Record: row.rec, TTL: req.TTL}, nil
 		}
-		outcome, err := dedupe.Decide(row.rec, req.Fingerprint, row.now)
-		if err != nil || outcome == dedupe.OutcomeDuplicate {
-			return dedupe.Claim{Outcome: outcome, Record: row.rec, TTL: req.TTL}, err
+		decision, err := dedupe.Decide(row.rec, req.Fingerprint, row.now)
+		if err != nil || decision == dedupe.DecisionDuplicate {
+			return dedupe.Claim{Decision: decision, Record: row.rec, TTL: req.TTL}, err
 		}
 		taken, err := scanKeyRow(db.QueryRow(ctx, s.q.takeover, a.takeoverSQLArgs(row.rec.Attempts)...))
 		if err != nil {
 			return dedupe.Claim{}, classify("take over "+req.Key.String(), err)
 		}
 		if taken.found {
-			return dedupe.Claim{Outcome: dedupe.OutcomeTakeover, Record: taken.rec, TTL: req.TTL}, nil
+			return dedupe.Claim{Decision: dedupe.DecisionTakeover, Record: taken.rec, TTL: req.TTL}, nil
 		}
 	}
 	return dedupe.Claim{}, dedupe.Retryable(fmt.Errorf("pgstore: claim %s: the key kept changing under concurrent claims", req.Key))

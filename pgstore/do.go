@@ -32,8 +32,8 @@ type TxFunc func(ctx context.Context, tx pgx.Tx) (result []byte, err error)
 // A COMMIT whose answer never arrived (the connection dropped) may or may
 // not have committed; Do runs the transaction again to find out. When the
 // key is then there with the completion time of the transaction whose
-// commit went unanswered, that write was this call's own: the Claim reports
-// the first outcome (OutcomeNew or OutcomeTakeover), not a duplicate.
+// commit went unanswered, that write was this call's own: the Claim reports the
+// first decision (DecisionNew or DecisionTakeover), not a duplicate.
 func (s *Store) Do(ctx context.Context, req dedupe.Request, fn TxFunc) (dedupe.Claim, error) {
 	if err := req.Validate(); err != nil {
 		return dedupe.Claim{}, err
@@ -42,9 +42,9 @@ func (s *Store) Do(ctx context.Context, req dedupe.Request, fn TxFunc) (dedupe.C
 	var unanswered *dedupe.Claim // a claim whose COMMIT got no answer
 	for attempt := 1; ; attempt++ {
 		c, committing, err := s.doTx(ctx, req, fn)
-		if err == nil && unanswered != nil && c.Outcome == dedupe.OutcomeDuplicate &&
+		if err == nil && unanswered != nil && c.Decision == dedupe.DecisionDuplicate &&
 			c.Record.CompletedAt.Equal(unanswered.Record.CompletedAt) && c.Record.Fingerprint == req.Fingerprint {
-			c.Outcome = unanswered.Outcome // our own write, committed after all
+			c.Decision = unanswered.Decision // our own write, committed after all
 			return c, nil
 		}
 		ambiguous := committing && !isServerError(err)
@@ -89,7 +89,7 @@ func (s *Store) doTx(ctx context.Context, req dedupe.Request, fn TxFunc) (_ dedu
 	if err != nil {
 		return c, false, err
 	}
-	if c.Outcome.Run() {
+	if c.Decision.Run() {
 		result, err := fn(ctx, tx)
 		if err != nil {
 			return c, false, err
@@ -120,7 +120,7 @@ type LeaseFunc func(ctx context.Context) (result []byte, err error)
 // its own idempotency key.
 func (s *Store) DoLease(ctx context.Context, req dedupe.Request, lease time.Duration, fn LeaseFunc) (dedupe.Claim, error) {
 	c, err := s.Acquire(ctx, req, lease)
-	if err != nil || !c.Outcome.Run() {
+	if err != nil || !c.Decision.Run() {
 		return c, err
 	}
 	result, err := fn(ctx)

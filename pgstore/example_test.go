@@ -44,6 +44,6 @@ func ExampleStore_Do() {
 	case err != nil:
 		fmt.Println("try again later:", err)
 	default:
-		fmt.Println(claim.Outcome, string(claim.Record.Result)) // "new ok", then "duplicate ok"
+		fmt.Println(claim.Decision, string(claim.Record.Result)) // "new ok", then "duplicate ok"
 	}
 }

@@ -112,8 +112,8 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, c dedupe.Claim, resul
 	if err := s.checkResult(result); err != nil {
 		return err
 	}
-	if !c.Outcome.Run() {
-		return fmt.Errorf("pgstore: CompleteTx of %s: the claim's outcome is %v, not one that runs the handler", c.Record.Key, c.Outcome)
+	if !c.Decision.Run() {
+		return fmt.Errorf("pgstore: CompleteTx of %s: the claim's decision is %v, not one that runs the handler", c.Record.Key, c.Decision)
 	}
 	if result == nil {
 		return nil

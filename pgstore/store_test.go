@@ -136,7 +136,7 @@ func TestRoundTrips(t *testing.T) {
 	defer pool.Close()
 	s, _ := pgstore.New(pool, &pgstore.Config{Schema: db.Schema})
 	ctx := context.Background()
-	count := func(req dedupe.Request, result []byte) (claim, complete int64, outcome dedupe.Outcome) {
+	count := func(req dedupe.Request, result []byte) (claim, complete int64, outcome dedupe.Decision) {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -148,7 +148,7 @@ func TestRoundTrips(t *testing.T) {
 			t.Fatal(err)
 		}
 		claim = tracer.n.Load() - before
-		if c.Outcome.Run() {
+		if c.Decision.Run() {
 			before = tracer.n.Load()
 			if err := s.CompleteTx(ctx, tx, c, result); err != nil {
 				t.Fatal(err)
@@ -158,15 +158,15 @@ func TestRoundTrips(t *testing.T) {
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
-		return claim, complete, c.Outcome
+		return claim, complete, c.Decision
 	}
-	if c, d, o := count(dedupetest.Req("s", "a", "p"), nil); c != 1 || d != 0 || o != dedupe.OutcomeNew {
+	if c, d, o := count(dedupetest.Req("s", "a", "p"), nil); c != 1 || d != 0 || o != dedupe.DecisionNew {
 		t.Errorf("new, no result: %d + %d statements (%v), want 1 + 0", c, d, o)
 	}
-	if c, d, o := count(dedupetest.Req("s", "b", "p"), []byte("r")); c != 1 || d != 1 || o != dedupe.OutcomeNew {
+	if c, d, o := count(dedupetest.Req("s", "b", "p"), []byte("r")); c != 1 || d != 1 || o != dedupe.DecisionNew {
 		t.Errorf("new with result: %d + %d statements (%v), want 1 + 1", c, d, o)
 	}
-	if c, d, o := count(dedupetest.Req("s", "b", "p"), nil); c != 1 || d != 0 || o != dedupe.OutcomeDuplicate {
+	if c, d, o := count(dedupetest.Req("s", "b", "p"), nil); c != 1 || d != 0 || o != dedupe.DecisionDuplicate {
 		t.Errorf("duplicate: %d statements (%v), want 1", c, o)
 	}
 }
@@ -229,7 +229,7 @@ func TestRepeatableReadSerializationFailureIsRetryable(t *testing.T) {
 			if err != nil {
 				t.Error(err)
 			}
-			if c.Outcome == dedupe.OutcomeDuplicate {
+			if c.Decision == dedupe.DecisionDuplicate {
 				dup.Add(1)
 			}
 		}()
@@ -277,8 +277,8 @@ func TestDo(t *testing.T) {
 		}
 		return nil, apply(ctx, db, tx, "retry")
 	})
-	if err != nil || c.Outcome != dedupe.OutcomeNew || calls.Load() != 2 {
-		t.Fatalf("deadlock retry: %v %v calls=%d", c.Outcome, err, calls.Load())
+	if err != nil || c.Decision != dedupe.DecisionNew || calls.Load() != 2 {
+		t.Fatalf("deadlock retry: %v %v calls=%d", c.Decision, err, calls.Load())
 	}
 }
 
@@ -293,12 +293,12 @@ func TestDoLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, err := s.DoLease(ctx, req, time.Minute, func(context.Context) ([]byte, error) { calls.Add(1); return []byte("paid"), nil })
-	if err != nil || c.Outcome != dedupe.OutcomeTakeover || c.Record.Attempts != 2 {
-		t.Fatalf("after release: %v attempts %d %v", c.Outcome, c.Record.Attempts, err)
+	if err != nil || c.Decision != dedupe.DecisionTakeover || c.Record.Attempts != 2 {
+		t.Fatalf("after release: %v attempts %d %v", c.Decision, c.Record.Attempts, err)
 	}
 	c, err = s.DoLease(ctx, req, time.Minute, func(context.Context) ([]byte, error) { calls.Add(1); return nil, nil })
-	if err != nil || c.Outcome != dedupe.OutcomeDuplicate || string(c.Record.Result) != "paid" || calls.Load() != 2 {
-		t.Fatalf("duplicate: %v %q %v calls=%d", c.Outcome, c.Record.Result, err, calls.Load())
+	if err != nil || c.Decision != dedupe.DecisionDuplicate || string(c.Record.Result) != "paid" || calls.Load() != 2 {
+		t.Fatalf("duplicate: %v %q %v calls=%d", c.Decision, c.Record.Result, err, calls.Load())
 	}
 }
 

@@ -136,7 +136,7 @@ func (s *MemStore) doTx(ctx context.Context, req dedupe.Request, fn pgstore.TxFu
 	if err != nil {
 		return c, err
 	}
-	if c.Outcome.Run() {
+	if c.Decision.Run() {
 		result, err := fn(ctx, tx)
 		if err != nil {
 			return c, err
@@ -154,7 +154,7 @@ func (s *MemStore) doTx(ctx context.Context, req dedupe.Request, fn pgstore.TxFu
 // it when fn fails.
 func (s *MemStore) DoLease(ctx context.Context, req dedupe.Request, lease time.Duration, fn pgstore.LeaseFunc) (dedupe.Claim, error) {
 	c, err := s.Acquire(ctx, req, lease)
-	if err != nil || !c.Outcome.Run() {
+	if err != nil || !c.Decision.Run() {
 		return c, err
 	}
 	result, err := fn(ctx)

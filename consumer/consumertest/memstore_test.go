@@ -212,7 +212,7 @@ func TestMemStoreDoRetriesRetryable(t *testing.T) {
 		}
 		return []byte("ok"), nil
 	})
-	if err != nil || c.Outcome != dedupe.OutcomeNew || runs != 3 || string(c.Record.Result) != "ok" {
+	if err != nil || c.Decision != dedupe.DecisionNew || runs != 3 || string(c.Record.Result) != "ok" {
 		t.Fatalf("Do = %v, %v after %d runs", c, err, runs)
 	}
 	if _, err := store.Do(ctx, dedupetest.Req("s", "k2", "p"), func(context.Context, pgx.Tx) ([]byte, error) {

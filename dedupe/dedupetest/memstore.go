@@ -169,11 +169,11 @@ func (s *MemStore) claim(ctx context.Context, tx *MemTx, req dedupe.Request, lea
 	defer s.mu.Unlock()
 	now := s.now()
 	rec, found := s.lookup(tx, req.Key)
-	outcome := dedupe.OutcomeNew
+	decision := dedupe.DecisionNew
 	if found {
 		var err error
-		if outcome, err = dedupe.Decide(rec, req.Fingerprint, now); err != nil || outcome == dedupe.OutcomeDuplicate {
-			return dedupe.Claim{Outcome: outcome, Record: clone(rec), TTL: req.TTL}, err
+		if decision, err = dedupe.Decide(rec, req.Fingerprint, now); err != nil || decision == dedupe.DecisionDuplicate {
+			return dedupe.Claim{Decision: decision, Record: clone(rec), TTL: req.TTL}, err
 		}
 		rec.Attempts++
 	} else {
@@ -189,7 +189,7 @@ func (s *MemStore) claim(ctx context.Context, tx *MemTx, req dedupe.Request, lea
 		rec.Status, rec.CompletedAt, rec.LockedUntil = dedupe.StatusProcessing, time.Time{}, now.Add(lease)
 		s.committed[req.Key] = rec
 	}
-	return dedupe.Claim{Outcome: outcome, Record: clone(rec), TTL: req.TTL}, nil
+	return dedupe.Claim{Decision: decision, Record: clone(rec), TTL: req.TTL}, nil
 }
 
 // ClaimTx implements dedupe.Store.
