@@ -53,8 +53,8 @@ type Stats struct {
 	TableBytes int64
 }
 
-// CleanupOpts tunes one cleanup run.
-type CleanupOpts struct {
+// CleanupConfig tunes one cleanup run.
+type CleanupConfig struct {
 	// BatchSize is how many keys one statement deletes. Defaults to 1000.
 	BatchSize int
 	// MaxBatches bounds the run; 0 means "until nothing expired is left".
@@ -98,7 +98,7 @@ type Store[TX any] interface {
 	// Cleanup deletes expired keys (completed ones, and processing ones whose
 	// lease has also expired) in bounded batches and returns how many it
 	// deleted. Only one cleanup runs at a time: ErrCleanupBusy otherwise.
-	Cleanup(ctx context.Context, opts *CleanupOpts) (int64, error)
+	Cleanup(ctx context.Context, cfg *CleanupConfig) (int64, error)
 	// Stats describes the stored keys.
 	Stats(ctx context.Context) (Stats, error)
 }

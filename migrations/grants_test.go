@@ -123,7 +123,7 @@ func TestDocumentedGrants(t *testing.T) {
 	conPool := connectAs(t, adm, consumer)
 	relPool := connectAs(t, adm, relay)
 
-	if err := migrations.Migrate(ctx, migPool, &migrations.Opts{Schema: schema}); err != nil {
+	if err := migrations.Migrate(ctx, migPool, &migrations.Config{Schema: schema}); err != nil {
 		t.Fatalf("migrate as the migrator: %v", err)
 	}
 	for _, stmt := range blocks[1] {

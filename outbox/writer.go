@@ -133,15 +133,15 @@ func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*
 // Outputs returns a writer of a handler's output messages to topic, for
 // consumer.Config.Outputs: the outputs then leave through the outbox in the
 // handler's transaction.
-func (w *Writer) Outputs(topic string) *OutputsWriter { return &OutputsWriter{w: w, topic: topic} }
+func (w *Writer) Outputs(topic string) *TopicWriter { return &TopicWriter{w: w, topic: topic} }
 
-// OutputsWriter writes a handler's outputs to one topic.
-type OutputsWriter struct {
+// TopicWriter writes a handler's outputs to one topic: a consumer.OutputsWriter.
+type TopicWriter struct {
 	w     *Writer
 	topic string
 }
 
 // WriteOutputsTx implements consumer.OutputsWriter.
-func (o *OutputsWriter) WriteOutputsTx(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+func (o *TopicWriter) WriteOutputsTx(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 	return o.w.WriteTx(ctx, tx, o.topic, msgs...)
 }

@@ -21,7 +21,7 @@ func ExampleStore_Do() {
 	if err != nil {
 		panic(err)
 	}
-	if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: "ledger"}); err != nil {
+	if err := migrations.Migrate(ctx, pool, &migrations.Config{Schema: "ledger"}); err != nil {
 		panic(err)
 	}
 	store, err := pgstore.New(pool, &pgstore.Config{Schema: "ledger"})

@@ -197,16 +197,16 @@ func (s *Store) GetTx(ctx context.Context, db DBTX, key dedupe.Key) (dedupe.Reco
 // Cleanup implements dedupe.Store. Each batch is its own statement and
 // skips rows that a claim holds, so it never makes a claim wait. A session
 // advisory lock keeps it to one runner per table.
-func (s *Store) Cleanup(ctx context.Context, opts *dedupe.CleanupOpts) (int64, error) {
+func (s *Store) Cleanup(ctx context.Context, cfg *dedupe.CleanupConfig) (int64, error) {
 	batch, maxBatches := 1000, 0
-	if opts != nil {
-		if opts.BatchSize < 0 || opts.MaxBatches < 0 {
-			return 0, fmt.Errorf("pgstore: cleanup: BatchSize %d and MaxBatches %d must not be negative", opts.BatchSize, opts.MaxBatches)
+	if cfg != nil {
+		if cfg.BatchSize < 0 || cfg.MaxBatches < 0 {
+			return 0, fmt.Errorf("pgstore: cleanup: BatchSize %d and MaxBatches %d must not be negative", cfg.BatchSize, cfg.MaxBatches)
 		}
-		if opts.BatchSize > 0 {
-			batch = opts.BatchSize
+		if cfg.BatchSize > 0 {
+			batch = cfg.BatchSize
 		}
-		maxBatches = opts.MaxBatches
+		maxBatches = cfg.MaxBatches
 	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -245,14 +245,14 @@ func (s *Store) Cleanup(ctx context.Context, opts *dedupe.CleanupOpts) (int64, e
 // RunCleanup calls Cleanup every interval until ctx is done, logging what it
 // deleted; another runner holding the lock is not an error. It returns nil
 // when ctx is cancelled.
-func (s *Store) RunCleanup(ctx context.Context, every time.Duration, opts *dedupe.CleanupOpts) error {
+func (s *Store) RunCleanup(ctx context.Context, every time.Duration, cfg *dedupe.CleanupConfig) error {
 	if every <= 0 {
 		return fmt.Errorf("pgstore: RunCleanup: interval is %v: set a positive duration", every)
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		n, err := s.Cleanup(ctx, opts)
+		n, err := s.Cleanup(ctx, cfg)
 		switch {
 		case ctx.Err() != nil:
 			return nil

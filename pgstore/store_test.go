@@ -363,7 +363,7 @@ func TestCleanupDoesNotHoldUpClaims(t *testing.T) {
 	var cleanErr error
 	go func() {
 		defer close(done)
-		deleted, cleanErr = s.Cleanup(ctx, &dedupe.CleanupOpts{BatchSize: 500})
+		deleted, cleanErr = s.Cleanup(ctx, &dedupe.CleanupConfig{BatchSize: 500})
 	}()
 	// Claims of new keys go on while cleanup runs.
 	for i := 0; i < 50; i++ {

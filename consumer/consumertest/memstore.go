@@ -224,7 +224,7 @@ func (s *MemStore) Get(ctx context.Context, key dedupe.Key) (dedupe.Record, erro
 }
 
 // Cleanup implements dedupe.Store.
-func (s *MemStore) Cleanup(ctx context.Context, cfg *dedupe.CleanupOpts) (int64, error) {
+func (s *MemStore) Cleanup(ctx context.Context, cfg *dedupe.CleanupConfig) (int64, error) {
 	return s.keys.Cleanup(ctx, cfg)
 }
 

@@ -464,7 +464,7 @@ func testCleanup[TX any](t *testing.T, h Harness[TX]) {
 		st, err := h.Store.Stats(ctx)
 		return err == nil && st.Expired == expiring+1
 	})
-	n, err := h.Store.Cleanup(ctx, &dedupe.CleanupOpts{BatchSize: 7})
+	n, err := h.Store.Cleanup(ctx, &dedupe.CleanupConfig{BatchSize: 7})
 	if err != nil || n != expiring {
 		t.Fatalf("Cleanup = %d, %v, want %d", n, err, expiring)
 	}

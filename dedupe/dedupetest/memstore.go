@@ -290,7 +290,7 @@ func expired(r dedupe.Record, now time.Time) bool {
 }
 
 // Cleanup implements dedupe.Store.
-func (s *MemStore) Cleanup(ctx context.Context, opts *dedupe.CleanupOpts) (int64, error) {
+func (s *MemStore) Cleanup(ctx context.Context, cfg *dedupe.CleanupConfig) (int64, error) {
 	s.mu.Lock()
 	if s.cleaning {
 		s.mu.Unlock()
@@ -301,11 +301,11 @@ func (s *MemStore) Cleanup(ctx context.Context, opts *dedupe.CleanupOpts) (int64
 	defer func() { s.mu.Lock(); s.cleaning = false; s.mu.Unlock() }()
 
 	batch, maxBatches := 1000, 0
-	if opts != nil {
-		if opts.BatchSize > 0 {
-			batch = opts.BatchSize
+	if cfg != nil {
+		if cfg.BatchSize > 0 {
+			batch = cfg.BatchSize
 		}
-		maxBatches = opts.MaxBatches
+		maxBatches = cfg.MaxBatches
 	}
 	var total int64
 	for n := 0; maxBatches == 0 || n < maxBatches; n++ {

@@ -186,7 +186,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if from == "" {
 			return usageErr("--from is required")
 		}
-		report, err = Copy(ctx, CopyOpts{Brokers: bs, From: from, To: to, IntoSource: intoSource, Range: r, Duplicate: dup, Mutate: mutateP, DryRun: dry, Progress: prog})
+		report, err = Copy(ctx, CopyConfig{Brokers: bs, From: from, To: to, IntoSource: intoSource, Range: r, Duplicate: dup, Mutate: mutateP, DryRun: dry, Progress: prog})
 	case "rewind":
 		if group == "" || topic == "" {
 			return usageErr("--group and --topic are required")
@@ -195,7 +195,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if !ok {
 			return ExitUsage
 		}
-		report, err = Rewind(ctx, RewindOpts{Brokers: bs, Group: group, Topic: topic, ToOffset: toOffset, ToTime: at, Back: back, Execute: execute})
+		report, err = Rewind(ctx, RewindConfig{Brokers: bs, Group: group, Topic: topic, ToOffset: toOffset, ToTime: at, Back: back, Execute: execute})
 	case "verify":
 		if topic == "" || group == "" || sql == "" || dbURL == "" {
 			return usageErr("--topic, --group, --checksum-sql and --database-url (or DATABASE_URL) are required")
@@ -205,8 +205,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return usageErr(msg)
 		}
 		var rep VerifyReport
-		rep, err = Verify(ctx, VerifyOpts{KeyFunc: keyFunc, FingerprintFunc: fpFunc,
-			Copy:        CopyOpts{Brokers: bs, From: topic, Range: r, Duplicate: dup, Mutate: mutateP, Progress: prog},
+		rep, err = Verify(ctx, VerifyConfig{KeyFunc: keyFunc, FingerprintFunc: fpFunc,
+			Copy:        CopyConfig{Brokers: bs, From: topic, Range: r, Duplicate: dup, Mutate: mutateP, Progress: prog},
 			DatabaseURL: dbURL, Group: group, ChecksumSQL: sql, Scope: scope, Schema: schema, Table: table, TTL: ttl, Timeout: timeout,
 			Warn: func(f string, a ...any) { fmt.Fprintf(stderr, "replay verify: warning: "+f+"\n", a...) },
 		})

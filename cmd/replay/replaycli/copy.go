@@ -12,8 +12,8 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// CopyOpts configures Copy.
-type CopyOpts struct {
+// CopyConfig configures Copy.
+type CopyConfig struct {
 	Brokers []string
 	From    string // source topic
 	// To is the target topic. Required; it may be From (a redelivery to
@@ -55,7 +55,7 @@ var errEmptyRange = fmt.Errorf("the range holds no records")
 
 // Copy re-publishes a range of a topic, keeping keys, headers (the message
 // UUID) and per-partition order.
-func Copy(ctx context.Context, o CopyOpts) (CopyResult, error) {
+func Copy(ctx context.Context, o CopyConfig) (CopyResult, error) {
 	if o.Duplicate == 0 {
 		o.Duplicate = 1
 	}

@@ -9,8 +9,8 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// RewindOpts configures Rewind.
-type RewindOpts struct {
+// RewindConfig configures Rewind.
+type RewindConfig struct {
 	Brokers []string
 	Group   string
 	Topic   string
@@ -44,7 +44,7 @@ var errGroupActive = fmt.Errorf("the consumer group has active members")
 
 // Rewind resets a consumer group's committed offsets on a topic. It refuses
 // while the group has active members, and changes nothing unless Execute.
-func Rewind(ctx context.Context, o RewindOpts) (RewindPlan, error) {
+func Rewind(ctx context.Context, o RewindConfig) (RewindPlan, error) {
 	plan := RewindPlan{Group: o.Group, Topic: o.Topic}
 	set := 0
 	if o.ToOffset >= 0 {

@@ -20,9 +20,9 @@ import (
 	"github.com/exactly-go/exactly/internal/redact"
 )
 
-// VerifyOpts configures Verify.
-type VerifyOpts struct {
-	Copy        CopyOpts // the redelivery: the range of Topic copied into Topic
+// VerifyConfig configures Verify.
+type VerifyConfig struct {
+	Copy        CopyConfig // the redelivery: the range of Topic copied into Topic
 	DatabaseURL string
 	Group       string
 	// ChecksumSQL is the user's query over the consumer's state (balances,
@@ -86,7 +86,7 @@ var (
 // Any change of the checksum or any replayed key applied anew is a failure.
 // The topic must be quiet meanwhile: records that others produce change the
 // state as well.
-func Verify(ctx context.Context, o VerifyOpts) (VerifyReport, error) {
+func Verify(ctx context.Context, o VerifyConfig) (VerifyReport, error) {
 	rep := VerifyReport{Topic: o.Copy.From, Group: o.Group}
 	o.Copy.To, o.Copy.IntoSource = o.Copy.From, true
 	if o.TTL == 0 {
@@ -191,7 +191,7 @@ func Verify(ctx context.Context, o VerifyOpts) (VerifyReport, error) {
 // into a temporary table on a connection of its own (COPY FROM), through a
 // bounded channel: the replay's memory does not grow with its length.
 type keySink struct {
-	o         VerifyOpts
+	o         VerifyConfig
 	conn      *pgxpool.Conn
 	rows      chan []any
 	stop      context.CancelFunc
@@ -201,7 +201,7 @@ type keySink struct {
 	closeOnce sync.Once
 }
 
-func newKeySink(ctx context.Context, pool *pgxpool.Pool, o VerifyOpts) (*keySink, error) {
+func newKeySink(ctx context.Context, pool *pgxpool.Pool, o VerifyConfig) (*keySink, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errDatabase, err)

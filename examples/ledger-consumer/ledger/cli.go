@@ -227,7 +227,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // the step that needs DDL rights, run once per deploy by a role that has
 // them, so that the worker's own role needs none.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, logger *slog.Logger) error {
-	if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: schema, Logger: logger}); err != nil {
+	if err := migrations.Migrate(ctx, pool, &migrations.Config{Schema: schema, Logger: logger}); err != nil {
 		return err
 	}
 	return Setup(ctx, pool, schema)
