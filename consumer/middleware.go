@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/pgtx"
 	"github.com/exactly-go/exactly/pgstore"
 )
 
@@ -574,11 +575,7 @@ func (m *Middleware) runUnprotected(msg *message.Message, h message.HandlerFunc)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: begin: %w", err)
 	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = tx.Rollback(rctx)
-	}()
+	defer pgtx.Rollback(ctx, tx)
 	orig := msg.Context()
 	msg.SetContext(context.WithValue(orig, txKey{}, &txSlot{tx: tx}))
 	defer msg.SetContext(orig)

@@ -4,14 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/internal/clock"
+	"github.com/exactly-go/exactly/internal/backoff"
+	"github.com/exactly-go/exactly/internal/pgtx"
 )
 
 // TxFunc is the work that Do runs once per key, in the transaction that
@@ -38,7 +38,7 @@ func (s *Store) Do(ctx context.Context, req dedupe.Request, fn TxFunc) (dedupe.C
 	if err := req.Validate(); err != nil {
 		return dedupe.Claim{}, err
 	}
-	backoff := s.cfg.RetryBackoff
+	wait := backoff.New(s.cfg.RetryBackoff, time.Second)
 	var unanswered *dedupe.Claim // a claim whose COMMIT got no answer
 	for attempt := 1; ; attempt++ {
 		c, committing, err := s.doTx(ctx, req, fn)
@@ -56,10 +56,9 @@ func (s *Store) Do(ctx context.Context, req dedupe.Request, fn TxFunc) (dedupe.C
 			return c, err
 		}
 		s.cfg.Logger.DebugContext(ctx, "pgstore: retrying transaction", "key", req.Key.String(), "attempt", attempt, "err", err)
-		if err := clock.Sleep(ctx, backoff/2+rand.N(backoff)); err != nil {
+		if err := wait.SleepJittered(ctx); err != nil {
 			return c, err
 		}
-		backoff = min(2*backoff, time.Second)
 	}
 }
 
@@ -84,7 +83,7 @@ func retryTx(err error) bool {
 func (s *Store) doTx(ctx context.Context, req dedupe.Request, fn TxFunc) (_ dedupe.Claim, committing bool, err error) {
 	tx, c, err := s.beginClaim(ctx, req)
 	if tx != nil {
-		defer rollback(ctx, tx)
+		defer pgtx.Rollback(ctx, tx)
 	}
 	if err != nil {
 		return c, false, err
@@ -151,22 +150,14 @@ const LeaseFinishTimeout = 10 * time.Second
 
 // finish runs op until it succeeds, fails for good, or ctx ends.
 func (s *Store) finish(ctx context.Context, op func() error) error {
-	backoff := s.cfg.RetryBackoff
+	wait := backoff.New(s.cfg.RetryBackoff, time.Second)
 	for {
 		err := op()
 		if err == nil || !retryTx(err) {
 			return err
 		}
-		if serr := clock.Sleep(ctx, backoff/2+rand.N(backoff)); serr != nil {
+		if serr := wait.SleepJittered(ctx); serr != nil {
 			return err
 		}
-		backoff = min(2*backoff, time.Second)
 	}
-}
-
-// rollback ends tx if it is still open, even when ctx is cancelled.
-func rollback(ctx context.Context, tx pgx.Tx) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = tx.Rollback(ctx)
 }
