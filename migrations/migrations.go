@@ -5,7 +5,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io/fs"
 	"log/slog"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
 
+	"github.com/exactly-go/exactly/internal/advisory"
 	"github.com/exactly-go/exactly/internal/sqlident"
 )
 
@@ -186,11 +186,7 @@ func withProvider(ctx context.Context, pool *pgxpool.Pool, o Config, f func(*goo
 
 // lockID is the advisory lock that serialises migrations of one schema:
 // migrations of different schemas do not wait for each other.
-func lockID(schema string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte("exactly/migrations/" + schema))
-	return int64(h.Sum64())
-}
+func lockID(schema string) int64 { return advisory.LockID("migrations/" + schema) }
 
 func mustSub(f fs.FS, dir string) fs.FS {
 	s, err := fs.Sub(f, dir)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strings"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/advisory"
 )
 
 // DBTX is what the queries run on: a pool, a connection or a transaction.
@@ -46,9 +46,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		return nil, err
 	}
 	table := pgx.Identifier{c.Schema, c.Table}.Sanitize()
-	h := fnv.New64a()
-	h.Write([]byte("exactly/cleanup/" + c.Schema + "." + c.Table))
-	return &Store{pool: pool, cfg: c, table: table, q: newQueries(table), lockID: int64(h.Sum64()),
+	return &Store{pool: pool, cfg: c, table: table, q: newQueries(table), lockID: advisory.LockID("cleanup/" + c.Schema + "." + c.Table),
 		beginSQL: "begin isolation level " + strings.ToLower(string(c.IsoLevel))}, nil
 }
 
