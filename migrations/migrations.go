@@ -34,7 +34,9 @@ type Config struct {
 	// Schema receives the tables and the version table. Migrate creates it
 	// when missing, which needs CREATE on the database; a schema that
 	// exists needs only USAGE and CREATE on it (its owner has both).
-	// Defaults to "public".
+	// Defaults to the first schema of the pool's search_path (set it in the
+	// connection string: ?search_path=ledger), else "public": the key store
+	// and the outbox default to the same one.
 	Schema string
 	// Version is the target version: Migrate goes up to it (0: the latest),
 	// Down goes down to it (0: removes everything). Defaults to 0.
@@ -43,13 +45,13 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-func (o *Config) withDefaults() (Config, error) {
+func (o *Config) withDefaults(pool *pgxpool.Pool) (Config, error) {
 	var c Config
 	if o != nil {
 		c = *o
 	}
 	if c.Schema == "" {
-		c.Schema = "public"
+		c.Schema = defaultSchema(pool)
 	}
 	if err := sqlident.Check("migrations: Config.Schema", c.Schema); err != nil {
 		return c, err
@@ -65,7 +67,7 @@ func (o *Config) withDefaults() (Config, error) {
 
 // Migrate applies every pending migration (up to cfg.Version when set).
 func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
-	o, err := cfg.withDefaults()
+	o, err := cfg.withDefaults(pool)
 	if err != nil {
 		return err
 	}
@@ -88,7 +90,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
 // Down reverts migrations down to cfg.Version (0: all of them, dropping
 // every table exactly owns in cfg.Schema).
 func Down(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
-	o, err := cfg.withDefaults()
+	o, err := cfg.withDefaults(pool)
 	if err != nil {
 		return err
 	}
@@ -102,7 +104,7 @@ func Down(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
 // Version returns the schema's applied version and the latest version that
 // this build knows.
 func Version(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (current, latest int64, err error) {
-	o, err := cfg.withDefaults()
+	o, err := cfg.withDefaults(pool)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -186,6 +188,14 @@ func withProvider(ctx context.Context, pool *pgxpool.Pool, o Config, f func(*goo
 
 // lockID is the advisory lock that serialises migrations of one schema:
 // migrations of different schemas do not wait for each other.
+// defaultSchema is Config.Schema's default on pool.
+func defaultSchema(pool *pgxpool.Pool) string {
+	if pool == nil {
+		return sqlident.DefaultSchema(nil)
+	}
+	return sqlident.DefaultSchema(pool.Config().ConnConfig)
+}
+
 func lockID(schema string) int64 { return advisory.LockID("migrations/" + schema) }
 
 func mustSub(f fs.FS, dir string) fs.FS {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/exactly-go/exactly/internal/advisory"
+	"github.com/exactly-go/exactly/internal/sqlident"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -41,7 +42,7 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg *RelayConfig) (*Rel
 	if pool == nil || pub == nil {
 		return nil, errors.New("outbox: NewRelay needs a pool and a publisher")
 	}
-	c, table, err := cfg.withDefaults()
+	c, table, err := cfg.withDefaults(sqlident.DefaultSchema(pool.Config().ConnConfig))
 	if err != nil {
 		return nil, err
 	}

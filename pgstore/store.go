@@ -41,7 +41,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("pgstore: pool is nil")
 	}
-	c, err := cfg.withDefaults()
+	c, err := cfg.withDefaults(pool)
 	if err != nil {
 		return nil, err
 	}
