@@ -117,6 +117,14 @@ func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx
 }
 func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
+// A batch is one round trip.
+func (c *countingTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *countingTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *countingTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
 // TestRoundTrips checks the round-trip budget: a new message costs one
 // statement before the handler and at most one after; a duplicate costs one.
 func TestRoundTrips(t *testing.T) {
@@ -168,6 +176,44 @@ func TestRoundTrips(t *testing.T) {
 	}
 	if c, d, o := count(dedupetest.Req("s", "b", "p"), nil); c != 1 || d != 0 || o != dedupe.DecisionDuplicate {
 		t.Errorf("duplicate: %d statements (%v), want 1", c, o)
+	}
+}
+
+// TestDoRoundTrips checks Do's round-trip budget: BEGIN goes with the
+// claim, so a new message costs two round trips (three with a result to
+// store) and a duplicate two.
+func TestDoRoundTrips(t *testing.T) {
+	db := pgtest.New(t)
+	u, _ := pgtest.URL()
+	cfg, err := pgtest.Config(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tracer := &countingTracer{}
+	cfg.ConnConfig.Tracer = tracer
+	cfg.MaxConns = 1
+	ctx := context.Background()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := pool.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := pgstore.New(pool, &pgstore.Config{Schema: db.Schema})
+	for _, c := range []struct {
+		name, id string
+		result   []byte
+		want     int64
+	}{{"new, no result", "a", nil, 2}, {"duplicate", "a", nil, 2}, {"new with result", "b", []byte("r"), 3}, {"duplicate with result", "b", []byte("r"), 2}} {
+		before := tracer.n.Load()
+		if _, err := s.Do(ctx, dedupetest.Req("s", c.id, "p"), func(context.Context, pgx.Tx) ([]byte, error) { return c.result, nil }); err != nil {
+			t.Fatal(err)
+		}
+		if got := tracer.n.Load() - before; got != c.want {
+			t.Errorf("%s: %d round trips, want %d", c.name, got, c.want)
+		}
 	}
 }
 
