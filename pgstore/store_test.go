@@ -68,19 +68,25 @@ func TestConformance(t *testing.T) {
 }
 
 func TestConfigRejectsBadIdentifiers(t *testing.T) {
+	// A pool that never connects: New reads only its configuration.
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
 	for _, cfg := range []pgstore.Config{
 		{Table: "x; DROP TABLE y"},
 		{Schema: `public"."x`},
 		{Table: "1abc"},
 		{Schema: strings.Repeat("s", 64)},
 	} {
-		_, err := pgstore.New(&pgxpool.Pool{}, &cfg)
+		_, err := pgstore.New(pool, &cfg)
 		if err == nil || !strings.Contains(err.Error(), "not a valid identifier") {
 			t.Errorf("New(%+v) err = %v, want a clear identifier error", cfg, err)
 		}
 	}
 	for _, cfg := range []pgstore.Config{{TTL: -time.Second}, {MaxTxAttempts: -1}, {IsoLevel: "chaos"}} {
-		if _, err := pgstore.New(&pgxpool.Pool{}, &cfg); err == nil || !strings.Contains(err.Error(), "Config.") {
+		if _, err := pgstore.New(pool, &cfg); err == nil || !strings.Contains(err.Error(), "Config.") {
 			t.Errorf("New(%+v) err = %v, want an error naming the field", cfg, err)
 		}
 	}
