@@ -18,6 +18,7 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/redact"
+	"github.com/exactly-go/exactly/internal/sqlident"
 )
 
 // VerifyConfig configures Verify.
@@ -29,7 +30,8 @@ type VerifyConfig struct {
 	// say); its result must be the same before and after the replay.
 	ChecksumSQL string
 	// Scope, Schema and Table locate the consumer's dedupe keys. Without
-	// Scope only the checksum is compared.
+	// Scope only the checksum is compared. Schema defaults to the
+	// DatabaseURL's search_path, else "public", as pgstore's does.
 	Scope, Schema, Table string
 	// KeyFunc and FingerprintFunc must be the consumer's (consumer.Config):
 	// verify computes each replayed record's key and fingerprint with them
@@ -95,9 +97,6 @@ func Verify(ctx context.Context, o VerifyConfig) (VerifyReport, error) {
 	if o.Timeout == 0 {
 		o.Timeout = 5 * time.Minute
 	}
-	if o.Schema == "" {
-		o.Schema = "public"
-	}
 	if o.Table == "" {
 		o.Table = "exactly_keys"
 	}
@@ -121,6 +120,9 @@ func Verify(ctx context.Context, o VerifyConfig) (VerifyReport, error) {
 		return rep, fmt.Errorf("%w at %s: %v", errDatabase, Redact(o.DatabaseURL), redact.Error(err, o.DatabaseURL))
 	}
 	defer pool.Close()
+	if o.Schema == "" {
+		o.Schema = sqlident.DefaultSchema(pool.Config().ConnConfig)
+	}
 	k := newKafka(o.Copy.Brokers)
 	n, err := k.partitions(ctx, o.Copy.From)
 	if err != nil {
