@@ -131,10 +131,9 @@ func (c *countingTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx
 func (c *countingTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 func (c *countingTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
-// TestRoundTrips checks the round-trip budget: a new message costs one
-// statement before the handler and at most one after; a duplicate costs one.
-func TestRoundTrips(t *testing.T) {
-	db := pgtest.New(t)
+// tracedPool is a pool of its own whose round trips tracer counts.
+func tracedPool(t *testing.T, maxConns int32) (*pgxpool.Pool, *countingTracer) {
+	t.Helper()
 	u, _ := pgtest.URL()
 	cfg, err := pgtest.Config(u)
 	if err != nil {
@@ -142,12 +141,20 @@ func TestRoundTrips(t *testing.T) {
 	}
 	tracer := &countingTracer{}
 	cfg.ConnConfig.Tracer = tracer
-	cfg.MaxConns = 2
+	cfg.MaxConns = maxConns
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	t.Cleanup(pool.Close)
+	return pool, tracer
+}
+
+// TestRoundTrips checks the round-trip budget: a new message costs one
+// statement before the handler and at most one after; a duplicate costs one.
+func TestRoundTrips(t *testing.T) {
+	db := pgtest.New(t)
+	pool, tracer := tracedPool(t, 2)
 	s, _ := pgstore.New(pool, &pgstore.Config{Schema: db.Schema})
 	ctx := context.Background()
 	count := func(req dedupe.Request, result []byte) (claim, complete int64, outcome dedupe.Decision) {
@@ -190,20 +197,8 @@ func TestRoundTrips(t *testing.T) {
 // store) and a duplicate two.
 func TestDoRoundTrips(t *testing.T) {
 	db := pgtest.New(t)
-	u, _ := pgtest.URL()
-	cfg, err := pgtest.Config(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tracer := &countingTracer{}
-	cfg.ConnConfig.Tracer = tracer
-	cfg.MaxConns = 1
+	pool, tracer := tracedPool(t, 1)
 	ctx := context.Background()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
 	if err := pool.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
