@@ -18,7 +18,7 @@ import (
 
 // The connection drops after the server received COMMIT and before its
 // answer: Do runs the transaction again, finds the key it wrote itself and
-// reports the message as applied (OutcomeNew), not as a duplicate; fn ran
+// reports the message as applied (DecisionNew), not as a duplicate; fn ran
 // once and its write is there once.
 func TestDoCommitAnswerLost(t *testing.T) {
 	t.Parallel()
@@ -40,7 +40,7 @@ func TestDoCommitAnswerLost(t *testing.T) {
 		t.Fatalf("the COMMIT's answer was dropped %d times, want 1", d.Dropped())
 	}
 	if err != nil || c.Decision != dedupe.DecisionNew || string(c.Record.Result) != "r" {
-		t.Fatalf("Do = %v %q %v, want OutcomeNew with the result", c.Decision, c.Record.Result, err)
+		t.Fatalf("Do = %v %q %v, want DecisionNew with the result", c.Decision, c.Record.Result, err)
 	}
 	if n, _ := applied(ctx, db, "k"); n != 1 || calls.Load() != 1 {
 		t.Fatalf("applied %d times, fn ran %d times; want 1 and 1", n, calls.Load())
