@@ -21,7 +21,7 @@ func ExampleMiddleware_redelivered() {
 	ctx := context.Background()
 	pool, schema, drop := pgtest.ExampleDB() // your pool, and the schema your tables live in
 	defer drop()
-	if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: schema}); err != nil {
+	if err := migrations.Migrate(ctx, pool, &migrations.Config{Schema: schema}); err != nil {
 		panic(err)
 	}
 	orders := pgx.Identifier{schema, "orders"}.Sanitize()

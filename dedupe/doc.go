@@ -8,11 +8,11 @@
 //	key, err := dedupe.NewKey("ledger-consumer", msg.UUID) // scope = the handler's stable name
 //	fp := dedupe.FingerprintOf(msg.Payload)                 // or dedupe.JSONFingerprint for unstable JSON
 //
-//	outcome, err := dedupe.Decide(stored, fp, now)
-//	// OutcomeDuplicate: skip the handler, return stored.Result
-//	// *KeyReusedError:  same key, other payload — permanent, dead-letter it
-//	// *InFlightError:   another worker holds the lease — retry later
-//	// OutcomeTakeover:  the lease expired — run the handler again
+//	decision, err := dedupe.Decide(stored, fp, now)
+//	// DecisionDuplicate: skip the handler, return stored.Result
+//	// *KeyReusedError:   same key, other payload — permanent, dead-letter it
+//	// *InFlightError:    another worker holds the lease — retry later
+//	// DecisionTakeover:  the lease expired — run the handler again
 //
 // Errors are classified for routers: [IsPermanent] (never retry: dead-letter;
 // a poison message, [ErrPoisonMessage], is one), [IsRetryable] (try again

@@ -6,7 +6,7 @@
 // goose, Flyway or Atlas history, and under a session advisory lock, so two
 // processes starting at once do not both migrate:
 //
-//	if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: "ledger"}); err != nil {
+//	if err := migrations.Migrate(ctx, pool, &migrations.Config{Schema: "ledger"}); err != nil {
 //		return err
 //	}
 //

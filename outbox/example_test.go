@@ -21,7 +21,7 @@ func ExampleWriter_WriteTx() {
 	ctx := context.Background()
 	pool, schema, drop := pgtest.ExampleDB() // your pool, and the schema your tables live in
 	defer drop()
-	if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: schema}); err != nil {
+	if err := migrations.Migrate(ctx, pool, &migrations.Config{Schema: schema}); err != nil {
 		panic(err)
 	}
 	w, err := outbox.NewWriter(&outbox.Config{Schema: schema})

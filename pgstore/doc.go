@@ -12,7 +12,7 @@
 //		_, err := tx.Exec(ctx, "UPDATE ledger.accounts SET balance = balance + $1 WHERE id = $2", amount, id)
 //		return nil, err
 //	})
-//	// claim.Outcome is dedupe.OutcomeNew or dedupe.OutcomeDuplicate;
+//	// claim.Decision is dedupe.DecisionNew or dedupe.DecisionDuplicate;
 //	// claim.Record.Result is what the first run returned.
 //
 // or, on a transaction of your own, [Store.ClaimTx] then [Store.CompleteTx]
@@ -42,7 +42,7 @@
 // a rollback removes it with the handler's writes. A concurrent claim of the
 // same key waits on the uncommitted row inside INSERT … ON CONFLICT. When it
 // wakes up after a commit, the row is not in its statement's snapshot, so no
-// row comes back and the seed's phase 1b runs:
+// row comes back, and it reads the row, waiting for its lock:
 //
 //	SELECT false, <columns>, clock_timestamp() FROM exactly_keys WHERE scope = $1 AND key = $2 FOR UPDATE
 //
@@ -80,7 +80,7 @@
 // When the connection drops after COMMIT was sent, Do cannot know whether
 // it committed: it runs the transaction again, and a key found COMPLETED
 // with the completion time of the unanswered transaction is its own write,
-// reported with the first outcome (OutcomeNew), not as a duplicate.
+// reported with the first decision (DecisionNew), not as a duplicate.
 //
 // A table that is not where Config.Schema and Config.Table say (SQLSTATE
 // 42P01: the migrations did not run, or the schema is wrong) is a

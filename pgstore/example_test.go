@@ -21,7 +21,7 @@ func ExampleStore_Do() {
 	ctx := context.Background()
 	pool, schema, drop := pgtest.ExampleDB() // your pool, and the schema your tables live in
 	defer drop()
-	if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: schema}); err != nil {
+	if err := migrations.Migrate(ctx, pool, &migrations.Config{Schema: schema}); err != nil {
 		panic(err)
 	}
 	accounts := pgx.Identifier{schema, "accounts"}.Sanitize()
@@ -51,7 +51,7 @@ func ExampleStore_Do() {
 		case err != nil:
 			fmt.Println("try again later:", err)
 		default:
-			fmt.Println(claim.Outcome, string(claim.Record.Result))
+			fmt.Println(claim.Decision, string(claim.Record.Result))
 		}
 	}
 	topUp("cmd-0001", []byte(`{"account":"acc-1","amount":10}`))
@@ -78,7 +78,7 @@ func ExampleStore_DoLease() {
 	ctx := context.Background()
 	pool, schema, drop := pgtest.ExampleDB()
 	defer drop()
-	if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: schema}); err != nil {
+	if err := migrations.Migrate(ctx, pool, &migrations.Config{Schema: schema}); err != nil {
 		panic(err)
 	}
 	store, err := pgstore.New(pool, &pgstore.Config{Schema: schema})
@@ -106,7 +106,7 @@ func ExampleStore_DoLease() {
 			fmt.Println("failed, released for the next delivery:", err)
 			continue
 		}
-		fmt.Println(claim.Outcome, string(claim.Record.Result))
+		fmt.Println(claim.Decision, string(claim.Record.Result))
 	}
 	fmt.Println("calls:", calls)
 	// Output:

@@ -55,7 +55,7 @@ func run(ctx context.Context, dbURL string, brokers []string, schema, prefix str
 		return err
 	}
 	defer pool.Close()
-	if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: schema}); err != nil {
+	if err := migrations.Migrate(ctx, pool, &migrations.Config{Schema: schema}); err != nil {
 		return err
 	}
 	if _, err := pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+accounts+

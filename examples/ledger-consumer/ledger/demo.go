@@ -154,7 +154,7 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{cfg.Schema}.Sanitize()+" CASCADE"); err != nil {
 		return sum, fmt.Errorf("ledger: reset schema: %w", err)
 	}
-	if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: cfg.Schema}); err != nil {
+	if err := migrations.Migrate(ctx, pool, &migrations.Config{Schema: cfg.Schema}); err != nil {
 		return sum, err
 	}
 	if err := Setup(ctx, pool, cfg.Schema); err != nil {
