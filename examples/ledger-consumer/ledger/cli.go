@@ -14,9 +14,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/exactly-go/exactly/internal/kafkaflags"
 	"github.com/exactly-go/exactly/internal/backoff"
 	"github.com/exactly-go/exactly/internal/clock"
+	"github.com/exactly-go/exactly/internal/kafkaflags"
 	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/migrations"
 )

@@ -18,8 +18,8 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/redact"
-	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/internal/sqlident"
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 // VerifyConfig configures Verify.
