@@ -11,12 +11,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/exactly-go/exactly/internal/mdkeys"
 	"github.com/exactly-go/exactly/internal/sqlident"
 )
 
 // KeyMetadata is the metadata field that carries a message's partition key
 // (the Kafka record key), as the consumer package's Publisher reads it.
-const KeyMetadata = "kafka_key"
+const KeyMetadata = mdkeys.KafkaKey
 
 // Config names the outbox table.
 type Config struct {
