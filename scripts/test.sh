@@ -9,11 +9,13 @@
 # started it). Whatever cannot be started is reported, and the tests that
 # need it skip (fail with CI=true) and are listed in the summary.
 #
-# Environment: GO (go), PKGS (./...), TESTFLAGS (extra go test flags).
+# Environment: GO (go), PKGS (every package of every module of the workspace,
+# go.work; ./... alone stops at the nested modules), TESTFLAGS (extra go test
+# flags).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
-PKGS=${PKGS:-./...}
+PKGS=${PKGS:-$(scripts/packages.sh)}
 bin=$(mktemp -d)
 stop_kafka=
 cleanup() {
