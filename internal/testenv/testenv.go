@@ -6,6 +6,11 @@
 // (Kafka only) an in-process broker. A test whose service is missing is
 // skipped with a message naming it; with CI=true it fails instead.
 //
+// The containers come from internal/testservices, a command in a module of
+// its own, run by Container as a helper process for the test process's
+// lifetime: testcontainers-go and the Docker client are requirements of that
+// module, not of the library's go.mod.
+//
 // Each test logs where its services came from, and with
 // EXACTLY_REQUIRE_SOURCE set (testcontainers, env, local, in-process) a
 // service from any other source fails the test: `make test-docker` runs the
@@ -18,20 +23,24 @@
 package testenv
 
 import (
-	"context"
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/network"
 	"github.com/exactly-go/exactly/internal/backoff"
-	"github.com/testcontainers/testcontainers-go"
 )
 
 // Source says where a service came from.
@@ -73,78 +82,6 @@ func Report(t testing.TB, service string, src Source, where string) {
 // remove its own containers only), else the test process's pid.
 const ContainerLabel = "dev.exactly.testenv"
 
-func runLabel() string {
-	if v := os.Getenv("EXACTLY_TESTENV_RUN"); v != "" {
-		return v
-	}
-	return strconv.Itoa(os.Getpid())
-}
-
-// Loopback is the testcontainers option every container of the kit takes:
-// host networking (no port is published and nothing connects to a bridge
-// address; the service must be told which 127.0.0.1 port to listen on) and
-// the kit's label.
-func Loopback() testcontainers.CustomizeRequestOption {
-	return func(req *testcontainers.GenericContainerRequest) error {
-		req.ExposedPorts = nil
-		req.Networks = nil
-		req.NetworkAliases = nil
-		prev := req.HostConfigModifier
-		req.HostConfigModifier = func(hc *container.HostConfig) {
-			if prev != nil {
-				prev(hc)
-			}
-			hc.NetworkMode = "host"
-			hc.PortBindings = nil
-			hc.PublishAllPorts = false
-		}
-		// testcontainers attaches every container to its default network
-		// (creating a bridge when the engine has none): detach it.
-		prevEndpoints := req.EndpointSettingsModifier
-		req.EndpointSettingsModifier = func(es map[string]*network.EndpointSettings) {
-			if prevEndpoints != nil {
-				prevEndpoints(es)
-			}
-			clear(es)
-		}
-		if req.Labels == nil {
-			req.Labels = map[string]string{}
-		}
-		req.Labels[ContainerLabel] = runLabel()
-		return nil
-	}
-}
-
-// Shared makes the test processes of one run (EXACTLY_TESTENV_RUN set) share
-// one container of service, found by name, instead of one per package: the
-// tests isolate themselves (a schema, topics and groups of their own), and a
-// broker's start-up costs a minute on a loaded machine. The first process
-// creates it; the others reuse it and read its ports from its environment
-// (ContainerEnv). Without EXACTLY_TESTENV_RUN, each process has its own.
-func Shared(service string) testcontainers.CustomizeRequestOption {
-	return func(req *testcontainers.GenericContainerRequest) error {
-		if run := os.Getenv("EXACTLY_TESTENV_RUN"); run != "" {
-			return testcontainers.WithReuseByName("exactly-" + run + "-" + service)(req)
-		}
-		return nil
-	}
-}
-
-// ContainerEnv returns the value of the environment variable key in c's
-// configuration.
-func ContainerEnv(ctx context.Context, c testcontainers.Container, key string) (string, error) {
-	in, err := c.Inspect(ctx)
-	if err != nil {
-		return "", fmt.Errorf("testenv: inspect container: %w", err)
-	}
-	for _, kv := range in.Config.Env {
-		if v, ok := strings.CutPrefix(kv, key+"="); ok {
-			return v, nil
-		}
-	}
-	return "", fmt.Errorf("testenv: container %s has no %s", c.GetContainerID(), key)
-}
-
 // FreePorts returns n distinct TCP ports that are free on 127.0.0.1 now, for
 // a container on the host network to listen on.
 func FreePorts(n int) ([]int, error) {
@@ -183,36 +120,144 @@ func Missing(t testing.TB, format string, args ...any) {
 	t.Skip(msg)
 }
 
-var docker struct {
-	once sync.Once
-	ok   bool
-	err  error
+// HelperEnv names the variable that points to a built
+// internal/testservices binary (scripts/test-docker.sh builds it once for
+// the whole run); without it, the kit builds one with the go command.
+const HelperEnv = "EXACTLY_TESTSERVICES"
+
+// DockerAvailable reports whether a Docker engine may answer: DOCKER_HOST
+// is set, or a Docker socket is where testcontainers looks for one. The
+// helper (Container) asks the engine itself.
+func DockerAvailable() (ok bool, reason error) {
+	if h := os.Getenv("DOCKER_HOST"); h != "" {
+		return true, nil
+	}
+	socks := []string{"/var/run/docker.sock"}
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		socks = append(socks, filepath.Join(d, "docker.sock"))
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		socks = append(socks, filepath.Join(h, ".docker", "run", "docker.sock"),
+			filepath.Join(h, ".docker", "desktop", "docker.sock"))
+	}
+	for _, s := range socks {
+		if c, err := net.DialTimeout("unix", s, 2*time.Second); err == nil {
+			_ = c.Close()
+			return true, nil
+		}
+	}
+	return false, fmt.Errorf("DOCKER_HOST is unset and nothing answers at %s", strings.Join(socks, ", "))
 }
 
-// DockerAvailable reports whether a Docker engine answers, so testcontainers
-// can run. The answer is cached for the process.
-func DockerAvailable() (ok bool, reason error) {
-	docker.once.Do(func() {
-		defer func() {
-			if r := recover(); r != nil {
-				docker.err = fmt.Errorf("docker: %v", r)
+// helper is this process's internal/testservices process. Its standard
+// input stays open as long as this process lives: when it closes, the helper
+// removes the containers it started.
+var helper struct {
+	mu    sync.Mutex
+	start sync.Once
+	err   error
+	in    io.WriteCloser
+	out   *bufio.Reader
+	log   *tail
+}
+
+// startHelper starts the helper: $EXACTLY_TESTSERVICES, else one built with
+// the go command from the sources next to this package (and removed once it
+// runs).
+func startHelper() error {
+	helper.start.Do(func() {
+		bin := os.Getenv(HelperEnv)
+		if bin == "" {
+			_, file, _, ok := runtime.Caller(0)
+			if !ok || !filepath.IsAbs(file) {
+				helper.err = errors.New("the sources of internal/testservices are not at hand (set " + HelperEnv + ")")
+				return
 			}
-		}()
-		p, err := testcontainers.ProviderDefault.GetProvider()
+			dir, err := os.MkdirTemp("", "exactly-testservices-")
+			if err != nil {
+				helper.err = err
+				return
+			}
+			defer os.RemoveAll(dir)
+			bin = filepath.Join(dir, "testservices")
+			// go test puts its own GOROOT/bin first on the PATH.
+			cmd := exec.Command("go", "build", "-o", bin, ".")
+			cmd.Dir = filepath.Join(filepath.Dir(file), "..", "testservices")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				helper.err = fmt.Errorf("go build internal/testservices: %v: %s", err, bytes.TrimSpace(out))
+				return
+			}
+		}
+		cmd := exec.Command(bin)
+		in, err := cmd.StdinPipe()
 		if err != nil {
-			docker.err = err
+			helper.err = err
 			return
 		}
-		defer p.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := p.Health(ctx); err != nil {
-			docker.err = err
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			helper.err = err
 			return
 		}
-		docker.ok = true
+		helper.log = &tail{max: 8 << 10}
+		cmd.Stderr = helper.log
+		if err := cmd.Start(); err != nil {
+			helper.err = fmt.Errorf("start %s: %w", bin, err)
+			return
+		}
+		helper.in, helper.out = in, bufio.NewReader(out)
 	})
-	return docker.ok, docker.err
+	return helper.err
+}
+
+// Container starts service ("postgres" or "kafka") in a container through
+// the internal/testservices helper and returns its address (a Postgres URL,
+// or a broker's host:port) and a description of where it runs. The
+// container lives as long as this process.
+func Container(service string) (addr, where string, err error) {
+	if err := startHelper(); err != nil {
+		return "", "", err
+	}
+	helper.mu.Lock()
+	defer helper.mu.Unlock()
+	if _, err := io.WriteString(helper.in, service+"\n"); err != nil {
+		return "", "", fmt.Errorf("testservices: %v: %s", err, helper.log.String())
+	}
+	line, err := helper.out.ReadBytes('\n')
+	var ans struct{ Addr, Where, Error string }
+	if err == nil {
+		err = json.Unmarshal(line, &ans)
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("testservices %s: %v: %s", service, err, helper.log.String())
+	}
+	if ans.Error != "" {
+		return "", "", errors.New(ans.Error)
+	}
+	return ans.Addr, ans.Where, nil
+}
+
+// tail keeps the last max bytes written to it.
+type tail struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = t.b[len(t.b)-t.max:]
+	}
+	return len(p), nil
+}
+
+func (t *tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(bytes.TrimSpace(t.b))
 }
 
 // WaitFor polls cond every few milliseconds until it holds, failing t after d.
