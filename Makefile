@@ -2,7 +2,7 @@
 GO ?= go
 # Every package of every module of the workspace (go.work): ./... alone stops
 # at the nested modules (examples/ledger-consumer, cmd/replay, internal/chaos,
-# internal/embedpg, internal/kafkabench, internal/testservices).
+# internal/embedpg, internal/kafkabench, internal/testkit/testservices).
 PKGS ?= $(shell GO="$(GO)" scripts/packages.sh)
 
 .PHONY: demo test test-short chaos chaos-short bench lint services services-stop up down images test-docker compose-test

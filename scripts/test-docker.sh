@@ -10,7 +10,7 @@
 # its image would come from a registry. The containers carry the label
 # dev.exactly.testenv=<this run> and are removed here when the run ends.
 #
-# The containers come from internal/testservices (a module of its own, so
+# The containers come from internal/testkit/testservices (a module of its own, so
 # that testcontainers-go stays out of the library's go.mod), run by the test
 # kit as a helper process; it is built once here for the whole run
 # (EXACTLY_TESTSERVICES).
@@ -43,7 +43,7 @@ export TESTCONTAINERS_RYUK_DISABLED=true CI=${CI:-true}
 # The fault tests start brokers of their own (scripts/kafka.sh); next to the
 # containers, on a loaded machine, they need longer than its default 60 s.
 export KAFKA_START_TIMEOUT=${KAFKA_START_TIMEOUT:-180}
-go build -o "$bin/testservices" ./internal/testservices
+go build -o "$bin/testservices" ./internal/testkit/testservices
 export EXACTLY_TESTSERVICES=$bin/testservices
 # shellcheck disable=SC2046 # one pattern per module
 [ $# -gt 0 ] || set -- $(scripts/packages.sh)

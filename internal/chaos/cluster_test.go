@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
 )
 
 // freePort returns a loopback port nothing listens on right now.

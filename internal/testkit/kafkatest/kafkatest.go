@@ -26,7 +26,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/exactly-go/exactly/internal/kafkaadmin"
-	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
 )
 
 // LocalAddr is where a broker started by scripts/kafka.sh listens.

@@ -1,4 +1,4 @@
-module github.com/exactly-go/exactly/internal/testservices
+module github.com/exactly-go/exactly/internal/testkit/testservices
 
 go 1.25.0
 
@@ -73,4 +73,4 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
-replace github.com/exactly-go/exactly => ../..
+replace github.com/exactly-go/exactly => ../../..

@@ -6,7 +6,7 @@
 // (Kafka only) an in-process broker. A test whose service is missing is
 // skipped with a message naming it; with CI=true it fails instead.
 //
-// The containers come from internal/testservices, a command in a module of
+// The containers come from internal/testkit/testservices, a command in a module of
 // its own, run by Container as a helper process for the test process's
 // lifetime: testcontainers-go and the Docker client are requirements of that
 // module, not of the library's go.mod.
@@ -121,7 +121,7 @@ func Missing(t testing.TB, format string, args ...any) {
 }
 
 // HelperEnv names the variable that points to a built
-// internal/testservices binary (scripts/test-docker.sh builds it once for
+// internal/testkit/testservices binary (scripts/test-docker.sh builds it once for
 // the whole run); without it, the kit builds one with the go command.
 const HelperEnv = "EXACTLY_TESTSERVICES"
 
@@ -149,7 +149,7 @@ func DockerAvailable() (ok bool, reason error) {
 	return false, fmt.Errorf("DOCKER_HOST is unset and nothing answers at %s", strings.Join(socks, ", "))
 }
 
-// helper is this process's internal/testservices process. Its standard
+// helper is this process's internal/testkit/testservices process. Its standard
 // input stays open as long as this process lives: when it closes, the helper
 // removes the containers it started.
 var helper struct {
@@ -170,7 +170,7 @@ func startHelper() error {
 		if bin == "" {
 			_, file, _, ok := runtime.Caller(0)
 			if !ok || !filepath.IsAbs(file) {
-				helper.err = errors.New("the sources of internal/testservices are not at hand (set " + HelperEnv + ")")
+				helper.err = errors.New("the sources of internal/testkit/testservices are not at hand (set " + HelperEnv + ")")
 				return
 			}
 			dir, err := os.MkdirTemp("", "exactly-testservices-")
@@ -184,7 +184,7 @@ func startHelper() error {
 			cmd := exec.Command("go", "build", "-o", bin, ".")
 			cmd.Dir = filepath.Join(filepath.Dir(file), "..", "testservices")
 			if out, err := cmd.CombinedOutput(); err != nil {
-				helper.err = fmt.Errorf("go build internal/testservices: %v: %s", err, bytes.TrimSpace(out))
+				helper.err = fmt.Errorf("go build internal/testkit/testservices: %v: %s", err, bytes.TrimSpace(out))
 				return
 			}
 		}
@@ -211,7 +211,7 @@ func startHelper() error {
 }
 
 // Container starts service ("postgres" or "kafka") in a container through
-// the internal/testservices helper and returns its address (a Postgres URL,
+// the internal/testkit/testservices helper and returns its address (a Postgres URL,
 // or a broker's host:port) and a description of where it runs. The
 // container lives as long as this process.
 func Container(service string) (addr, where string, err error) {
