@@ -44,13 +44,19 @@ type Security struct {
 	SASL sasl.Mechanism
 }
 
-func (s Security) dialer(timeout time.Duration) *kafka.Dialer {
+// Dialer returns a kafka-go Dialer with these settings, for tools that talk
+// to Kafka through kafka-go directly.
+func (s Security) Dialer(timeout time.Duration) *kafka.Dialer {
 	return &kafka.Dialer{Timeout: timeout, DualStack: true, TLS: s.TLS, SASLMechanism: s.SASL}
 }
 
-func (s Security) transport() *kafka.Transport {
+// Transport returns a kafka-go Transport with these settings.
+func (s Security) Transport() *kafka.Transport {
 	return &kafka.Transport{TLS: s.TLS, SASL: s.SASL}
 }
+
+func (s Security) dialer(timeout time.Duration) *kafka.Dialer { return s.Dialer(timeout) }
+func (s Security) transport() *kafka.Transport                { return s.Transport() }
 
 // toWatermill converts a fetched record into a Watermill message.
 func toWatermill(km kafka.Message) *message.Message {

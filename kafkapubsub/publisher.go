@@ -41,6 +41,15 @@ type PublisherConfig struct {
 	// MaxRecordBytes fails with ErrRecordTooLarge, naming this field.
 	// Defaults to 100 MiB (the broker's default socket.request.max.bytes).
 	MaxRecordBytes int
+	// Partitioner picks a keyed record's partition; pick the one the
+	// topic's other producers use (see Partitioner). Defaults to
+	// PartitionerMurmur2, the Java producer's.
+	Partitioner Partitioner
+	// Compression is the batches' codec. Defaults to CompressionNone.
+	Compression Compression
+	// Acks is how many replicas must have a record before Publish
+	// returns. Defaults to AcksAll.
+	Acks Acks
 	// Security holds TLS and SASL settings. Defaults to plain TCP.
 	Security Security
 	// Logger defaults to slog.Default().
@@ -73,14 +82,26 @@ func (c *PublisherConfig) withDefaults() (PublisherConfig, error) {
 	if o.BatchTimeout < 0 || o.BatchSize < 0 || o.PublishTimeout < 0 || o.MaxRecordBytes < 0 {
 		return o, errors.New("kafkapubsub: PublisherConfig.BatchTimeout, BatchSize, PublishTimeout and MaxRecordBytes must not be negative")
 	}
+	p, err := ParsePartitioner(string(o.Partitioner))
+	if err != nil {
+		return o, fmt.Errorf("kafkapubsub: PublisherConfig.Partitioner: %w", err)
+	}
+	o.Partitioner = p
+	if _, err := o.Compression.codec(); err != nil {
+		return o, err
+	}
+	if _, err := o.Acks.required(); err != nil {
+		return o, err
+	}
 	return o, nil
 }
 
 // Publisher is a Watermill publisher on a kafka-go Writer. Every record is
-// acknowledged by all in-sync replicas (RequireAll) before Publish returns;
-// the message UUID travels in header UUIDHeader and metadata in headers.
-// Records with the same key go to the same partition (murmur2, as Kafka's
-// Java producer). Safe for concurrent use.
+// acknowledged by all in-sync replicas before Publish returns (unless
+// PublisherConfig.Acks says otherwise); the message UUID travels in header
+// UUIDHeader and metadata in headers. Records with the same key go to the
+// same partition (murmur2, as Kafka's Java producer, unless
+// PublisherConfig.Partitioner says otherwise). Safe for concurrent use.
 //
 // Records larger than 1 MiB (kafka-go's batch limit, and the broker's
 // default message.max.bytes) are sent one per batch, up to MaxRecordBytes;
@@ -104,11 +125,14 @@ func NewPublisher(cfg *PublisherConfig) (*Publisher, error) {
 		return nil, err
 	}
 	transport := c.Security.transport()
+	codec, _ := c.Compression.codec()
+	acks, _ := c.Acks.required()
 	writer := func(batchSize, batchBytes int) *kafka.Writer {
 		return &kafka.Writer{
 			Addr:                   kafka.TCP(c.Brokers...),
-			Balancer:               &kafka.Murmur2Balancer{},
-			RequiredAcks:           kafka.RequireAll,
+			Balancer:               c.Partitioner.balancer(),
+			RequiredAcks:           acks,
+			Compression:            codec,
 			BatchTimeout:           c.BatchTimeout,
 			BatchSize:              batchSize,
 			BatchBytes:             int64(batchBytes),

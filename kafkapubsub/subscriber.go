@@ -47,8 +47,34 @@ type SubscriberConfig struct {
 	// value commits after every ack. Offsets are also committed when a
 	// partition is revoked and on Close. Defaults to 200ms.
 	CommitInterval time.Duration
+	// MaxInFlight is how many messages of one partition may be delivered
+	// and not yet acked at once. Messages go out on the channel in offset
+	// order; acks may come in any order, and the committed offset is the
+	// contiguous acked watermark: the lowest offset not acked yet. A nacked
+	// message keeps its place in the window and is delivered again (same
+	// offset, after NackBackoff) while the others go on. A partition's
+	// window holds at most 4 × MaxInFlight records from the watermark on,
+	// acked ones included: a message that stays unacked at the bottom
+	// stops new deliveries of its partition once the window is full. A
+	// crash or a rebalance that gives up unacked messages redelivers
+	// everything from the watermark, messages acked above it included; the
+	// dedupe middleware absorbs them as duplicates. 1 delivers one message
+	// per partition at a time, each only after the previous one's ack.
+	// Defaults to 1.
+	MaxInFlight int
+	// KeyOrdered, with MaxInFlight above 1, lets at most one message per
+	// Kafka record key of a partition be in flight: the messages of one key
+	// are handled in offset order, one after the other, while other keys
+	// run concurrently. A message whose key is busy waits in the window and
+	// messages of other keys behind it are delivered past it (up to
+	// MaxInFlight in flight and the window's 4 × MaxInFlight records).
+	// Records with a null key all count as one key; the empty key is
+	// another. Without KeyOrdered the window is in plain offset order, which
+	// is what a consumer that reads the channel in one goroutine (a batch)
+	// wants. Defaults to false.
+	KeyOrdered bool
 	// DrainTimeout bounds how long a revoked partition (rebalance or Close)
-	// waits for its in-flight message to be acked before giving it up; a
+	// waits for its in-flight messages to be acked before giving them up; a
 	// message given up is delivered again to the partition's next owner.
 	// Heartbeats go on while partitions drain, so a drain longer than
 	// SessionTimeout keeps the membership; the group waits for a draining
@@ -104,6 +130,12 @@ func (c *SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 	def(&o.HeartbeatInterval, time.Second)
 	def(&o.MaxWait, 250*time.Millisecond)
 	def(&o.CommitInterval, 200*time.Millisecond)
+	if o.MaxInFlight == 0 {
+		o.MaxInFlight = 1
+	}
+	if o.MaxInFlight < 0 {
+		return o, fmt.Errorf("kafkapubsub: SubscriberConfig.MaxInFlight is %d: set 1 or more (1 is one message per partition at a time)", o.MaxInFlight)
+	}
 	if o.MaxBytes == 0 {
 		o.MaxBytes = 10 << 20
 	}
@@ -137,13 +169,16 @@ func (c *SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 //
 // With a consumer group it uses kafka-go's low-level ConsumerGroup and
 // Generation API: each assigned partition is read by its own goroutine,
-// strictly in order, one message in flight at a time, while partitions run
-// concurrently. Ack lets the partition's offset advance past the message;
+// strictly in order, while partitions run concurrently. By default one
+// message of a partition is in flight at a time; MaxInFlight opens a window
+// of several, and KeyOrdered keeps one per record key in it. Ack lets the
+// partition's offset advance past the message once every message below it
+// is acked too (the committed offset is the contiguous acked watermark);
 // Nack delivers the same message again after a back-off, never skipping it.
 // Offsets are committed with the generation that fetched the messages, so a
 // commit never crosses a rebalance: when a generation ends, each partition
 // stops fetching, waits (up to DrainTimeout, heartbeating all along) for its
-// in-flight message, commits, and only then does the group rejoin.
+// in-flight messages, commits, and only then does the group rejoin.
 //
 // Records are read with kafka-go's Transport and filtered here: under
 // ReadCommitted (the default) records of aborted transactions and control
@@ -432,9 +467,11 @@ func (s *Subscriber) heartbeat(gen *kafka.Generation, topic string) (stop func()
 	return func() { cancel(); <-done }
 }
 
-// consumePartition reads one partition in order. subCtx carries the
-// subscription's values into message contexts; stopCtx ends the reading.
-// acked is called with the next offset to commit after each ack, and after a
+// consumePartition reads one partition in order and delivers it through a
+// window of up to MaxInFlight messages (see [window]). subCtx carries the
+// subscription's values into message contexts; stopCtx ends the reading,
+// after which the in-flight messages drain. acked is called with the next
+// offset to commit each time the watermark moves: after acks, and after a
 // run of hidden records (transaction markers, aborted records).
 func (s *Subscriber) consumePartition(subCtx, stopCtx context.Context, topic string, partition int, start int64, out chan<- *message.Message, acked func(next int64)) {
 	f := &fetcher{
@@ -454,26 +491,172 @@ func (s *Subscriber) consumePartition(subCtx, stopCtx context.Context, topic str
 		s.fetchLoop(ctx, f, pos, responses)
 	}()
 	defer func() { cancel(); <-done }()
+
+	w := newWindow(s.cfg.MaxInFlight, s.cfg.KeyOrdered, pos)
+	// Each entry in flight has at most one event on its way (its ack or
+	// nack, then its back-off's end), so sends never wait.
+	events := make(chan windowEvent, s.cfg.MaxInFlight)
+	quit := make(chan struct{})
+	defer close(quit)
 	committed := pos
+	report := func() {
+		if wm := w.watermark(); wm > committed {
+			committed = wm
+			acked(committed)
+		}
+	}
+	var res fetched
+	taken, pending := 0, false // records of res taken into w; res not fully taken
 	for {
-		var res fetched
+		for pending && taken < len(res.records) && !w.full() {
+			w.add(res.records[taken], s.cfg.NackBackoff)
+			taken++
+		}
+		if pending && taken == len(res.records) {
+			// Hidden records after the last one: commit past them, or the
+			// partition looks lagging forever when its tail is a
+			// transaction marker.
+			w.skip(res.next)
+			res, pending = fetched{}, false
+		}
+		report()
+		var in <-chan fetched
+		if !pending {
+			in = responses
+		}
+		var send chan<- *message.Message
+		var msg *message.Message
+		e := w.next()
+		if e != nil {
+			if e.msg == nil {
+				s.prepare(subCtx, e)
+			}
+			send, msg = out, e.msg
+		}
 		select {
-		case res = <-responses:
+		case res = <-in:
+			taken, pending = 0, true
+		case send <- msg:
+			w.sent(e)
+			go watch(e, msg, events, quit)
+		case ev := <-events:
+			s.handle(w, ev, events, quit)
 		case <-stopCtx.Done():
+			s.drain(w, events)
+			report()
 			return
 		}
-		for _, km := range res.records {
-			if !s.deliver(subCtx, stopCtx, km, out) {
-				return
-			}
-			committed = km.Offset + 1
-			acked(committed)
+	}
+}
+
+// windowEvent says that the delivery msg of e was acked or nacked, or (msg
+// nil) that e's back-off is over.
+type windowEvent struct {
+	e     *entry
+	msg   *message.Message
+	acked bool
+}
+
+// prepare makes e's next delivery, its context carrying the record's
+// coordinates.
+func (s *Subscriber) prepare(subCtx context.Context, e *entry) {
+	km := e.km
+	msg := toWatermill(km)
+	ctx, cancel := context.WithCancel(context.WithoutCancel(subCtx))
+	msg.SetContext(dedupe.ContextWithSource(ctx, dedupe.Source{Topic: km.Topic, Partition: int32(km.Partition), Offset: km.Offset}))
+	e.msg, e.cancel = msg, cancel
+}
+
+// watch reports msg's ack or nack.
+func watch(e *entry, msg *message.Message, events chan<- windowEvent, quit <-chan struct{}) {
+	var ev windowEvent
+	select {
+	case <-msg.Acked():
+		ev = windowEvent{e: e, msg: msg, acked: true}
+	case <-msg.Nacked():
+		ev = windowEvent{e: e, msg: msg}
+	case <-quit:
+		return
+	}
+	select {
+	case events <- ev:
+	case <-quit:
+	}
+}
+
+// handle applies an event to w while the partition runs.
+func (s *Subscriber) handle(w *window, ev windowEvent, events chan<- windowEvent, quit <-chan struct{}) {
+	e := ev.e
+	if ev.msg == nil {
+		e.retry = nil
+		w.retry(e)
+		return
+	}
+	e.cancel()
+	e.msg, e.cancel = nil, nil
+	if ev.acked {
+		w.acked(e)
+		return
+	}
+	w.nacked(e)
+	e.retry = time.AfterFunc(e.backoff, func() {
+		select {
+		case events <- windowEvent{e: e}:
+		case <-quit:
 		}
-		if res.next > committed {
-			// Hidden records: commit past them, or the partition looks
-			// lagging forever when its tail is a transaction marker.
-			committed = res.next
-			acked(committed)
+	})
+	e.backoff = min(2*e.backoff, s.cfg.MaxNackBackoff)
+}
+
+// drain waits, up to DrainTimeout, for the messages of w that are with the
+// handler, and gives up the rest: a message given up (not acked in time,
+// nacked, or waiting for its back-off) is delivered again to the
+// partition's next owner, from the watermark on.
+func (s *Subscriber) drain(w *window, events <-chan windowEvent) {
+	withHandler := 0
+	for _, e := range w.entries {
+		switch e.state {
+		case delivered:
+			withHandler++
+		case backingOff:
+			e.retry.Stop()
+		}
+	}
+	defer func() {
+		for _, e := range w.entries {
+			if e.cancel != nil {
+				e.cancel()
+			}
+		}
+	}()
+	if withHandler == 0 {
+		return
+	}
+	// The handlers may be committing right now.
+	t := time.NewTimer(s.cfg.DrainTimeout)
+	defer t.Stop()
+	for withHandler > 0 {
+		select {
+		case ev := <-events:
+			if ev.msg == nil || ev.e.state != delivered {
+				continue // a back-off ended: that message is given up
+			}
+			withHandler--
+			ev.e.cancel()
+			ev.e.msg, ev.e.cancel = nil, nil
+			if ev.acked {
+				w.acked(ev.e)
+			} else {
+				ev.e.state = backingOff
+			}
+		case <-t.C:
+			for _, e := range w.entries {
+				if e.state == delivered {
+					s.log().Warn("kafkapubsub: in-flight message not acked within DrainTimeout; it will be delivered again",
+						"topic", e.km.Topic, "partition", e.km.Partition, "offset", e.km.Offset, "uuid", e.msg.UUID)
+				}
+			}
+			return
 		}
 	}
 }
@@ -556,48 +739,6 @@ func (s *Subscriber) resolveOffset(ctx context.Context, topic string, partition 
 		if clock.Sleep(ctx, backoff) != nil {
 			return 0, false
 		}
-	}
-}
-
-// deliver hands km to the router until it is acked (true), or until stopCtx
-// ends and the in-flight message is not acked within DrainTimeout (false).
-func (s *Subscriber) deliver(subCtx, stopCtx context.Context, km kafka.Message, out chan<- *message.Message) bool {
-	backoff := s.cfg.NackBackoff
-	for {
-		msg := toWatermill(km)
-		ctx, cancel := context.WithCancel(context.WithoutCancel(subCtx))
-		msg.SetContext(dedupe.ContextWithSource(ctx, dedupe.Source{Topic: km.Topic, Partition: int32(km.Partition), Offset: km.Offset}))
-		select {
-		case out <- msg:
-		case <-stopCtx.Done():
-			cancel()
-			return false
-		}
-		select {
-		case <-msg.Acked():
-			cancel()
-			return true
-		case <-msg.Nacked():
-			cancel()
-		case <-stopCtx.Done():
-			// Drain: the handler may be committing right now.
-			t := time.NewTimer(s.cfg.DrainTimeout)
-			defer t.Stop()
-			defer cancel()
-			select {
-			case <-msg.Acked():
-				return true
-			case <-msg.Nacked():
-			case <-t.C:
-				s.log().Warn("kafkapubsub: in-flight message not acked within DrainTimeout; it will be delivered again",
-					"topic", km.Topic, "partition", km.Partition, "offset", km.Offset, "uuid", msg.UUID)
-			}
-			return false
-		}
-		if clock.Sleep(stopCtx, backoff) != nil {
-			return false
-		}
-		backoff = min(2*backoff, s.cfg.MaxNackBackoff)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/exactly-go/exactly/internal/kafkaflags"
 	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/migrations"
 )
@@ -71,6 +72,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		url, bs, sch, cmds, events, dlq, group, metricsAddr *string
 		noDedupe, replay, migrate                           *bool
 		sessionTimeout                                      *time.Duration
+		kflags                                              kafkaflags.Flags
 	)
 	switch cmd {
 	case "demo":
@@ -89,6 +91,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		metricsAddr = fs.String("metrics-addr", "127.0.0.1:9090", "address for /metrics and /healthz (\":9090\" for every interface; \"\" for none)")
 		migrate = fs.Bool("migrate", false, "create or upgrade the tables before consuming (needs DDL rights; production runs `migrate` once instead)")
 		noDedupe = fs.Bool("no-dedupe", false, "run without the dedupe middleware (to measure it, or to watch verify fail)")
+		kflags.Register(fs)
 	case "load":
 		bs, cmds = brokers(), commands()
 		loadFlags()
@@ -185,7 +188,17 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				}
 			}
 		}
-		w, err := NewWorker(pool, Config{Schema: *sch, Brokers: brokerList, Commands: *cmds, Events: *events, DeadLetter: *dlq,
+		sec, err := kflags.Security()
+		if err != nil {
+			fmt.Fprintf(stderr, "ledger-consumer worker: %v\n", err)
+			return 2
+		}
+		part, err := kflags.PublisherPartitioner()
+		if err != nil {
+			fmt.Fprintf(stderr, "ledger-consumer worker: %v\n", err)
+			return 2
+		}
+		w, err := NewWorker(pool, Config{Schema: *sch, Brokers: brokerList, Security: sec, Partitioner: part, Commands: *cmds, Events: *events, DeadLetter: *dlq,
 			Group: *group, SessionTimeout: *sessionTimeout, MetricsAddr: *metricsAddr, CreateTopics: true, NoDedupe: *noDedupe, Logger: logger})
 		if err != nil {
 			return fail(err)

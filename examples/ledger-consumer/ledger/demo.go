@@ -301,7 +301,11 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 }
 
 func createTopics(ctx context.Context, brokers []string, topics map[string]int) error {
-	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	return createTopicsWith(ctx, brokers, kafkapubsub.Security{}, topics)
+}
+
+func createTopicsWith(ctx context.Context, brokers []string, sec kafkapubsub.Security, topics map[string]int) error {
+	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: sec.Transport()}
 	var cfgs []kafka.TopicConfig
 	for t, n := range topics {
 		cfgs = append(cfgs, kafka.TopicConfig{Topic: t, NumPartitions: n, ReplicationFactor: 1})

@@ -36,6 +36,12 @@ type Config struct {
 	Schema string
 	// Brokers to consume from and publish to. Required.
 	Brokers []string
+	// Security holds the Kafka connection's TLS and SASL settings. Defaults
+	// to plain TCP.
+	Security kafkapubsub.Security
+	// Partitioner spreads the events over partitions by key; match the
+	// events topic's other producers. Defaults to murmur2.
+	Partitioner kafkapubsub.Partitioner
 	// Commands, Events and DeadLetter are the topics. Default to
 	// "ledger.commands", "ledger.events" and "ledger.dlq".
 	Commands, Events, DeadLetter string
@@ -254,12 +260,12 @@ func (w *Worker) Run(ctx context.Context) error {
 // done; it hands the router to setRouter before running it.
 func (w *Worker) consume(ctx context.Context, setRouter func(*message.Router)) error {
 	log := w.cfg.Logger
-	pub, err := kafkapubsub.NewPublisher(&kafkapubsub.PublisherConfig{Brokers: w.cfg.Brokers, Logger: log})
+	pub, err := kafkapubsub.NewPublisher(&kafkapubsub.PublisherConfig{Brokers: w.cfg.Brokers, Security: w.cfg.Security, Partitioner: w.cfg.Partitioner, Logger: log})
 	if err != nil {
 		return err
 	}
 	defer pub.Close()
-	sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: w.cfg.Brokers, ConsumerGroup: w.cfg.Group, Logger: log,
+	sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: w.cfg.Brokers, Security: w.cfg.Security, ConsumerGroup: w.cfg.Group, Logger: log,
 		SessionTimeout: w.cfg.SessionTimeout, HeartbeatInterval: w.cfg.SessionTimeout / 10})
 	if err != nil {
 		return err
@@ -304,14 +310,14 @@ func (w *Worker) consume(ctx context.Context, setRouter func(*message.Router)) e
 		// returns nothing for the router to publish.
 		router.AddHandler(Scope, w.cfg.Commands, sub, w.cfg.Events, pub, consumer.TxHandler(w.handle))
 	}
-	if err := kafkapubsub.CheckTTL(ctx, w.cfg.Brokers, kafkapubsub.Security{}, w.cfg.Commands, w.store.Config().TTL); err != nil {
+	if err := kafkapubsub.CheckTTL(ctx, w.cfg.Brokers, w.cfg.Security, w.cfg.Commands, w.store.Config().TTL); err != nil {
 		log.Warn("ledger: key retention", "err", err)
 	}
 
 	// The relay has a publisher of its own: the router closes the
 	// handlers' publisher when it stops, and the relay's final flush comes
 	// after that.
-	relayPub, err := kafkapubsub.NewPublisher(&kafkapubsub.PublisherConfig{Brokers: w.cfg.Brokers, Logger: log})
+	relayPub, err := kafkapubsub.NewPublisher(&kafkapubsub.PublisherConfig{Brokers: w.cfg.Brokers, Security: w.cfg.Security, Partitioner: w.cfg.Partitioner, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -383,9 +389,9 @@ func (w *Worker) probe(ctx context.Context, create bool) []string {
 	}
 	var err error
 	if create {
-		err = createTopics(ctx, w.cfg.Brokers, map[string]int{w.cfg.Commands: 6, w.cfg.Events: 3, w.cfg.DeadLetter: 1})
+		err = createTopicsWith(ctx, w.cfg.Brokers, w.cfg.Security, map[string]int{w.cfg.Commands: 6, w.cfg.Events: 3, w.cfg.DeadLetter: 1})
 	} else {
-		err = pingKafka(ctx, w.cfg.Brokers, w.cfg.Commands)
+		err = pingKafka(ctx, w.cfg.Brokers, w.cfg.Security, w.cfg.Commands)
 	}
 	if err != nil {
 		log.Warn("ledger: Kafka unavailable", "err", err)
@@ -413,8 +419,9 @@ func (w *Worker) missingTables(ctx context.Context) ([]string, error) {
 // pingKafka asks the brokers for topic's metadata, on connections of its
 // own: a shared transport would answer from connections it keeps to
 // brokers it learnt of earlier.
-func pingKafka(ctx context.Context, brokers []string, topic string) error {
-	tr := &kafka.Transport{DialTimeout: 3 * time.Second, IdleTimeout: time.Second}
+func pingKafka(ctx context.Context, brokers []string, sec kafkapubsub.Security, topic string) error {
+	tr := sec.Transport()
+	tr.DialTimeout, tr.IdleTimeout = 3*time.Second, time.Second
 	defer tr.CloseIdleConnections()
 	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second, Transport: tr}
 	if _, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}}); err != nil {

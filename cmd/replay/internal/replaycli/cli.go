@@ -16,6 +16,7 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/kafkaflags"
 	"github.com/exactly-go/exactly/internal/redact"
 )
 
@@ -86,6 +87,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("replay "+cmd, flag.ContinueOnError)
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "Kafka bootstrap addresses, comma-separated (default $KAFKA_BROKERS)")
 	asJSON := fs.Bool("json", false, "print the report as JSON (for CI)")
+	var kflags kafkaflags.Flags
+	kflags.Register(fs)
 	var (
 		from, to, topic, group, dbURL, sql, scope, schema, table string
 		partition                                                int
@@ -158,6 +161,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return usageErr("--brokers (or KAFKA_BROKERS) is required")
 	}
 	bs := strings.Split(*brokers, ",")
+	sec, err := kflags.Security()
+	if err != nil {
+		return usageErr(err.Error())
+	}
 	parseTime := func(name, v string) (time.Time, bool) {
 		if v == "" {
 			return time.Time{}, true
@@ -179,14 +186,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	prog := newProgress(stderr)
 	var report any
-	var err error
 	pass := true
 	switch cmd {
 	case "copy":
 		if from == "" {
 			return usageErr("--from is required")
 		}
-		report, err = Copy(ctx, CopyOpts{Brokers: bs, From: from, To: to, IntoSource: intoSource, Range: r, Duplicate: dup, Mutate: mutateP, DryRun: dry, Progress: prog})
+		report, err = Copy(ctx, CopyOpts{Brokers: bs, Security: sec, From: from, To: to, IntoSource: intoSource, Range: r, Duplicate: dup, Mutate: mutateP, DryRun: dry, Progress: prog})
 	case "rewind":
 		if group == "" || topic == "" {
 			return usageErr("--group and --topic are required")
@@ -195,7 +201,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if !ok {
 			return ExitUsage
 		}
-		report, err = Rewind(ctx, RewindOpts{Brokers: bs, Group: group, Topic: topic, ToOffset: toOffset, ToTime: at, Back: back, Execute: execute})
+		report, err = Rewind(ctx, RewindOpts{Brokers: bs, Security: sec, Group: group, Topic: topic, ToOffset: toOffset, ToTime: at, Back: back, Execute: execute})
 	case "verify":
 		if topic == "" || group == "" || sql == "" || dbURL == "" {
 			return usageErr("--topic, --group, --checksum-sql and --database-url (or DATABASE_URL) are required")
@@ -206,7 +212,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		var rep VerifyReport
 		rep, err = Verify(ctx, VerifyOpts{KeyFunc: keyFunc, FingerprintFunc: fpFunc,
-			Copy:        CopyOpts{Brokers: bs, From: topic, Range: r, Duplicate: dup, Mutate: mutateP, Progress: prog},
+			Copy:        CopyOpts{Brokers: bs, Security: sec, From: topic, Range: r, Duplicate: dup, Mutate: mutateP, Progress: prog},
 			DatabaseURL: dbURL, Group: group, ChecksumSQL: sql, Scope: scope, Schema: schema, Table: table, TTL: ttl, Timeout: timeout,
 			Warn: func(f string, a ...any) { fmt.Fprintf(stderr, "replay verify: warning: "+f+"\n", a...) },
 		})

@@ -10,12 +10,16 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 // CopyOpts configures Copy.
 type CopyOpts struct {
 	Brokers []string
-	From    string // source topic
+	// Security holds the TLS and SASL settings. Defaults to plain TCP.
+	Security kafkapubsub.Security
+	From     string // source topic
 	// To is the target topic. Required; it may be From (a redelivery to
 	// From's consumers) only with IntoSource.
 	To string
@@ -69,7 +73,7 @@ func Copy(ctx context.Context, o CopyOpts) (CopyResult, error) {
 	if o.Duplicate < 1 {
 		return res, fmt.Errorf("%w: --duplicate must be 1 or more", errUsage)
 	}
-	k := newKafka(o.Brokers)
+	k := newKafka(o.Brokers, o.Security)
 	spans, err := k.resolve(ctx, o.From, o.Range)
 	if err != nil {
 		return res, err
@@ -92,7 +96,7 @@ func Copy(ctx context.Context, o CopyOpts) (CopyResult, error) {
 		res.Elapsed = time.Since(start).String()
 		return res, nil
 	}
-	w := &kafka.Writer{Addr: kafka.TCP(o.Brokers...), Topic: o.To, Balancer: &samePartition{},
+	w := &kafka.Writer{Addr: kafka.TCP(o.Brokers...), Topic: o.To, Balancer: &samePartition{}, Transport: o.Security.Transport(),
 		RequiredAcks: kafka.RequireAll, BatchSize: 500, BatchTimeout: 10 * time.Millisecond, MaxAttempts: 10}
 	defer w.Close()
 	o.Progress.start("copy", total*int64(o.Duplicate))

@@ -11,6 +11,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/exactly-go/exactly/internal/kafkaadmin"
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 // Range selects records per partition: [From, To) offsets, or times.
@@ -38,11 +39,12 @@ func (s span) count() int64 { return max(s.To-s.From, 0) }
 
 type kafkaClient struct {
 	brokers []string
+	sec     kafkapubsub.Security
 	c       *kafka.Client
 }
 
-func newKafka(brokers []string) *kafkaClient {
-	return &kafkaClient{brokers: brokers, c: &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}}
+func newKafka(brokers []string, sec kafkapubsub.Security) *kafkaClient {
+	return &kafkaClient{brokers: brokers, sec: sec, c: &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: sec.Transport()}}
 }
 
 // errUnknownTopic and errUnknownGroup are user errors with exit codes.
@@ -177,7 +179,7 @@ func (k *kafkaClient) read(ctx context.Context, topic string, spans []span, each
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := kafka.NewReader(kafka.ReaderConfig{Brokers: k.brokers, Topic: topic, Partition: s.Partition,
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: k.brokers, Dialer: k.sec.Dialer(10 * time.Second), Topic: topic, Partition: s.Partition,
 				MaxWait: 100 * time.Millisecond, MaxBytes: 10 << 20})
 			defer r.Close()
 			if err := r.SetOffset(s.From); err != nil {

@@ -7,13 +7,17 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 // RewindOpts configures Rewind.
 type RewindOpts struct {
 	Brokers []string
-	Group   string
-	Topic   string
+	// Security holds the TLS and SASL settings. Defaults to plain TCP.
+	Security kafkapubsub.Security
+	Group    string
+	Topic    string
 	// Exactly one of ToOffset (>= 0), ToTime or Back (> 0) says where to.
 	ToOffset int64
 	ToTime   time.Time
@@ -59,7 +63,7 @@ func Rewind(ctx context.Context, o RewindOpts) (RewindPlan, error) {
 	if set != 1 {
 		return plan, fmt.Errorf("%w: give exactly one of --to-offset, --to-time, --back", errUsage)
 	}
-	k := newKafka(o.Brokers)
+	k := newKafka(o.Brokers, o.Security)
 	n, err := k.partitions(ctx, o.Topic)
 	if err != nil {
 		return plan, err

@@ -122,7 +122,7 @@ func Verify(ctx context.Context, o VerifyOpts) (VerifyReport, error) {
 		return rep, fmt.Errorf("%w at %s: %v", errDatabase, Redact(o.DatabaseURL), redact.Error(err, o.DatabaseURL))
 	}
 	defer pool.Close()
-	k := newKafka(o.Copy.Brokers)
+	k := newKafka(o.Copy.Brokers, o.Copy.Security)
 	n, err := k.partitions(ctx, o.Copy.From)
 	if err != nil {
 		return rep, err
