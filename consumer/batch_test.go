@@ -22,6 +22,7 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/kafkatest"
+	"github.com/exactly-go/exactly/internal/testenv"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/outbox"
 )
@@ -70,6 +71,7 @@ func (w *world) startBatch(group string, h consumer.BatchHandlerFunc, cfg consum
 	sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{
 		Brokers: w.brokers, ConsumerGroup: group, NackBackoff: 20 * time.Millisecond, MaxNackBackoff: 200 * time.Millisecond,
 		SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second, DrainTimeout: 5 * time.Second, Logger: quietLogger(),
+		MaxInFlight: 100,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -360,4 +362,26 @@ func TestBatchOutputsToOutbox(t *testing.T) {
 	if n := w.applied(); n != 25 {
 		t.Fatalf("%d applied, want 25", n)
 	}
+}
+
+// Batch consumers share a group; one joins and one leaves while the
+// stream is consumed: partitions move with acked messages above their
+// watermark, which come back to the new owner as duplicates.
+func TestBatchRebalanceMidStream(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 6)
+	exp, recs := commands(3000)
+	group := kafkatest.Name("g")
+	slow := func([]*message.Message) error { time.Sleep(2 * time.Millisecond); return nil }
+	cfg := consumer.BatchConfig{MaxSize: 50}
+	stop1 := w.startBatch(group, w.batchHandler(nil, slow), cfg)
+	w.startBatch(group, w.batchHandler(nil, slow), cfg)
+	w.produce(recs[:1500]...)
+	testenv.WaitFor(t, time.Minute, "a third of the stream", func() bool { return w.applied() >= 1000 })
+	w.startBatch(group, w.batchHandler(nil, slow), cfg)
+	w.produce(recs[1500:]...)
+	testenv.WaitFor(t, time.Minute, "half of the stream", func() bool { return w.applied() >= 1750 })
+	stop1()
+	w.waitCaughtUp(group, 3*time.Minute)
+	w.assertExactlyOnce(exp)
 }
