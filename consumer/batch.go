@@ -26,6 +26,25 @@ import (
 // same function runs with a single message on the per-message path.
 type BatchHandlerFunc func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) (outputs [][]*message.Message, err error)
 
+// MessageError is what a BatchHandlerFunc returns when it knows which
+// message of the batch is at fault (a payload it cannot parse, say): the
+// batch is cut there instead of split in halves. The messages before it are
+// applied as a batch, it takes the per-message path alone (where Err,
+// permanent or not, decides between the dead-letter topic and a retry),
+// then the messages after it are applied.
+type MessageError struct {
+	// Index is the message's index in the handler's msgs.
+	Index int
+	Err   error
+}
+
+func (e *MessageError) Error() string {
+	return fmt.Sprintf("consumer: message %d of the batch: %v", e.Index, e.Err)
+}
+
+// Unwrap returns Err.
+func (e *MessageError) Unwrap() error { return e.Err }
+
 // BatchConfig configures a BatchConsumer.
 type BatchConfig struct {
 	// Scope names the consumer in every key, as Config.Scope does. Required:
@@ -330,10 +349,21 @@ func (c *BatchConsumer) apply(ctx context.Context, items []item, start time.Time
 		return true
 	}
 	if len(items) == 1 {
-		if !c.one(items[0].msg) {
+		return !c.one(items[0].msg)
+	}
+	var me *MessageError
+	if errors.As(err, &me) && me.Index >= 0 && me.Index < len(items) {
+		i := me.Index
+		c.cfg.Logger.DebugContext(ctx, "consumer: batch failed because of one message; cutting it there", "messages", len(items), "err", err)
+		if c.apply(ctx, items[:i], time.Now()) {
+			nackItems(items[i:])
 			return true
 		}
-		return false
+		if !c.one(items[i].msg) {
+			nackItems(items[i+1:])
+			return true
+		}
+		return c.apply(ctx, items[i+1:], time.Now())
 	}
 	c.cfg.Logger.DebugContext(ctx, "consumer: batch failed; splitting it", "messages", len(items), "err", err)
 	mid := len(items) / 2
@@ -381,6 +411,10 @@ func (c *BatchConsumer) runBatch(ctx context.Context, items []item) (answers []p
 			in[j] = msgs[i]
 		}
 		outs, err := c.call(ctx, tx, in)
+		var me *MessageError
+		if errors.As(err, &me) && me.Index >= 0 && me.Index < len(fresh) {
+			return nil, &MessageError{Index: fresh[me.Index], Err: me.Err}
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -385,3 +385,44 @@ func TestBatchRebalanceMidStream(t *testing.T) {
 	w.waitCaughtUp(group, 3*time.Minute)
 	w.assertExactlyOnce(exp)
 }
+
+// A handler that names the failing message (MessageError) gets the batch
+// cut there: the messages before and after it are applied in two batches,
+// and a permanent error dead-letters it at once.
+func TestBatchMessageErrorCutsTheBatch(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	f := newFakeMsgs(30, func(i int) string { return fmt.Sprint("acc-", i%4) })
+	f.msgs[17].Payload = []byte("not a command")
+	inner := w.batchHandler(nil, nil)
+	var calls atomic.Int64
+	h := func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
+		calls.Add(1)
+		for i, m := range msgs {
+			if !json.Valid(m.Payload) {
+				return nil, &consumer.MessageError{Index: i, Err: fmt.Errorf("%w: not JSON", dedupe.ErrInvalidPayload)}
+			}
+		}
+		return inner(ctx, tx, msgs)
+	}
+	pub := &recordingPublisher{}
+	c, err := consumer.NewBatchConsumer(w.store, h, &consumer.BatchConfig{
+		Scope: "ledger", MaxSize: 30, MaxWait: time.Second, Publisher: pub, DeadLetterTopic: "dlq", Logger: quietLogger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if acked, nacked := f.run(t, c); len(acked) != 30 {
+		t.Fatalf("acked %v, nacked %v; want all acked", acked, nacked)
+	}
+	if n := w.applied(); n != 29 {
+		t.Fatalf("%d applied, want 29", n)
+	}
+	if dead := pub.get("dlq"); len(dead) != 1 || dead[0].UUID != "m-017" || !strings.Contains(dead[0].Metadata.Get(middleware.ReasonForPoisonedKey), "not JSON") {
+		t.Fatalf("dead letters %v, want m-017 with its reason", dead)
+	}
+	// The whole batch, the 17 before, m-017 alone, the 12 after.
+	if calls.Load() != 4 {
+		t.Errorf("the handler ran %d times, want 4", calls.Load())
+	}
+}
