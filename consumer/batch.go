@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -69,6 +70,11 @@ type BatchConfig struct {
 	// MaxWait bounds how long a batch waits for more messages after its
 	// first one arrived. Defaults to 10ms.
 	MaxWait time.Duration
+	// Workers is how many batches may run at once. Each partition belongs
+	// to one worker (partition modulo Workers), so its messages stay in
+	// order; a message without Kafka coordinates goes to the first.
+	// Defaults to 1.
+	Workers int
 
 	// Publisher publishes the handler's outputs to OutputTopic when Outputs
 	// is nil (and a duplicate's stored outputs again, with their UUIDs), and
@@ -141,11 +147,16 @@ func NewBatchConsumer(store *pgstore.Store, handler BatchHandlerFunc, cfg *Batch
 	if c.MaxWait == 0 {
 		c.MaxWait = 10 * time.Millisecond
 	}
+	if c.Workers == 0 {
+		c.Workers = 1
+	}
 	switch {
 	case c.Scope == "":
 		return nil, errors.New("consumer: BatchConfig.Scope is empty: set it to the handler's stable name")
 	case c.MaxSize < 0:
 		return nil, fmt.Errorf("consumer: BatchConfig.MaxSize is %d: set 1 or more, or 0 for the default", c.MaxSize)
+	case c.Workers < 0:
+		return nil, fmt.Errorf("consumer: BatchConfig.Workers is %d: set 1 or more, or 0 for the default", c.Workers)
 	case c.MaxWait < 0:
 		return nil, fmt.Errorf("consumer: BatchConfig.MaxWait is %v: set a positive duration, or 0 for the default", c.MaxWait)
 	case c.DeadLetterTopic != "" && c.Publisher == nil:
@@ -210,16 +221,57 @@ func (c *BatchConsumer) Subscribe(ctx context.Context, sub message.Subscriber, t
 // closed. Messages of an unfinished batch are neither acked nor nacked
 // when ctx ends: the Subscriber delivers them again.
 func (c *BatchConsumer) Run(ctx context.Context, msgs <-chan *message.Message) error {
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
+	if c.cfg.Workers == 1 {
+		c.loop(ctx, msgs)
+		return nil
+	}
+	// Each partition belongs to one worker, so its messages stay in order.
+	lanes := make([]chan *message.Message, c.cfg.Workers)
+	var wg sync.WaitGroup
+	for i := range lanes {
+		lanes[i] = make(chan *message.Message, c.cfg.MaxSize)
+		wg.Add(1)
+		go func() { defer wg.Done(); c.loop(ctx, lanes[i]) }()
+	}
+	defer func() {
+		for _, l := range lanes {
+			close(l)
+		}
+		wg.Wait()
+	}()
 	for {
-		var batch []*message.Message
 		select {
 		case <-ctx.Done():
 			return nil
 		case m, ok := <-msgs:
 			if !ok {
 				return nil
+			}
+			lane := 0
+			if src, ok := c.source(m); ok {
+				lane = int(uint32(src.Partition) % uint32(c.cfg.Workers))
+			}
+			select {
+			case lanes[lane] <- m:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+	}
+}
+
+// loop forms batches from msgs and applies them, one at a time.
+func (c *BatchConsumer) loop(ctx context.Context, msgs <-chan *message.Message) {
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		var batch []*message.Message
+		select {
+		case <-ctx.Done():
+			return
+		case m, ok := <-msgs:
+			if !ok {
+				return
 			}
 			batch = append(batch, m)
 		}
@@ -237,13 +289,13 @@ func (c *BatchConsumer) Run(ctx context.Context, msgs <-chan *message.Message) e
 			case <-timer.C:
 				break fill
 			case <-ctx.Done():
-				return nil
+				return
 			}
 		}
 		timer.Stop()
 		c.process(ctx, batch)
 		if !open {
-			return nil
+			return
 		}
 	}
 }

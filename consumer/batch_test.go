@@ -373,7 +373,7 @@ func TestBatchRebalanceMidStream(t *testing.T) {
 	exp, recs := commands(3000)
 	group := kafkatest.Name("g")
 	slow := func([]*message.Message) error { time.Sleep(2 * time.Millisecond); return nil }
-	cfg := consumer.BatchConfig{MaxSize: 50}
+	cfg := consumer.BatchConfig{MaxSize: 50, Workers: 3}
 	stop1 := w.startBatch(group, w.batchHandler(nil, slow), cfg)
 	w.startBatch(group, w.batchHandler(nil, slow), cfg)
 	w.produce(recs[:1500]...)

@@ -100,12 +100,14 @@ func (s *Store) DoBatch(ctx context.Context, reqs []dedupe.Request, fn BatchFunc
 // doBatchTx is one attempt of DoBatch; committing reports that err came
 // from the COMMIT itself (out is then the answer that was committing).
 func (s *Store) doBatchTx(ctx context.Context, reqs []dedupe.Request, fn BatchFunc) (out []BatchClaim, committing bool, err error) {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: s.cfg.IsoLevel})
+	// BEGIN goes in one round trip with the claim statement.
+	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, false, classify("begin", err)
 	}
+	tx := &pipelinedTx{pc: pc, conn: pc.Conn()}
 	defer rollback(ctx, tx)
-	out, err = s.ClaimBatchTx(ctx, tx, reqs)
+	out, err = s.claimBatchTx(ctx, tx, reqs, true)
 	if err != nil {
 		return nil, false, err
 	}
@@ -153,6 +155,12 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, reqs []dedupe.Reque
 	if tx == nil {
 		return nil, errors.New("pgstore: ClaimBatchTx: tx is nil")
 	}
+	return s.claimBatchTx(ctx, tx, reqs, false)
+}
+
+// claimBatchTx is ClaimBatchTx; with begin, tx is a pipelinedTx whose
+// BEGIN is still to be sent, with the claim statement.
+func (s *Store) claimBatchTx(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request, begin bool) ([]BatchClaim, error) {
 	out := make([]BatchClaim, len(reqs))
 	// first maps a key to the index of its first valid request; order lists
 	// those indexes sorted by key, the order in which keys are claimed.
@@ -172,8 +180,12 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, reqs []dedupe.Reque
 		return cmp.Or(strings.Compare(reqs[a].Key.Scope, reqs[b].Key.Scope), strings.Compare(reqs[a].Key.ID, reqs[b].Key.ID))
 	})
 	if len(order) > 0 {
-		if err := s.claimBatch(ctx, tx, reqs, order, out); err != nil {
+		if err := s.claimBatch(ctx, tx, reqs, order, out, begin); err != nil {
 			return nil, err
+		}
+	} else if begin {
+		if _, err := tx.Exec(ctx, s.beginSQL); err != nil {
+			return nil, classify("begin", err)
 		}
 	}
 	// Later copies of a key are decided against its first request, as if
@@ -217,7 +229,7 @@ func batchRecord(c BatchClaim, req dedupe.Request) (dedupe.Record, error) {
 
 // claimBatch claims the keys of reqs at order (sorted, distinct, valid)
 // and writes their answers into out.
-func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request, order []int, out []BatchClaim) error {
+func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request, order []int, out []BatchClaim, begin bool) error {
 	n := len(order)
 	scopes, ids, fps := make([]string, n), make([]string, n), make([]string, n)
 	topics, parts, offsets, ttls := make([]*string, n), make([]*int32, n), make([]*int64, n), make([]float64, n)
@@ -232,8 +244,26 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 		at[r.Key] = i
 	}
 	op := fmt.Sprintf("claim a batch of %d keys", n)
-	rows, err := tx.Query(ctx, s.sql(batchClaimSQL), scopes, ids, fps, topics, parts, offsets, ttls, n)
+	var rows pgx.Rows
+	var err error
+	var br pgx.BatchResults
+	if begin {
+		b := &pgx.Batch{}
+		b.Queue(s.beginSQL)
+		b.Queue(s.sql(batchClaimSQL), scopes, ids, fps, topics, parts, offsets, ttls, n)
+		br = tx.SendBatch(ctx, b)
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return classify("begin", err)
+		}
+		rows, err = br.Query()
+	} else {
+		rows, err = tx.Query(ctx, s.sql(batchClaimSQL), scopes, ids, fps, topics, parts, offsets, ttls, n)
+	}
 	if err != nil {
+		if br != nil {
+			_ = br.Close()
+		}
 		return classify(op, err)
 	}
 	found := make(map[dedupe.Key]bool, n)
@@ -255,7 +285,15 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 		s.decide(&out[i], reqs[i], rec, now)
 	}
 	if err := rows.Err(); err != nil {
+		if br != nil {
+			_ = br.Close()
+		}
 		return classify(op, err)
+	}
+	if br != nil {
+		if err := br.Close(); err != nil {
+			return classify(op, err)
+		}
 	}
 	// The keys that conflicted with a row that the claim's snapshot did not
 	// show: a transaction it waited for committed them. Read them locked.
@@ -380,7 +418,7 @@ const (
            now() + u.ttl * interval '1 microsecond'
     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::bigint[], $7::float8[])
          AS u(scope, key, fp, topic, part, off, ttl)
-    ORDER BY u.scope, u.key
+    ORDER BY u.scope COLLATE "C", u.key COLLATE "C"
     ON CONFLICT (scope, key) DO NOTHING
     RETURNING true AS inserted, ` + cols + `
 )
@@ -394,7 +432,7 @@ WHERE (SELECT count(*) FROM ins) < $8::int`
 	// did not show, locked, in key order.
 	batchLockSQL = `SELECT false, ` + prefixedCols + `, clock_timestamp()
 FROM {T} k JOIN unnest($1::text[], $2::text[]) AS u(scope, key) ON k.scope = u.scope AND k.key = u.key
-ORDER BY k.scope, k.key
+ORDER BY k.scope COLLATE "C", k.key COLLATE "C"
 FOR UPDATE OF k`
 
 	// batchResultSQL stores the results of keys claimed in the same transaction.

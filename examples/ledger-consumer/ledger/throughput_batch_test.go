@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -183,7 +185,7 @@ func throughputRun(b *testing.B, batch, noDedupe bool, rate int, lat *[]time.Dur
 	if batch {
 		bc, err := consumer.NewBatchConsumer(w.store, w.handleBatch, &consumer.BatchConfig{Scope: Scope,
 			Outputs: w.writer.Outputs(events), Hooks: hooks, Logger: log, MaxSize: throughputBatchSize,
-			Publisher: pub, DeadLetterTopic: dlq, NoDedupe: noDedupe})
+			Publisher: pub, DeadLetterTopic: dlq, NoDedupe: noDedupe, Workers: benchWorkers()})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -234,6 +236,15 @@ func throughputRun(b *testing.B, batch, noDedupe bool, rate int, lat *[]time.Dur
 		*lat = append(*lat, hooks.lat...)
 	}
 	return elapsed
+}
+
+// benchWorkers is the batch consumer's Workers: BATCH_WORKERS, or
+// batchWorkers (the worker's own) when unset.
+func benchWorkers() int {
+	if n, err := strconv.Atoi(os.Getenv("BATCH_WORKERS")); err == nil && n > 0 {
+		return n
+	}
+	return batchWorkers
 }
 
 // paced produces recs at rate messages per second, in slices every 10ms,

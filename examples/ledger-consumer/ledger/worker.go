@@ -475,6 +475,10 @@ func (w *Worker) batchConsumer(pub *kafkapubsub.Publisher) (*consumer.BatchConsu
 	return consumer.NewBatchConsumer(w.store, w.handleBatch, &consumer.BatchConfig{
 		Scope: Scope, KeyFunc: w.cfg.KeyFunc, FingerprintFunc: w.cfg.FingerprintFunc,
 		Outputs: w.writer.Outputs(w.cfg.Events), Hooks: w.Metrics, Logger: w.cfg.Logger,
-		MaxSize: w.cfg.Batch, Publisher: pub, DeadLetterTopic: w.cfg.DeadLetter, NoDedupe: w.cfg.NoDedupe,
+		MaxSize: w.cfg.Batch, Workers: batchWorkers, Publisher: pub, DeadLetterTopic: w.cfg.DeadLetter, NoDedupe: w.cfg.NoDedupe,
 	})
 }
+
+// batchWorkers is how many batches of the worker run at once (its
+// partitions spread over them).
+const batchWorkers = 3
