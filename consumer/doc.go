@@ -116,9 +116,14 @@
 //	sub, _ := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: brokers, ConsumerGroup: "ledger"})
 //	err := bc.Subscribe(ctx, sub, "ledger.commands")
 //
-// The Subscriber should deliver several unacked messages per partition
-// (kafkapubsub.SubscriberConfig's in-flight window); with one at a time, a
-// batch holds at most one message per partition.
+// The Subscriber should deliver several unacked messages per partition in
+// offset order (kafkapubsub.SubscriberConfig.MaxInFlight of at least
+// MaxSize, KeyOrdered off); with one at a time, a batch holds at most one
+// message per partition. BatchConfig.Workers runs several batches at once,
+// each partition on one worker. A message nacked by the per-message path
+// comes back after the Subscriber's back-off, while the window may go on
+// delivering the messages behind it: with MaxInFlight above 1, a partition
+// keeps its order except around a message that failed.
 //
 // A message that cannot be applied in a batch takes the per-message path:
 // the dedupe [Middleware], with the same configuration, wrapped in

@@ -66,6 +66,9 @@ type BatchClaim struct {
 // found completed by the unanswered transaction itself keep their first
 // outcome.
 func (s *Store) DoBatch(ctx context.Context, reqs []dedupe.Request, fn BatchFunc) ([]BatchClaim, error) {
+	if len(reqs) == 0 {
+		return nil, nil
+	}
 	backoff := s.cfg.RetryBackoff
 	var unanswered []BatchClaim // the answer of a transaction whose COMMIT got no answer
 	for attempt := 1; ; attempt++ {
