@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -28,11 +30,14 @@ import (
 type BatchHandlerFunc func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) (outputs [][]*message.Message, err error)
 
 // MessageError is what a BatchHandlerFunc returns when it knows which
-// message of the batch is at fault (a payload it cannot parse, say): the
-// batch is cut there instead of split in halves. The messages before it are
-// applied as a batch, it takes the per-message path alone (where Err,
-// permanent or not, decides between the dead-letter topic and a retry),
-// then the messages after it are applied.
+// message of the batch is at fault (a payload it cannot parse, say), or
+// several of them joined with errors.Join. When every such Err is permanent
+// ([dedupe.IsPermanent]), the batch runs again without those messages and
+// they take the per-message path at once (to the dead-letter topic: they
+// are never applied, so their order does not matter). Otherwise the batch
+// is cut at the first instead of split in halves: the messages before it
+// are applied as a batch, it takes the per-message path alone (retried,
+// counted towards MaxAttempts), then the messages after it are applied.
 type MessageError struct {
 	// Index is the message's index in the handler's msgs.
 	Index int
@@ -403,9 +408,28 @@ func (c *BatchConsumer) apply(ctx context.Context, items []item, start time.Time
 	if len(items) == 1 {
 		return !c.one(items[0].msg)
 	}
-	var me *MessageError
-	if errors.As(err, &me) && me.Index >= 0 && me.Index < len(items) {
-		i := me.Index
+	bad := messageErrors(err, len(items))
+	if len(bad) > 0 && allPermanent(bad) {
+		// The messages at fault can never be applied, so their order does
+		// not matter: the others go again as one batch without them, and
+		// they take the per-message path (to the dead-letter topic).
+		c.cfg.Logger.DebugContext(ctx, "consumer: batch failed because of messages that cannot be applied; applying it without them",
+			"messages", len(items), "failed", len(bad), "err", err)
+		var rest []item
+		var out []*message.Message
+		for i, it := range items {
+			if _, ok := bad[i]; ok {
+				out = append(out, it.msg)
+			} else {
+				rest = append(rest, it)
+			}
+		}
+		stopped := c.apply(ctx, rest, time.Now())
+		c.many(out)
+		return stopped
+	}
+	if len(bad) > 0 {
+		i := slices.Min(slices.Collect(maps.Keys(bad)))
 		c.cfg.Logger.DebugContext(ctx, "consumer: batch failed because of one message; cutting it there", "messages", len(items), "err", err)
 		if c.apply(ctx, items[:i], time.Now()) {
 			nackItems(items[i:])
@@ -463,9 +487,13 @@ func (c *BatchConsumer) runBatch(ctx context.Context, items []item) (answers []p
 			in[j] = msgs[i]
 		}
 		outs, err := c.call(ctx, tx, in)
-		var me *MessageError
-		if errors.As(err, &me) && me.Index >= 0 && me.Index < len(fresh) {
-			return nil, &MessageError{Index: fresh[me.Index], Err: me.Err}
+		if bad := messageErrors(err, len(fresh)); len(bad) > 0 {
+			// Index the batch's items, not the handler's fresh messages.
+			errs := make([]error, 0, len(bad))
+			for _, j := range slices.Sorted(maps.Keys(bad)) {
+				errs = append(errs, &MessageError{Index: fresh[j], Err: bad[j]})
+			}
+			return nil, errors.Join(errs...)
 		}
 		if err != nil {
 			return nil, err
@@ -543,13 +571,14 @@ func (c *BatchConsumer) writeOutputs(ctx context.Context, tx pgx.Tx, outs [][]*m
 // at a nacked message (the rest nacked too).
 func (c *BatchConsumer) finish(ctx context.Context, items []item, answers []pgstore.BatchClaim, start time.Time) bool {
 	d := time.Since(start)
+	// The messages whose claim failed on its own were not applied: they
+	// take the per-message path, all at once, once the others are done.
+	var own []*message.Message
+	defer func() { c.many(own) }()
 	for i := range items {
 		it, a := &items[i], answers[i]
 		if a.Err != nil {
-			if !c.one(it.msg) {
-				nackItems(items[i+1:])
-				return true
-			}
+			own = append(own, it.msg)
 			continue
 		}
 		outs := it.outs
@@ -592,6 +621,63 @@ func (c *BatchConsumer) publish(outs []*message.Message) error {
 		return nil
 	}
 	return c.cfg.Publisher.Publish(c.cfg.OutputTopic, outs...)
+}
+
+// messageErrors collects the MessageErrors in err's tree (errors.Join of
+// several, or one) whose Index is below n, by index.
+func messageErrors(err error, n int) map[int]error {
+	var found map[int]error
+	var walk func(error)
+	walk = func(err error) {
+		switch e := err.(type) {
+		case nil:
+		case *MessageError:
+			if e.Index >= 0 && e.Index < n {
+				if found == nil {
+					found = map[int]error{}
+				}
+				found[e.Index] = e.Err
+			}
+		case interface{ Unwrap() []error }:
+			for _, e := range e.Unwrap() {
+				walk(e)
+			}
+		case interface{ Unwrap() error }:
+			walk(e.Unwrap())
+		}
+	}
+	walk(err)
+	return found
+}
+
+func allPermanent(errs map[int]error) bool {
+	for _, err := range errs {
+		if !dedupe.IsPermanent(err) {
+			return false
+		}
+	}
+	return true
+}
+
+// many takes msgs down the per-message path at once: messages that were not
+// applied with their batch and never will be in it (key reused, in flight,
+// a permanent error of their own), whose order does not matter.
+func (c *BatchConsumer) many(msgs []*message.Message) {
+	if len(msgs) == 0 {
+		return
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for _, m := range msgs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			c.one(m)
+		}()
+	}
+	wg.Wait()
 }
 
 // one takes msg down the per-message path and acks or nacks it; it

@@ -386,9 +386,9 @@ func TestBatchRebalanceMidStream(t *testing.T) {
 	w.assertExactlyOnce(exp)
 }
 
-// A handler that names the failing message (MessageError) gets the batch
-// cut there: the messages before and after it are applied in two batches,
-// and a permanent error dead-letters it at once.
+// A handler that names the failing message with a permanent error
+// (MessageError) gets the batch applied again without it, and it
+// dead-lettered at once.
 func TestBatchMessageErrorCutsTheBatch(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, 1)
@@ -420,6 +420,46 @@ func TestBatchMessageErrorCutsTheBatch(t *testing.T) {
 	}
 	if dead := pub.get("dlq"); len(dead) != 1 || dead[0].UUID != "m-017" || !strings.Contains(dead[0].Metadata.Get(middleware.ReasonForPoisonedKey), "not JSON") {
 		t.Fatalf("dead letters %v, want m-017 with its reason", dead)
+	}
+	// The whole batch, the 29 others, m-017 alone.
+	if calls.Load() != 3 {
+		t.Errorf("the handler ran %d times, want 3", calls.Load())
+	}
+}
+
+// A MessageError that is not permanent cuts the batch at that message:
+// the messages before it and after it are applied in two batches, and it
+// alone takes the per-message path (here poisoned at its first attempt).
+func TestBatchMessageErrorNotPermanentCuts(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	f := newFakeMsgs(30, func(i int) string { return fmt.Sprint("acc-", i%4) })
+	inner := w.batchHandler(nil, nil)
+	var calls atomic.Int64
+	h := func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
+		calls.Add(1)
+		for i, m := range msgs {
+			if m.UUID == "m-017" {
+				return nil, &consumer.MessageError{Index: i, Err: errors.New("downstream refused it")}
+			}
+		}
+		return inner(ctx, tx, msgs)
+	}
+	pub := &recordingPublisher{}
+	c, err := consumer.NewBatchConsumer(w.store, h, &consumer.BatchConfig{
+		Scope: "ledger", MaxSize: 30, MaxWait: time.Second, MaxAttempts: 1, Publisher: pub, DeadLetterTopic: "dlq", Logger: quietLogger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if acked, nacked := f.run(t, c); len(acked) != 30 {
+		t.Fatalf("acked %v, nacked %v; want all acked", acked, nacked)
+	}
+	if n := w.applied(); n != 29 {
+		t.Fatalf("%d applied, want 29", n)
+	}
+	if dead := pub.get("dlq"); len(dead) != 1 || dead[0].UUID != "m-017" {
+		t.Fatalf("dead letters %v, want m-017", dead)
 	}
 	// The whole batch, the 17 before, m-017 alone, the 12 after.
 	if calls.Load() != 4 {

@@ -22,16 +22,21 @@ import (
 // in their order with the same rules as one command at a time (Apply), and
 // writes the changed accounts, the new and the changed holds and the
 // rejections back with one statement each, in one more round trip. A
-// payload that is not a command fails the batch at that message
-// (consumer.MessageError): the consumer dead-letters it alone.
+// payload that is not a command fails the batch with a consumer.MessageError
+// per such message: the consumer applies the batch again without them and
+// dead-letters them.
 func (w *Worker) handleBatch(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
 	cmds := make([]Command, len(msgs))
+	var malformed []error
 	for i, m := range msgs {
 		c, err := Parse(m.Payload)
 		if err != nil {
-			return nil, &consumer.MessageError{Index: i, Err: err}
+			malformed = append(malformed, &consumer.MessageError{Index: i, Err: err})
 		}
 		cmds[i] = c
+	}
+	if len(malformed) > 0 {
+		return nil, errors.Join(malformed...)
 	}
 	st, err := w.lockBatch(ctx, tx, cmds)
 	if err != nil {
