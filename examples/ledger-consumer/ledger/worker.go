@@ -274,7 +274,7 @@ func (w *Worker) consume(ctx context.Context, setRouter func(*message.Router)) e
 	}
 	defer pub.Close()
 	sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: w.cfg.Brokers, Security: w.cfg.Security, ConsumerGroup: w.cfg.Group, Logger: log,
-		SessionTimeout: w.cfg.SessionTimeout, HeartbeatInterval: w.cfg.SessionTimeout / 10})
+		SessionTimeout: w.cfg.SessionTimeout, HeartbeatInterval: w.cfg.SessionTimeout / 10, MaxInFlight: max(w.cfg.Batch, 1)})
 	if err != nil {
 		return err
 	}
