@@ -37,6 +37,7 @@ bench:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	for mod in plugin/*/; do (cd $$mod && $(GO) vet ./...) || exit 1; done
 
 # Local servers without Docker: the machine's Postgres and a real Kafka
 # broker fetched from Maven Central.

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/pgtx"
 	"github.com/exactly-go/exactly/pgstore"
 )
 
@@ -472,7 +473,7 @@ func (c *BatchConsumer) runBatch(ctx context.Context, items []item) (answers []p
 		}
 		answers = make([]pgstore.BatchClaim, len(items))
 		for i := range answers {
-			answers[i].Outcome = dedupe.OutcomeNew
+			answers[i].Decision = dedupe.DecisionNew
 		}
 		c.keep(items, answers, outputs)
 		return answers, nil
@@ -530,7 +531,7 @@ func (c *BatchConsumer) runBatch(ctx context.Context, items []item) (answers []p
 func (c *BatchConsumer) keep(items []item, answers []pgstore.BatchClaim, outputs [][]*message.Message) {
 	for i := range items {
 		items[i].outs = nil
-		if answers[i].Err == nil && answers[i].Outcome.Run() && c.cfg.Outputs == nil {
+		if answers[i].Err == nil && answers[i].Decision.Run() && c.cfg.Outputs == nil {
 			items[i].outs = outputs[i]
 		}
 	}
@@ -583,7 +584,7 @@ func (c *BatchConsumer) finish(ctx context.Context, items []item, answers []pgst
 		}
 		outs := it.outs
 		it.ev.Attempts, it.ev.Duration = a.Record.Attempts, d
-		if a.Outcome == dedupe.OutcomeDuplicate {
+		if a.Decision == dedupe.DecisionDuplicate {
 			it.ev.Outcome = OutcomeDuplicate
 			if c.cfg.Outputs == nil {
 				var err error
@@ -713,15 +714,11 @@ func (c *BatchConsumer) plainOne(msg *message.Message) ([]*message.Message, erro
 
 // plain runs fn in a transaction with no keys.
 func (c *BatchConsumer) plain(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	tx, err := c.store.Pool().BeginTx(ctx, pgx.TxOptions{IsoLevel: c.store.Config().IsoLevel})
+	tx, err := c.store.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("consumer: begin: %w", err)
+		return err
 	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = tx.Rollback(rctx)
-	}()
+	defer pgtx.Rollback(ctx, tx)
 	if err := fn(tx); err != nil {
 		return err
 	}

@@ -162,4 +162,12 @@
 // stored output messages are re-published with their original UUIDs).
 // kafkapubsub.Subscriber commits a partition's offset only past acked
 // messages and only within the consumer-group generation that fetched them.
+//
+// # Stores and tests
+//
+// The middleware runs on a [Store]: a [*pgstore.Store] in production. The
+// consumertest package runs a handler through a real Middleware against one
+// message at a time and reports its outcome, outputs and stored key, on
+// consumertest.MemStore (in memory, for handlers that write no SQL) or on a
+// pgstore.Store.
 package consumer

@@ -45,7 +45,7 @@ func ExampleMiddleware() {
 	)
 	router.AddHandler("ledger-consumer", "ledger.commands", sub, "ledger.events", pub,
 		consumer.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
-			if _, err := tx.Exec(ctx, "UPDATE accounts SET balance = balance + 1 WHERE id = $1", msg.Metadata.Get(kafkapubsub.MetadataKafkaKey)); err != nil {
+			if _, err := tx.Exec(ctx, "UPDATE ledger.accounts SET balance = balance + 1 WHERE id = $1", msg.Metadata.Get(kafkapubsub.MetadataKafkaKey)); err != nil {
 				return nil, err
 			}
 			return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte(`{"applied":"`+msg.UUID+`"}`))}, nil

@@ -57,10 +57,11 @@ type Event struct {
 	Outcome Outcome
 	// Duration covers the claim, the handler and the commit.
 	Duration time.Duration
-	// Attempts is the key's claim count (lease takeovers add to it).
+	// Attempts is the key's claim count (lease takeovers add to it); see
+	// [dedupe.Record].
 	Attempts int
 	// Topic, Partition and Offset locate the message when it came from
-	// this package's Subscriber; Offset is -1 otherwise.
+	// the Kafka Subscriber; Offset is -1 otherwise.
 	Topic     string
 	Partition int32
 	Offset    int64
@@ -68,9 +69,11 @@ type Event struct {
 	Err error
 }
 
-// Hooks receives an Event per message, for metrics and tracing. OnMessage
+// Hooks receives an [Event] per message, for metrics and tracing. OnMessage
 // runs on the handler's goroutine after the transaction ended: keep it fast.
-// See examples/ledger-consumer for a Prometheus adapter.
+// Its ctx is the message's context as the [Middleware] received it. Modules
+// of their own adapt it: github.com/exactly-go/exactly/plugin/eprom to
+// Prometheus, github.com/exactly-go/exactly/plugin/eotel to OpenTelemetry.
 type Hooks interface {
 	OnMessage(ctx context.Context, ev Event)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/pgtx"
 	"github.com/exactly-go/exactly/pgstore"
 )
 
@@ -100,7 +101,7 @@ type OutputsWriter interface {
 // message is applied on a later delivery, once. A panic in the handler is
 // recovered into an error, inside the transaction.
 type Middleware struct {
-	store *pgstore.Store
+	store Store
 	cfg   Config
 
 	mu       sync.Mutex
@@ -126,9 +127,10 @@ type msgState struct {
 // few in flight, so this is only reached when partitions move away.
 const maxTracked = 10000
 
-// NewMiddleware returns the middleware on store.
-func NewMiddleware(store *pgstore.Store, cfg *Config) (*Middleware, error) {
-	if store == nil {
+// NewMiddleware returns the middleware on store: a [*pgstore.Store], or
+// consumertest.MemStore in unit tests.
+func NewMiddleware(store Store, cfg *Config) (*Middleware, error) {
+	if ps, ok := store.(*pgstore.Store); store == nil || (ok && ps == nil) {
 		return nil, errors.New("consumer: NewMiddleware: store is nil")
 	}
 	var c Config
@@ -166,7 +168,7 @@ func NewMiddleware(store *pgstore.Store, cfg *Config) (*Middleware, error) {
 }
 
 // Check verifies, before the router runs, what the middleware needs: the
-// store's table (pgstore.Store.Check). A configuration error found here
+// store's table ([pgstore.Store.Check]). A configuration error found here
 // would otherwise fail every message.
 func (m *Middleware) Check(ctx context.Context) error { return m.store.Check(ctx) }
 
@@ -242,7 +244,7 @@ type activeKey struct{}
 
 // scopes binds a fixed scope, per store table and topic, to the handler
 // that uses it, across every Middleware of the process.
-var scopes sync.Map // "pool table scope topic" → handler name
+var scopes sync.Map // "key space, scope, topic" → handler name
 
 // Middleware wraps h. Use it as a router or handler middleware.
 func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
@@ -339,8 +341,7 @@ func (m *Middleware) checkScope(ctx context.Context, ev *Event) error {
 	if m.cfg.Scope == "" || handler == "" {
 		return nil
 	}
-	sc := m.store.Config()
-	id := fmt.Sprintf("%p %s.%s %s %s", m.store.Pool(), sc.Schema, sc.Table, m.cfg.Scope, ev.Topic)
+	id := fmt.Sprintf("%s %s %s", m.store.KeySpace(), m.cfg.Scope, ev.Topic)
 	owner, _ := scopes.LoadOrStore(id, handler)
 	if owner.(string) == handler {
 		return nil
@@ -462,7 +463,7 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		return nil, m.failed(msg, ev, err, handlerErr != nil && errors.Is(err, handlerErr))
 	}
 	m.forget(msg, ev)
-	if claim.Outcome == dedupe.OutcomeDuplicate {
+	if claim.Decision == dedupe.DecisionDuplicate {
 		ev.Outcome = OutcomeDuplicate
 		stored, err := decodeOutputs(claim.Record.Result)
 		if err != nil {
@@ -574,7 +575,7 @@ func (m *Middleware) unavailable(ctx context.Context, err error) bool {
 	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pingTimeout)
 	defer cancel()
-	return m.store.Pool().Ping(pctx) != nil
+	return m.store.Ping(pctx) != nil
 }
 
 // pingTimeout bounds the ping that tells a failing message from a database
@@ -587,15 +588,11 @@ func (m *Middleware) runUnprotected(msg *message.Message, h message.HandlerFunc)
 		return run(h, msg)
 	}
 	ctx := msg.Context()
-	tx, err := m.store.Pool().Begin(ctx)
+	tx, err := m.store.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: begin: %w", err)
 	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = tx.Rollback(rctx)
-	}()
+	defer pgtx.Rollback(ctx, tx)
 	orig := msg.Context()
 	msg.SetContext(context.WithValue(orig, txKey{}, &txSlot{tx: tx}))
 	defer msg.SetContext(orig)

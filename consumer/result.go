@@ -27,6 +27,11 @@ func encodeOutputs(msgs []*message.Message) ([]byte, error) {
 	return json.Marshal(out)
 }
 
+// StoredOutputs returns the output messages stored as a key's result
+// ([dedupe.Record.Result]), as a duplicate gets them back: nil when the
+// handler returned none, or when Config.Outputs took them.
+func StoredOutputs(result []byte) ([]*message.Message, error) { return decodeOutputs(result) }
+
 func decodeOutputs(b []byte) ([]*message.Message, error) {
 	if len(b) == 0 {
 		return nil, nil

@@ -22,14 +22,14 @@ func TestDecideTable(t *testing.T) {
 	tests := []struct {
 		name    string
 		rec     dedupe.Record
-		want    dedupe.Outcome
+		want    dedupe.Decision
 		wantErr error
 	}{
-		{"completed, same fingerprint", rec(dedupe.StatusCompleted, fp, time.Time{}), dedupe.OutcomeDuplicate, nil},
+		{"completed, same fingerprint", rec(dedupe.StatusCompleted, fp, time.Time{}), dedupe.DecisionDuplicate, nil},
 		{"completed, other fingerprint", rec(dedupe.StatusCompleted, other, time.Time{}), 0, dedupe.ErrKeyReused},
 		{"processing, lease valid", rec(dedupe.StatusProcessing, fp, now.Add(time.Second)), 0, dedupe.ErrInFlight},
-		{"processing, lease expired", rec(dedupe.StatusProcessing, fp, now.Add(-time.Second)), dedupe.OutcomeTakeover, nil},
-		{"processing, lease ends now", rec(dedupe.StatusProcessing, fp, now), dedupe.OutcomeTakeover, nil},
+		{"processing, lease expired", rec(dedupe.StatusProcessing, fp, now.Add(-time.Second)), dedupe.DecisionTakeover, nil},
+		{"processing, lease ends now", rec(dedupe.StatusProcessing, fp, now), dedupe.DecisionTakeover, nil},
 		{"processing, other fingerprint", rec(dedupe.StatusProcessing, other, now.Add(time.Hour)), 0, dedupe.ErrKeyReused},
 		{"unknown status", rec("FAILED", fp, time.Time{}), 0, errors.New("unknown status")},
 	}

@@ -40,59 +40,59 @@ type Record struct {
 	ExpiresAt   time.Time
 }
 
-// Outcome is what a claim decided.
-type Outcome int
+// Decision is what a claim decided.
+type Decision int
 
 const (
-	// OutcomeNew: the key was not known; run the handler.
-	OutcomeNew Outcome = iota + 1
-	// OutcomeTakeover: the key's lease had expired (a worker crashed or
+	// DecisionNew: the key was not known; run the handler.
+	DecisionNew Decision = iota + 1
+	// DecisionTakeover: the key's lease had expired (a worker crashed or
 	// released it); it is claimed again with Attempts+1; run the handler.
-	OutcomeTakeover
-	// OutcomeDuplicate: the key was completed with the same fingerprint;
+	DecisionTakeover
+	// DecisionDuplicate: the key was completed with the same fingerprint;
 	// do not run the handler; hand back the stored result.
-	OutcomeDuplicate
+	DecisionDuplicate
 )
 
-func (o Outcome) String() string {
-	switch o {
-	case OutcomeNew:
+func (d Decision) String() string {
+	switch d {
+	case DecisionNew:
 		return "new"
-	case OutcomeTakeover:
+	case DecisionTakeover:
 		return "takeover"
-	case OutcomeDuplicate:
+	case DecisionDuplicate:
 		return "duplicate"
 	}
-	return fmt.Sprintf("Outcome(%d)", int(o))
+	return fmt.Sprintf("Decision(%d)", int(d))
 }
 
-// Run reports whether the handler must run for this outcome.
-func (o Outcome) Run() bool { return o == OutcomeNew || o == OutcomeTakeover }
+// Run reports whether the handler must run on this decision.
+func (d Decision) Run() bool { return d == DecisionNew || d == DecisionTakeover }
 
 // Decide is the protocol's decision table for a key that already exists.
 // existing is the stored record, fp the fingerprint of the payload that now
 // arrived and now the database's clock.
 //
 //	found                              result
-//	COMPLETED, fingerprint equal       OutcomeDuplicate
+//	COMPLETED, fingerprint equal       DecisionDuplicate
 //	any status, fingerprint differs    *KeyReusedError (permanent)
 //	PROCESSING, lease valid            *InFlightError (retryable)
-//	PROCESSING, lease expired          OutcomeTakeover
+//	PROCESSING, lease expired          DecisionTakeover
 //
 // A fingerprint mismatch wins over every status: a key is bound to the first
 // payload that claimed it for as long as its record exists.
-func Decide(existing Record, fp Fingerprint, now time.Time) (Outcome, error) {
+func Decide(existing Record, fp Fingerprint, now time.Time) (Decision, error) {
 	if existing.Fingerprint != fp {
 		return 0, &KeyReusedError{Key: existing.Key, Stored: existing.Fingerprint, Got: fp}
 	}
 	switch existing.Status {
 	case StatusCompleted:
-		return OutcomeDuplicate, nil
+		return DecisionDuplicate, nil
 	case StatusProcessing:
 		if now.Before(existing.LockedUntil) {
 			return 0, &InFlightError{Key: existing.Key, LockedUntil: existing.LockedUntil, Attempts: existing.Attempts}
 		}
-		return OutcomeTakeover, nil
+		return DecisionTakeover, nil
 	}
 	return 0, fmt.Errorf("dedupe: key %s has unknown status %q", existing.Key, existing.Status)
 }

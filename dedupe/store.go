@@ -32,8 +32,8 @@ func (r Request) Validate() error {
 
 // Claim is the answer to a claim: what to do, and the stored record.
 type Claim struct {
-	Outcome Outcome
-	// Record is the key as stored after the claim. On OutcomeDuplicate,
+	Decision Decision
+	// Record is the key as stored after the claim. On DecisionDuplicate,
 	// Record.Result is the result the first run stored.
 	Record Record
 	// TTL is the Request's TTL (0: the store's). Complete keeps the key for
@@ -53,8 +53,8 @@ type Stats struct {
 	TableBytes int64
 }
 
-// CleanupOpts tunes one cleanup run.
-type CleanupOpts struct {
+// CleanupConfig tunes one cleanup run.
+type CleanupConfig struct {
 	// BatchSize is how many keys one statement deletes. Defaults to 1000.
 	BatchSize int
 	// MaxBatches bounds the run; 0 means "until nothing expired is left".
@@ -73,7 +73,7 @@ type CleanupOpts struct {
 // Release commits on its own. A crashed worker's key is taken over once its
 // lease expires.
 type Store[TX any] interface {
-	// ClaimTx claims req.Key in tx. OutcomeNew and OutcomeTakeover mean run
+	// ClaimTx claims req.Key in tx. DecisionNew and DecisionTakeover mean run
 	// the handler in tx, then CompleteTx and commit. A concurrent claim of the
 	// same key waits until tx ends. Errors: *InvalidKeyError, *KeyReusedError,
 	// *InFlightError (a lease-mode claim holds the key), or a RetryableError.
@@ -98,7 +98,7 @@ type Store[TX any] interface {
 	// Cleanup deletes expired keys (completed ones, and processing ones whose
 	// lease has also expired) in bounded batches and returns how many it
 	// deleted. Only one cleanup runs at a time: ErrCleanupBusy otherwise.
-	Cleanup(ctx context.Context, opts *CleanupOpts) (int64, error)
+	Cleanup(ctx context.Context, cfg *CleanupConfig) (int64, error)
 	// Stats describes the stored keys.
 	Stats(ctx context.Context) (Stats, error)
 }

@@ -37,7 +37,7 @@
 // are decided. Choose it only when no producer of the topic uses
 // transactions, or when the handler wants exactly that.
 //
-// A rebalance drains each revoked partition's in-flight message (up to
+// A rebalance drains each revoked partition's in-flight messages (up to
 // DrainTimeout, which must be below RebalanceTimeout) while heartbeats go
 // on, then commits and rejoins: a handler slower than SessionTimeout does
 // not get its member expelled. A Subscriber started before its topic exists
@@ -47,6 +47,45 @@
 // record up to the topic's max.message.bytes (and MaxRecordBytes) can be
 // published, and dead-lettered; a record refused for its size fails with
 // ErrRecordTooLarge, naming the limit it hit.
+//
+// # Concurrency within a partition
+//
+// By default a partition has one message in flight: the next is delivered
+// after the previous one's ack. SubscriberConfig.MaxInFlight opens a window:
+// up to that many messages of a partition are delivered without waiting for
+// their acks, in offset order. Acks may come in any order; the committed
+// offset is the contiguous acked watermark, the lowest offset not acked yet,
+// so a slow or nacked message at a low offset holds the commit while the
+// messages above it go on. A nacked message keeps its place and is
+// delivered again with its offset after NackBackoff. The window holds at
+// most 4 × MaxInFlight records from the watermark on (acked ones included):
+// a message that stays unacked stops its partition once the window is full.
+//
+// With SubscriberConfig.KeyOrdered, at most one message per Kafka record key
+// is in flight in a partition: a key's messages are handled one after the
+// other in offset order (a nacked one is delivered again before the next of
+// its key), while different keys run concurrently. A message whose key is
+// busy waits in the window; messages of other keys behind it are delivered
+// past it, so one slow key does not hold the others back until the window is
+// full. All records with a null key count as one key (they run one at a
+// time). A Watermill router handles each message of the channel in a
+// goroutine of its own, so MaxInFlight: 64 with KeyOrdered runs up to 64
+// handlers per partition at once. Without KeyOrdered the window is in plain
+// offset order, for a consumer that reads the channel in one goroutine and
+// acks in batches.
+//
+//	sub, _ := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{
+//		Brokers: brokers, ConsumerGroup: "ledger", MaxInFlight: 64, KeyOrdered: true,
+//	})
+//
+// On a rebalance or Close every message of the window that is with a handler
+// drains (up to DrainTimeout) and the watermark is committed. Messages not
+// acked by then are delivered again by the partition's next owner, and so
+// are the messages acked above the watermark: after a crash, everything
+// from the last committed watermark comes back. Under the dedupe middleware
+// of package consumer those that had completed are duplicates: their handler
+// does not run again and their stored outputs are published again. Without
+// it, handlers must tolerate them.
 //
 // # Retention
 //

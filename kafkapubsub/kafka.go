@@ -9,6 +9,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/sasl"
+
+	"github.com/exactly-go/exactly/internal/mdkeys"
 )
 
 // UUIDHeader carries the Watermill message UUID, as watermill-kafka does,
@@ -22,7 +24,7 @@ const (
 	MetadataTopic     = "kafka_topic"
 	MetadataPartition = "kafka_partition"
 	MetadataOffset    = "kafka_offset"
-	MetadataKafkaKey  = "kafka_key"
+	MetadataKafkaKey  = mdkeys.KafkaKey
 	MetadataTimestamp = "kafka_timestamp" // RFC 3339 with nanoseconds
 )
 

@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/backoff"
 	"github.com/exactly-go/exactly/internal/clock"
 )
 
@@ -310,21 +311,21 @@ func (s *Subscriber) runGroup(ctx context.Context, topic string, out chan<- *mes
 	stop := context.AfterFunc(ctx, func() { _ = cg.Close() })
 	defer stop()
 	defer cg.Close()
-	backoff := 100 * time.Millisecond
+	bo := retryBackoff()
 	for {
 		gen, err := cg.Next(ctx)
 		if ctx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
 			return
 		}
 		if err != nil {
-			s.log().Warn("kafkapubsub: joining group failed; retrying", "group", s.cfg.ConsumerGroup, "topic", topic, "err", err, "backoff", backoff)
-			if clock.Sleep(ctx, backoff) != nil {
+			pause := bo.Next()
+			s.log().Warn("kafkapubsub: joining group failed; retrying", "group", s.cfg.ConsumerGroup, "topic", topic, "err", err, "backoff", pause)
+			if clock.Sleep(ctx, pause) != nil {
 				return
 			}
-			backoff = min(2*backoff, 5*time.Second)
 			continue
 		}
-		backoff = 100 * time.Millisecond
+		bo.Reset()
 		s.runGeneration(ctx, gen, topic, out)
 	}
 }
@@ -507,6 +508,8 @@ func (s *Subscriber) consumePartition(subCtx, stopCtx context.Context, topic str
 	}
 	var res fetched
 	taken, pending := 0, false // records of res taken into w; res not fully taken
+	withHandler := 0           // entries delivered and not yet acked or nacked
+	var unwatched []*entry     // of those, the ones without a watch goroutine
 	for {
 		for pending && taken < len(res.records) && !w.full() {
 			w.add(res.records[taken], s.cfg.NackBackoff)
@@ -533,15 +536,42 @@ func (s *Subscriber) consumePartition(subCtx, stopCtx context.Context, topic str
 			}
 			send, msg = out, e.msg
 		}
+		// One message with the handler (always so with MaxInFlight 1) is
+		// waited for here; several get a goroutine each that reports its
+		// ack or nack as an event.
+		var direct *entry
+		var ackedCh, nackedCh <-chan struct{}
+		if withHandler == 1 && len(unwatched) == 1 {
+			direct = unwatched[0]
+			ackedCh, nackedCh = direct.msg.Acked(), direct.msg.Nacked()
+		} else {
+			for _, u := range unwatched {
+				go watch(u, u.msg, events, quit)
+			}
+			unwatched = unwatched[:0]
+		}
 		select {
 		case res = <-in:
 			taken, pending = 0, true
 		case send <- msg:
 			w.sent(e)
-			go watch(e, msg, events, quit)
+			withHandler++
+			unwatched = append(unwatched, e)
+		case <-ackedCh:
+			unwatched, withHandler = unwatched[:0], withHandler-1
+			s.handle(w, windowEvent{e: direct, msg: direct.msg, acked: true}, events, quit)
+		case <-nackedCh:
+			unwatched, withHandler = unwatched[:0], withHandler-1
+			s.handle(w, windowEvent{e: direct, msg: direct.msg}, events, quit)
 		case ev := <-events:
+			if ev.msg != nil {
+				withHandler--
+			}
 			s.handle(w, ev, events, quit)
 		case <-stopCtx.Done():
+			for _, u := range unwatched {
+				go watch(u, u.msg, events, quit)
+			}
 			s.drain(w, events)
 			report()
 			return
@@ -664,7 +694,7 @@ func (s *Subscriber) drain(w *window, events <-chan windowEvent) {
 // fetchLoop fetches f's partition from pos and sends every response that
 // moves the position on, until ctx ends.
 func (s *Subscriber) fetchLoop(ctx context.Context, f *fetcher, pos int64, responses chan<- fetched) {
-	backoff := 100 * time.Millisecond
+	bo := retryBackoff()
 	for {
 		res, err := f.fetch(ctx, pos)
 		if ctx.Err() != nil {
@@ -683,13 +713,12 @@ func (s *Subscriber) fetchLoop(ctx context.Context, f *fetcher, pos int64, respo
 		}
 		if err != nil {
 			s.log().Warn("kafkapubsub: fetch failed; retrying", "topic", f.topic, "partition", f.partition, "offset", pos, "err", err)
-			if clock.Sleep(ctx, backoff) != nil {
+			if bo.Sleep(ctx) != nil {
 				return
 			}
-			backoff = min(2*backoff, 5*time.Second)
 			continue
 		}
-		backoff = 100 * time.Millisecond
+		bo.Reset()
 		if res.next == pos && len(res.records) == 0 {
 			continue
 		}
@@ -713,7 +742,7 @@ func (s *Subscriber) resolveOffset(ctx context.Context, topic string, partition 
 	if s.cfg.Isolation == ReadCommitted {
 		isolation = kafka.ReadCommitted
 	}
-	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+	for bo := retryBackoff(); ; {
 		req := kafka.FirstOffsetOf(partition)
 		if start == kafka.LastOffset {
 			req = kafka.LastOffsetOf(partition)
@@ -736,7 +765,7 @@ func (s *Subscriber) resolveOffset(ctx context.Context, topic string, partition 
 			}
 		}
 		s.log().Warn("kafkapubsub: list offsets failed; retrying", "topic", topic, "partition", partition, "err", err)
-		if clock.Sleep(ctx, backoff) != nil {
+		if bo.Sleep(ctx) != nil {
 			return 0, false
 		}
 	}
@@ -763,7 +792,7 @@ func (s *Subscriber) runWithoutGroup(ctx context.Context, topic string, out chan
 // waitForTopic returns topic's partitions once it exists, saying at WARN
 // while it does not; ok is false when ctx ends first.
 func (s *Subscriber) waitForTopic(ctx context.Context, topic string) (parts []kafka.Partition, ok bool) {
-	for backoff, n := 100*time.Millisecond, 0; ; backoff, n = min(2*backoff, 5*time.Second), n+1 {
+	for bo, n := retryBackoff(), 0; ; n++ {
 		var err error
 		parts, err = s.partitions(ctx, topic)
 		if err == nil && len(parts) > 0 {
@@ -772,8 +801,9 @@ func (s *Subscriber) waitForTopic(ctx context.Context, topic string) (parts []ka
 			}
 			return parts, true
 		}
-		s.log().Warn("kafkapubsub: topic does not exist (yet); waiting for it", "topic", topic, "group", s.cfg.ConsumerGroup, "err", err, "retry", backoff)
-		if clock.Sleep(ctx, backoff) != nil {
+		pause := bo.Next()
+		s.log().Warn("kafkapubsub: topic does not exist (yet); waiting for it", "topic", topic, "group", s.cfg.ConsumerGroup, "err", err, "retry", pause)
+		if clock.Sleep(ctx, pause) != nil {
 			return nil, false
 		}
 	}
@@ -815,3 +845,7 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 	}
 	return nil
 }
+
+// retryBackoff is the pause between attempts to reach the brokers: 100ms,
+// doubling up to 5s.
+func retryBackoff() *backoff.Backoff { return backoff.New(100*time.Millisecond, 5*time.Second) }

@@ -1,16 +1,16 @@
 // Package migrations creates and upgrades the tables exactly owns.
 //
-// The SQL files are goose migrations embedded in the binary. Migrate runs them
-// with goose under a version table of our own (exactly_goose_db_version), so
-// they never collide with the service's own goose, Flyway or Atlas history,
-// and under a session advisory lock, so two processes starting at once do not
-// both migrate:
+// The SQL files are goose migrations embedded in the binary. [Migrate] runs
+// them with goose under a version table of our own
+// (exactly_goose_db_version), so they never collide with the service's own
+// goose, Flyway or Atlas history, and under a session advisory lock, so two
+// processes starting at once do not both migrate:
 //
-//	if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: "ledger"}); err != nil {
+//	if err := migrations.Migrate(ctx, pool, &migrations.Config{Schema: "ledger"}); err != nil {
 //		return err
 //	}
 //
-// Teams that run goose themselves can take the files from FS.
+// Teams that run goose themselves can take the files from [FS].
 //
 // # Roles and grants
 //

@@ -123,7 +123,7 @@ func TestDocumentedGrants(t *testing.T) {
 	conPool := connectAs(t, adm, consumer)
 	relPool := connectAs(t, adm, relay)
 
-	if err := migrations.Migrate(ctx, migPool, &migrations.Opts{Schema: schema}); err != nil {
+	if err := migrations.Migrate(ctx, migPool, &migrations.Config{Schema: schema}); err != nil {
 		t.Fatalf("migrate as the migrator: %v", err)
 	}
 	for _, stmt := range blocks[1] {
@@ -165,11 +165,11 @@ func TestDocumentedGrants(t *testing.T) {
 		}
 		return c
 	}
-	if c := consume("cmd-1"); c.Outcome != dedupe.OutcomeNew || runs != 1 {
-		t.Fatalf("first delivery: %v, %d runs", c.Outcome, runs)
+	if c := consume("cmd-1"); c.Decision != dedupe.DecisionNew || runs != 1 {
+		t.Fatalf("first delivery: %v, %d runs", c.Decision, runs)
 	}
-	if c := consume("cmd-1"); c.Outcome != dedupe.OutcomeDuplicate || runs != 1 || string(c.Record.Result) != "ok cmd-1" {
-		t.Fatalf("redelivery: %v %q, %d runs", c.Outcome, c.Record.Result, runs)
+	if c := consume("cmd-1"); c.Decision != dedupe.DecisionDuplicate || runs != 1 || string(c.Record.Result) != "ok cmd-1" {
+		t.Fatalf("redelivery: %v %q, %d runs", c.Decision, c.Record.Result, runs)
 	}
 	// The claim in a transaction of the caller's (dedupe.Store's ClaimTx
 	// and CompleteTx), with an outbox write in it.
@@ -179,8 +179,8 @@ func TestDocumentedGrants(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, err := store.ClaimTx(ctx, tx, dedupe.Request{Key: txKey, Fingerprint: dedupe.FingerprintOf([]byte("cmd-tx"))})
-	if err != nil || c.Outcome != dedupe.OutcomeNew {
-		t.Fatalf("ClaimTx as the consumer: %v %v", c.Outcome, err)
+	if err != nil || c.Decision != dedupe.DecisionNew {
+		t.Fatalf("ClaimTx as the consumer: %v %v", c.Decision, err)
 	}
 	if err := writer.WriteTx(ctx, tx, topic, message.NewMessage("out-cmd-tx", []byte("cmd-tx"))); err != nil {
 		t.Fatalf("WriteTx as the consumer: %v", err)
@@ -198,7 +198,7 @@ func TestDocumentedGrants(t *testing.T) {
 		t.Fatalf("failing DoLease as the consumer: %v (want the function's error, the key released)", err)
 	}
 	if c, err := store.DoLease(ctx, leaseReq, time.Minute, func(context.Context) ([]byte, error) { return []byte("paid"), nil }); err != nil || c.Record.Status != dedupe.StatusCompleted {
-		t.Fatalf("DoLease as the consumer: %v %v", c.Outcome, err)
+		t.Fatalf("DoLease as the consumer: %v %v", c.Decision, err)
 	}
 	if _, err := store.Cleanup(ctx, nil); err != nil {
 		t.Fatalf("cleanup as the consumer: %v", err)

@@ -5,7 +5,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io/fs"
 	"log/slog"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
 
+	"github.com/exactly-go/exactly/internal/advisory"
 	"github.com/exactly-go/exactly/internal/sqlident"
 )
 
@@ -26,15 +26,17 @@ var embedded embed.FS
 // without a schema: run it with search_path set to the target schema.
 var FS fs.FS = mustSub(embedded, "sql")
 
-// VersionTable is the goose version table that Migrate uses, in Opts.Schema.
+// VersionTable is the goose version table that Migrate uses, in Config.Schema.
 const VersionTable = "exactly_goose_db_version"
 
-// Opts tunes Migrate and Down.
-type Opts struct {
+// Config tunes Migrate and Down.
+type Config struct {
 	// Schema receives the tables and the version table. Migrate creates it
 	// when missing, which needs CREATE on the database; a schema that
 	// exists needs only USAGE and CREATE on it (its owner has both).
-	// Defaults to "public".
+	// Defaults to the first schema of the pool's search_path (set it in the
+	// connection string: ?search_path=ledger), else "public": the key store
+	// and the outbox default to the same one.
 	Schema string
 	// Version is the target version: Migrate goes up to it (0: the latest),
 	// Down goes down to it (0: removes everything). Defaults to 0.
@@ -43,19 +45,19 @@ type Opts struct {
 	Logger *slog.Logger
 }
 
-func (o *Opts) withDefaults() (Opts, error) {
-	var c Opts
+func (o *Config) withDefaults(pool *pgxpool.Pool) (Config, error) {
+	var c Config
 	if o != nil {
 		c = *o
 	}
 	if c.Schema == "" {
-		c.Schema = "public"
+		c.Schema = defaultSchema(pool)
 	}
-	if err := sqlident.Check("migrations: Opts.Schema", c.Schema); err != nil {
+	if err := sqlident.Check("migrations: Config.Schema", c.Schema); err != nil {
 		return c, err
 	}
 	if c.Version < 0 {
-		return c, fmt.Errorf("migrations: Opts.Version is %d: use 0 or a positive version", c.Version)
+		return c, fmt.Errorf("migrations: Config.Version is %d: use 0 or a positive version", c.Version)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -63,9 +65,9 @@ func (o *Opts) withDefaults() (Opts, error) {
 	return c, nil
 }
 
-// Migrate applies every pending migration (up to opts.Version when set).
-func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *Opts) error {
-	o, err := opts.withDefaults()
+// Migrate applies every pending migration (up to cfg.Version when set).
+func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
+	o, err := cfg.withDefaults(pool)
 	if err != nil {
 		return err
 	}
@@ -85,10 +87,10 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *Opts) error {
 	})
 }
 
-// Down reverts migrations down to opts.Version (0: all of them, dropping
-// every table exactly owns in opts.Schema).
-func Down(ctx context.Context, pool *pgxpool.Pool, opts *Opts) error {
-	o, err := opts.withDefaults()
+// Down reverts migrations down to cfg.Version (0: all of them, dropping
+// every table exactly owns in cfg.Schema).
+func Down(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
+	o, err := cfg.withDefaults(pool)
 	if err != nil {
 		return err
 	}
@@ -101,8 +103,8 @@ func Down(ctx context.Context, pool *pgxpool.Pool, opts *Opts) error {
 
 // Version returns the schema's applied version and the latest version that
 // this build knows.
-func Version(ctx context.Context, pool *pgxpool.Pool, opts *Opts) (current, latest int64, err error) {
-	o, err := opts.withDefaults()
+func Version(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (current, latest int64, err error) {
+	o, err := cfg.withDefaults(pool)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -139,7 +141,7 @@ func ensureSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error 
 	return nil
 }
 
-func logResults(o Opts, results []*goose.MigrationResult) {
+func logResults(o Config, results []*goose.MigrationResult) {
 	for _, r := range results {
 		o.Logger.Info("migration applied", "schema", o.Schema, "version", r.Source.Version,
 			"direction", r.Direction, "duration", r.Duration)
@@ -148,7 +150,7 @@ func logResults(o Opts, results []*goose.MigrationResult) {
 
 // withProvider opens a database/sql handle on the pool's connection settings
 // with search_path pinned to the schema, and runs f with a goose Provider.
-func withProvider(ctx context.Context, pool *pgxpool.Pool, o Opts, f func(*goose.Provider) error) error {
+func withProvider(ctx context.Context, pool *pgxpool.Pool, o Config, f func(*goose.Provider) error) error {
 	cc := pool.Config().ConnConfig.Copy()
 	if cc.RuntimeParams == nil {
 		cc.RuntimeParams = map[string]string{}
@@ -186,11 +188,15 @@ func withProvider(ctx context.Context, pool *pgxpool.Pool, o Opts, f func(*goose
 
 // lockID is the advisory lock that serialises migrations of one schema:
 // migrations of different schemas do not wait for each other.
-func lockID(schema string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte("exactly/migrations/" + schema))
-	return int64(h.Sum64())
+// defaultSchema is Config.Schema's default on pool.
+func defaultSchema(pool *pgxpool.Pool) string {
+	if pool == nil {
+		return sqlident.DefaultSchema(nil)
+	}
+	return sqlident.DefaultSchema(pool.Config().ConnConfig)
 }
+
+func lockID(schema string) int64 { return advisory.LockID("migrations/" + schema) }
 
 func mustSub(f fs.FS, dir string) fs.FS {
 	s, err := fs.Sub(f, dir)

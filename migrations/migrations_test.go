@@ -32,7 +32,7 @@ func tables(t *testing.T, db *pgtest.DB) []string {
 func TestUpDownUp(t *testing.T) {
 	db := pgtest.NewEmpty(t)
 	ctx := context.Background()
-	opts := &migrations.Opts{Schema: db.Schema}
+	opts := &migrations.Config{Schema: db.Schema}
 	for round := 0; round < 2; round++ {
 		if err := migrations.Migrate(ctx, db.Pool, opts); err != nil {
 			t.Fatalf("up %d: %v", round, err)
@@ -69,7 +69,7 @@ func TestOwnVersionTable(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, "INSERT INTO "+db.Table("goose_db_version")+" (version_id, is_applied) VALUES (0, true), (1, true), (2, true)"); err != nil {
 		t.Fatal(err)
 	}
-	if err := migrations.Migrate(ctx, db.Pool, &migrations.Opts{Schema: db.Schema}); err != nil {
+	if err := migrations.Migrate(ctx, db.Pool, &migrations.Config{Schema: db.Schema}); err != nil {
 		t.Fatal(err)
 	}
 	var n int
@@ -88,7 +88,7 @@ func TestConcurrentMigrate(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs <- migrations.Migrate(context.Background(), db.Pool, &migrations.Opts{Schema: db.Schema})
+			errs <- migrations.Migrate(context.Background(), db.Pool, &migrations.Config{Schema: db.Schema})
 		}()
 	}
 	wg.Wait()
@@ -110,8 +110,8 @@ func TestConcurrentMigrate(t *testing.T) {
 
 func TestBadSchema(t *testing.T) {
 	db := pgtest.NewEmpty(t)
-	err := migrations.Migrate(context.Background(), db.Pool, &migrations.Opts{Schema: "x; DROP TABLE y"})
-	if err == nil || !strings.Contains(err.Error(), "Opts.Schema") {
+	err := migrations.Migrate(context.Background(), db.Pool, &migrations.Config{Schema: "x; DROP TABLE y"})
+	if err == nil || !strings.Contains(err.Error(), "Config.Schema") {
 		t.Fatalf("err = %v", err)
 	}
 }

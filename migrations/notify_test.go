@@ -26,7 +26,7 @@ func TestOutboxProducerInsertOnly(t *testing.T) {
 	exec(t, adm, "CREATE SCHEMA "+schema+" AUTHORIZATION "+owner)
 	t.Cleanup(func() { _, _ = adm.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
 	ownerPool := connectAs(t, adm, owner)
-	if err := migrations.Migrate(ctx, ownerPool, &migrations.Opts{Schema: schema}); err != nil {
+	if err := migrations.Migrate(ctx, ownerPool, &migrations.Config{Schema: schema}); err != nil {
 		t.Fatal(err)
 	}
 	exec(t, ownerPool,

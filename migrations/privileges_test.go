@@ -30,7 +30,7 @@ func TestMigrateAsSchemaOwner(t *testing.T) {
 	exec(t, adm, "CREATE SCHEMA "+schema+" AUTHORIZATION "+owner)
 	pool := connectAs(t, adm, owner)
 
-	opts := &migrations.Opts{Schema: schema}
+	opts := &migrations.Config{Schema: schema}
 	for i, step := range []func() error{
 		func() error { return migrations.Migrate(ctx, pool, opts) },
 		func() error { return migrations.Migrate(ctx, pool, opts) },
@@ -55,7 +55,7 @@ func TestMigrateAsSchemaOwner(t *testing.T) {
 	}
 
 	missing := randomName("t_")
-	err = migrations.Migrate(ctx, pool, &migrations.Opts{Schema: missing})
+	err = migrations.Migrate(ctx, pool, &migrations.Config{Schema: missing})
 	if err == nil || !strings.Contains(err.Error(), "create it beforehand") || !denied(err) {
 		t.Fatalf("migrating a missing schema without CREATE on the database: err = %v", err)
 	}
@@ -83,7 +83,7 @@ func TestMigrateWhileSchemaIsCreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- migrations.Migrate(ctx, adm, &migrations.Opts{Schema: schema}) }()
+	go func() { done <- migrations.Migrate(ctx, adm, &migrations.Config{Schema: schema}) }()
 	testenv.WaitFor(t, 30*time.Second, "Migrate to wait for the other session's schema", func() bool {
 		var n int
 		err := adm.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_stat_activity

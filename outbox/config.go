@@ -38,12 +38,12 @@ type RelayConfig struct {
 	Logger *slog.Logger
 }
 
-func (c *RelayConfig) withDefaults() (RelayConfig, string, error) {
+func (c *RelayConfig) withDefaults(schema string) (RelayConfig, string, error) {
 	var o RelayConfig
 	if c != nil {
 		o = *c
 	}
-	base, table, err := o.Config.withDefaults()
+	base, table, err := o.Config.withDefaults(schema)
 	if err != nil {
 		return o, "", err
 	}

@@ -9,15 +9,17 @@
 //	relay, _ := outbox.NewRelay(pool, publisher, &outbox.RelayConfig{Config: outbox.Config{Schema: "ledger"}})
 //	go relay.Run(ctx)
 //
-// With the dedupe middleware, consumer.Config{Outputs: w.Outputs("ledger.events")}
-// writes a handler's output messages into the outbox in the handler's own
-// transaction (register it with router.AddHandler: AddConsumerHandler
-// discards outputs before any middleware sees them).
+// With the dedupe middleware, an Outputs field of
+// [github.com/exactly-go/exactly/consumer.Config] set to
+// [Writer.Outputs]("ledger.events") writes a handler's output messages into
+// the outbox in the handler's own transaction (register it with
+// router.AddHandler: AddConsumerHandler discards outputs before any
+// middleware sees them).
 //
 // The relay is at-least-once: a relay that dies after publishing a batch but
 // before marking it publishes the batch again, with the same UUIDs, which
 // consumers with the dedupe middleware absorb. Several relays may run at
-// once: keys are spread over Lanes lanes and one relay at a time works a
+// once: keys are spread over [Lanes] lanes and one relay at a time works a
 // lane, under a session advisory lock. A relay wakes on LISTEN/NOTIFY (a
 // trigger notifies on insert) and polls as a floor.
 //
@@ -46,18 +48,18 @@
 //
 // # Failures
 //
-// A message the publisher rejects is retried with back-off (RetryBackoff,
-// doubling to MaxRetryBackoff) and holds up only later messages of its own
-// key: the relay reads past a held key's rows to other keys', so a failing
-// key delays other keys by nothing, and a lane whose rows are all held
-// costs nothing until the first retry is due (the relay sleeps until then
-// or PollInterval, whichever comes first).
+// A message the publisher rejects is retried with back-off
+// ([RelayConfig].RetryBackoff, doubling to MaxRetryBackoff) and holds up only
+// later messages of its own key: the relay reads past a held key's rows to
+// other keys', so a failing key delays other keys by nothing, and a lane
+// whose rows are all held costs nothing until the first retry is due (the
+// relay sleeps until then or PollInterval, whichever comes first).
 //
-// After MaxAttempts a message is marked DEAD (see Stats, and the table's
-// last_error), and it goes on holding the later messages of its key: they
-// stay PENDING, so that no consumer ever sees a key's message without the
-// ones before it. Stats.Lag grows while a key is held. An operator resolves
-// a DEAD message by retrying it,
+// After [RelayConfig].MaxAttempts a message is marked DEAD (see
+// [Relay.Stats], and the table's last_error), and it goes on holding the
+// later messages of its key: they stay PENDING, so that no consumer ever sees
+// a key's message without the ones before it. Stats.Lag grows while a key is
+// held. An operator resolves a DEAD message by retrying it,
 //
 //	UPDATE exactly_outbox SET status = 'PENDING', attempts = 0, next_attempt_at = now() WHERE uuid = '…';
 //

@@ -5,7 +5,8 @@ import (
 	"time"
 )
 
-// BatchEvent describes one batch, reported once its rows are marked.
+// BatchEvent describes one batch of a [Relay], reported once its rows are
+// marked.
 type BatchEvent struct {
 	// Lanes are the lanes the batch read.
 	Lanes []int
@@ -19,7 +20,8 @@ type BatchEvent struct {
 	Lag time.Duration
 }
 
-// Hooks receives relay events, for metrics.
+// Hooks receives relay events, for metrics ([RelayConfig].Hooks);
+// github.com/exactly-go/exactly/plugin/eprom adapts it to Prometheus.
 type Hooks interface {
 	OnBatch(ctx context.Context, ev BatchEvent)
 }

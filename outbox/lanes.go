@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/exactly-go/exactly/internal/pgtx"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -51,7 +51,7 @@ func (r *Relay) waitLane(ctx context.Context, conn *pgxpool.Conn) ([]int, error)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: relay: lane wait: %w", err)
 	}
-	defer rollback(ctx, tx)
+	defer pgtx.Rollback(ctx, tx)
 	timeout := strconv.FormatInt(max(r.cfg.PollInterval.Milliseconds(), 1), 10)
 	if _, err := tx.Exec(ctx, lockTimeoutSQL, timeout); err != nil {
 		return nil, fmt.Errorf("outbox: relay: lane wait: %w", err)
@@ -62,7 +62,7 @@ func (r *Relay) waitLane(ctx context.Context, conn *pgxpool.Conn) ([]int, error)
 		// outlives the aborted transaction. Look before the connection goes
 		// back to the pool: holding the lane there, it would keep every
 		// relay away from it for as long as the connection lives.
-		rollback(ctx, tx)
+		pgtx.Rollback(ctx, tx)
 		held, herr := r.holdsLane(ctx, conn, lane)
 		if herr != nil {
 			return nil, herr
@@ -127,11 +127,4 @@ func laneOrder(lanes []int) []int16 {
 		out[i] = int16(l)
 	}
 	return out
-}
-
-// rollback ends tx, even when ctx is done; after a commit it does nothing.
-func rollback(ctx context.Context, tx pgx.Tx) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = tx.Rollback(rctx)
 }

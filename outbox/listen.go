@@ -4,21 +4,22 @@ import (
 	"context"
 	"time"
 
-	"github.com/exactly-go/exactly/internal/clock"
+	"github.com/exactly-go/exactly/internal/backoff"
 )
 
 // listen turns notifications into wake-ups, reconnecting with back-off.
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 	channelPayload := r.cfg.Schema + "." + r.cfg.Table
-	for backoff := 100 * time.Millisecond; ctx.Err() == nil; backoff = min(2*backoff, 10*time.Second) {
+	wait := backoff.New(100*time.Millisecond, 10*time.Second)
+	for ctx.Err() == nil {
 		conn, err := r.pool.Acquire(ctx)
 		if err != nil {
-			_ = clock.Sleep(ctx, backoff)
+			_ = wait.Sleep(ctx)
 			continue
 		}
 		if _, err := conn.Exec(ctx, listenSQL); err != nil {
 			conn.Release()
-			_ = clock.Sleep(ctx, backoff)
+			_ = wait.Sleep(ctx)
 			continue
 		}
 		// Listening: wake the relay so that it registers before it sleeps.
@@ -33,7 +34,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 				r.listening.Store(false)
 				break
 			}
-			backoff = 100 * time.Millisecond
+			wait.Reset()
 			if n.Payload == channelPayload {
 				select {
 				case wake <- struct{}{}:

@@ -594,7 +594,7 @@ func TestRelayAcrossWaitersMigration(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 1)
 	ctx := context.Background()
-	opts := &migrations.Opts{Schema: f.db.Schema, Version: 2}
+	opts := &migrations.Config{Schema: f.db.Schema, Version: 2}
 	if err := migrations.Down(ctx, f.db.Pool, opts); err != nil {
 		t.Fatal(err)
 	}
@@ -603,7 +603,7 @@ func TestRelayAcrossWaitersMigration(t *testing.T) {
 		f.write(t, 5, 3, 4)
 	}
 	testenv.WaitFor(t, 10*time.Second, "the relay to publish on 00002", func() bool { return f.pending(t) == 0 })
-	if err := migrations.Migrate(ctx, f.db.Pool, &migrations.Opts{Schema: f.db.Schema}); err != nil {
+	if err := migrations.Migrate(ctx, f.db.Pool, &migrations.Config{Schema: f.db.Schema}); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, 10*time.Second, "the relay to register as a waiter", func() bool {

@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/exactly-go/exactly/internal/advisory"
+	"github.com/exactly-go/exactly/internal/sqlident"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -41,15 +42,13 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg *RelayConfig) (*Rel
 	if pool == nil || pub == nil {
 		return nil, errors.New("outbox: NewRelay needs a pool and a publisher")
 	}
-	c, table, err := cfg.withDefaults()
+	c, table, err := cfg.withDefaults(sqlident.DefaultSchema(pool.Config().ConnConfig))
 	if err != nil {
 		return nil, err
 	}
-	h := fnv.New64a()
-	h.Write([]byte("exactly/outbox/" + c.Schema + "." + c.Table))
 	waiters := pgx.Identifier{c.Schema, c.Table + "_waiters"}.Sanitize()
 	return &Relay{pool: pool, pub: pub, cfg: c, table: table, q: newQueries(table, waiters),
-		lockID: int64(h.Sum64() &^ 0xff), id: strconv.FormatUint(rand.Uint64(), 36), waiters: waiters}, nil
+		lockID: advisory.LockID("outbox/"+c.Schema+"."+c.Table) &^ 0xff, id: strconv.FormatUint(rand.Uint64(), 36), waiters: waiters}, nil
 }
 
 // Run relays until ctx is done: it wakes on LISTEN/NOTIFY when rows are

@@ -6,20 +6,25 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/exactly-go/exactly/internal/mdkeys"
 	"github.com/exactly-go/exactly/internal/sqlident"
 )
 
 // KeyMetadata is the metadata field that carries a message's partition key
 // (the Kafka record key), as the consumer package's Publisher reads it.
-const KeyMetadata = "kafka_key"
+const KeyMetadata = mdkeys.KafkaKey
 
 // Config names the outbox table.
 type Config struct {
-	// Schema holds the table. Defaults to "public".
+	// Schema holds the table. Defaults to the first schema of the
+	// search_path set in the connection string (?search_path=ledger), else
+	// "public", as migrations.Config.Schema does: the Relay's pool's, and
+	// for a Writer the connection of each transaction it writes in.
 	Schema string
 	// Table is the outbox table. Defaults to "exactly_outbox".
 	Table string
@@ -29,13 +34,14 @@ type Config struct {
 	PartitionKeyFunc func(topic string, msg *message.Message) (string, error)
 }
 
-func (c *Config) withDefaults() (Config, string, error) {
+// withDefaults fills in the defaults; schema is Schema's.
+func (c *Config) withDefaults(schema string) (Config, string, error) {
 	var o Config
 	if c != nil {
 		o = *c
 	}
 	if o.Schema == "" {
-		o.Schema = "public"
+		o.Schema = schema
 	}
 	if o.Table == "" {
 		o.Table = "exactly_outbox"
@@ -57,15 +63,41 @@ func (c *Config) withDefaults() (Config, string, error) {
 type Writer struct {
 	cfg    Config
 	insert string
+	// follow: Config.Schema was empty, so each transaction's connection
+	// names the schema; inserts caches the statement per schema.
+	follow  bool
+	inserts sync.Map // schema → insert statement
 }
 
 // NewWriter returns a Writer. cfg may be nil.
 func NewWriter(cfg *Config) (*Writer, error) {
-	c, table, err := cfg.withDefaults()
+	c, table, err := cfg.withDefaults("public")
 	if err != nil {
 		return nil, err
 	}
-	return &Writer{cfg: c, insert: newQueries(table, "").insert}, nil
+	return &Writer{cfg: c, insert: newQueries(table, "").insert, follow: cfg == nil || cfg.Schema == ""}, nil
+}
+
+// insertFor returns the insert statement for tx: Config.Schema's, or the
+// schema that tx's connection's search_path names.
+func (w *Writer) insertFor(tx pgx.Tx) (string, error) {
+	if !w.follow {
+		return w.insert, nil
+	}
+	var cc *pgx.ConnConfig
+	if conn := tx.Conn(); conn != nil {
+		cc = conn.Config()
+	}
+	schema := sqlident.DefaultSchema(cc)
+	if q, ok := w.inserts.Load(schema); ok {
+		return q.(string), nil
+	}
+	if err := sqlident.Check("outbox: the schema of the connection's search_path (Config.Schema is empty)", schema); err != nil {
+		return "", err
+	}
+	q := newQueries(pgx.Identifier{schema, w.cfg.Table}.Sanitize(), "").insert
+	w.inserts.Store(schema, q)
+	return q, nil
 }
 
 func lane(key, uuid string) int16 {
@@ -124,7 +156,11 @@ func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*
 			payloads[i] = []byte{}
 		}
 	}
-	if _, err := tx.Exec(ctx, w.insert, topic, keys, uuids, mds, payloads, lanes); err != nil {
+	insert, err := w.insertFor(tx)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, insert, topic, keys, uuids, mds, payloads, lanes); err != nil {
 		return fmt.Errorf("outbox: write %d message(s) for %s: %w", len(msgs), topic, err)
 	}
 	return nil
@@ -133,15 +169,15 @@ func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*
 // Outputs returns a writer of a handler's output messages to topic, for
 // consumer.Config.Outputs: the outputs then leave through the outbox in the
 // handler's transaction.
-func (w *Writer) Outputs(topic string) *OutputsWriter { return &OutputsWriter{w: w, topic: topic} }
+func (w *Writer) Outputs(topic string) *TopicWriter { return &TopicWriter{w: w, topic: topic} }
 
-// OutputsWriter writes a handler's outputs to one topic.
-type OutputsWriter struct {
+// TopicWriter writes a handler's outputs to one topic: a consumer.OutputsWriter.
+type TopicWriter struct {
 	w     *Writer
 	topic string
 }
 
 // WriteOutputsTx implements consumer.OutputsWriter.
-func (o *OutputsWriter) WriteOutputsTx(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+func (o *TopicWriter) WriteOutputsTx(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 	return o.w.WriteTx(ctx, tx, o.topic, msgs...)
 }

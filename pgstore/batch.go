@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -13,7 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/internal/clock"
+	"github.com/exactly-go/exactly/internal/backoff"
+	"github.com/exactly-go/exactly/internal/pgtx"
 )
 
 // BatchFunc is the work that DoBatch runs once for a batch, in the
@@ -26,9 +26,9 @@ type BatchFunc func(ctx context.Context, tx pgx.Tx, fresh []int) (results [][]by
 
 // BatchClaim is DoBatch's answer for one request.
 type BatchClaim struct {
-	// Claim is the claim's outcome and the key's record: OutcomeNew or
+	// Claim is the claim's decision and the key's record: OutcomeNew or
 	// OutcomeTakeover when fn ran for it (Record.Result is then fn's
-	// result), OutcomeDuplicate with the stored result otherwise. Zero when
+	// result), DecisionDuplicate with the stored result otherwise. Zero when
 	// Err is set.
 	dedupe.Claim
 	// Err is the request's own failure, which neither ran fn for it nor
@@ -64,21 +64,21 @@ type BatchClaim struct {
 // retries the whole transaction as Do does, up to Config.MaxTxAttempts
 // times. A COMMIT whose answer never arrived is settled as in Do: the keys
 // found completed by the unanswered transaction itself keep their first
-// outcome.
+// decision.
 func (s *Store) DoBatch(ctx context.Context, reqs []dedupe.Request, fn BatchFunc) ([]BatchClaim, error) {
 	if len(reqs) == 0 {
 		return nil, nil
 	}
-	backoff := s.cfg.RetryBackoff
+	wait := backoff.New(s.cfg.RetryBackoff, time.Second)
 	var unanswered []BatchClaim // the answer of a transaction whose COMMIT got no answer
 	for attempt := 1; ; attempt++ {
 		out, committing, err := s.doBatchTx(ctx, reqs, fn)
 		if err == nil && unanswered != nil {
 			for i := range out {
 				u := unanswered[i]
-				if u.Err == nil && u.Outcome.Run() && out[i].Err == nil && out[i].Outcome == dedupe.OutcomeDuplicate &&
+				if u.Err == nil && u.Decision.Run() && out[i].Err == nil && out[i].Decision == dedupe.DecisionDuplicate &&
 					out[i].Record.CompletedAt.Equal(u.Record.CompletedAt) && out[i].Record.Fingerprint == reqs[i].Fingerprint {
-					out[i].Outcome = u.Outcome // our own write, committed after all
+					out[i].Decision = u.Decision // our own write, committed after all
 				}
 			}
 		}
@@ -93,10 +93,9 @@ func (s *Store) DoBatch(ctx context.Context, reqs []dedupe.Request, fn BatchFunc
 			return out, nil
 		}
 		s.cfg.Logger.DebugContext(ctx, "pgstore: retrying batch transaction", "keys", len(reqs), "attempt", attempt, "err", err)
-		if err := clock.Sleep(ctx, backoff/2+rand.N(backoff)); err != nil {
+		if err := wait.SleepJittered(ctx); err != nil {
 			return nil, err
 		}
-		backoff = min(2*backoff, time.Second)
 	}
 }
 
@@ -108,15 +107,15 @@ func (s *Store) doBatchTx(ctx context.Context, reqs []dedupe.Request, fn BatchFu
 	if err != nil {
 		return nil, false, classify("begin", err)
 	}
-	tx := &pipelinedTx{pc: pc, conn: pc.Conn()}
-	defer rollback(ctx, tx)
+	tx := &connTx{pc: pc, conn: pc.Conn()}
+	defer pgtx.Rollback(ctx, tx)
 	out, err = s.claimBatchTx(ctx, tx, reqs, true)
 	if err != nil {
 		return nil, false, err
 	}
 	var fresh []int
 	for i, c := range out {
-		if c.Err == nil && c.Outcome.Run() {
+		if c.Err == nil && c.Decision.Run() {
 			fresh = append(fresh, i)
 		}
 	}
@@ -138,7 +137,7 @@ func (s *Store) doBatchTx(ctx context.Context, reqs []dedupe.Request, fn BatchFu
 			ran[reqs[i].Key] = i
 		}
 		for i := range out {
-			if f, ok := ran[reqs[i].Key]; ok && f != i && out[i].Err == nil && out[i].Outcome == dedupe.OutcomeDuplicate {
+			if f, ok := ran[reqs[i].Key]; ok && f != i && out[i].Err == nil && out[i].Decision == dedupe.DecisionDuplicate {
 				out[i].Record.Result = out[f].Record.Result
 			}
 		}
@@ -161,7 +160,7 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, reqs []dedupe.Reque
 	return s.claimBatchTx(ctx, tx, reqs, false)
 }
 
-// claimBatchTx is ClaimBatchTx; with begin, tx is a pipelinedTx whose
+// claimBatchTx is ClaimBatchTx; with begin, tx is a connTx whose
 // BEGIN is still to be sent, with the claim statement.
 func (s *Store) claimBatchTx(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request, begin bool) ([]BatchClaim, error) {
 	out := make([]BatchClaim, len(reqs))
@@ -203,12 +202,12 @@ func (s *Store) claimBatchTx(ctx context.Context, tx pgx.Tx, reqs []dedupe.Reque
 			out[i].Err = err // in flight, like its first copy
 			continue
 		}
-		outcome, err := dedupe.Decide(rec, r.Fingerprint, rec.CompletedAt)
+		decision, err := dedupe.Decide(rec, r.Fingerprint, rec.CompletedAt)
 		if err != nil {
 			out[i].Err = err
 			continue
 		}
-		out[i].Claim = dedupe.Claim{Outcome: outcome, Record: rec, TTL: r.TTL}
+		out[i].Claim = dedupe.Claim{Decision: decision, Record: rec, TTL: r.TTL}
 	}
 	return out, nil
 }
@@ -271,18 +270,19 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 	}
 	found := make(map[dedupe.Key]bool, n)
 	for rows.Next() {
-		rec, inserted, now, _, err := scanOne(rows)
+		kr, err := scanKeyRow(rows)
 		if err != nil {
 			rows.Close()
 			return classify(op, err)
 		}
+		rec, inserted, now := kr.rec, kr.inserted, kr.now
 		i, ok := at[rec.Key]
 		if !ok || found[rec.Key] {
 			continue
 		}
 		found[rec.Key] = true
 		if inserted {
-			out[i].Claim = dedupe.Claim{Outcome: dedupe.OutcomeNew, Record: rec, TTL: reqs[i].TTL}
+			out[i].Claim = dedupe.Claim{Decision: dedupe.DecisionNew, Record: rec, TTL: reqs[i].TTL}
 			continue
 		}
 		s.decide(&out[i], reqs[i], rec, now)
@@ -312,11 +312,12 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 			return classify(op, err)
 		}
 		for rows.Next() {
-			rec, _, now, _, err := scanOne(rows)
+			kr, err := scanKeyRow(rows)
 			if err != nil {
 				rows.Close()
 				return classify(op, err)
 			}
+			rec, now := kr.rec, kr.now
 			if i, ok := at[rec.Key]; ok && !found[rec.Key] {
 				found[rec.Key] = true
 				s.decide(&out[i], reqs[i], rec, now)
@@ -331,7 +332,7 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 	// that cleanup deleted between the two statements.
 	for _, i := range order {
 		c := &out[i]
-		if found[reqs[i].Key] && (c.Err != nil || c.Outcome != dedupe.OutcomeTakeover) {
+		if found[reqs[i].Key] && (c.Err != nil || c.Decision != dedupe.DecisionTakeover) {
 			continue
 		}
 		claim, err := s.claim(ctx, tx, reqs[i], dedupe.StatusCompleted, 0)
@@ -350,12 +351,12 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 // decide applies the decision table to a conflicting row; a takeover is
 // only marked here (claimBatch carries it out).
 func (s *Store) decide(c *BatchClaim, req dedupe.Request, rec dedupe.Record, now time.Time) {
-	outcome, err := dedupe.Decide(rec, req.Fingerprint, now)
+	decision, err := dedupe.Decide(rec, req.Fingerprint, now)
 	if err != nil {
 		c.Err = err
 		return
 	}
-	c.Claim = dedupe.Claim{Outcome: outcome, Record: rec, TTL: req.TTL}
+	c.Claim = dedupe.Claim{Decision: decision, Record: rec, TTL: req.TTL}
 }
 
 // isPerRequest reports whether a claim's error belongs to its request
@@ -379,8 +380,8 @@ func (s *Store) CompleteBatchTx(ctx context.Context, tx pgx.Tx, claims []BatchCl
 	var blobs [][]byte
 	for j, i := range fresh {
 		c := &claims[i]
-		if c.Err != nil || !c.Outcome.Run() {
-			return fmt.Errorf("pgstore: CompleteBatchTx of %s: the claim's outcome is %v, not one that runs the handler", c.Record.Key, c.Outcome)
+		if c.Err != nil || !c.Decision.Run() {
+			return fmt.Errorf("pgstore: CompleteBatchTx of %s: the claim's decision is %v, not one that runs the handler", c.Record.Key, c.Decision)
 		}
 		if results[j] == nil {
 			continue

@@ -66,8 +66,8 @@ func TestDoBatchFreshThenDuplicates(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, c := range out {
-		if c.Err != nil || c.Outcome != dedupe.OutcomeNew || string(c.Record.Result) != "r:"+reqs[i].Key.ID {
-			t.Errorf("%d: %v %q %v, want new with its result", i, c.Outcome, c.Record.Result, c.Err)
+		if c.Err != nil || c.Decision != dedupe.DecisionNew || string(c.Record.Result) != "r:"+reqs[i].Key.ID {
+			t.Errorf("%d: %v %q %v, want new with its result", i, c.Decision, c.Record.Result, c.Err)
 		}
 	}
 	// Redelivered with a new key among them: only the new one runs; the
@@ -85,12 +85,12 @@ func TestDoBatchFreshThenDuplicates(t *testing.T) {
 		t.Fatalf("fn got %v, want [1] (d alone)", fresh)
 	}
 	for i, c := range out {
-		want := dedupe.OutcomeDuplicate
+		want := dedupe.DecisionDuplicate
 		if i == 1 {
-			want = dedupe.OutcomeNew
+			want = dedupe.DecisionNew
 		}
-		if c.Err != nil || c.Outcome != want || string(c.Record.Result) != "r:"+again[i].Key.ID {
-			t.Errorf("%s: %v %q %v, want %v with its result", again[i].Key.ID, c.Outcome, c.Record.Result, c.Err, want)
+		if c.Err != nil || c.Decision != want || string(c.Record.Result) != "r:"+again[i].Key.ID {
+			t.Errorf("%s: %v %q %v, want %v with its result", again[i].Key.ID, c.Decision, c.Record.Result, c.Err, want)
 		}
 	}
 	// All duplicates: fn does not run.
@@ -98,7 +98,7 @@ func TestDoBatchFreshThenDuplicates(t *testing.T) {
 		t.Error("fn ran for a batch of duplicates")
 		return nil, nil
 	})
-	if err != nil || out[0].Outcome != dedupe.OutcomeDuplicate {
+	if err != nil || out[0].Decision != dedupe.DecisionDuplicate {
 		t.Fatalf("all duplicates: %v %v", out, err)
 	}
 	wantApplied(t, db, map[string]int{"a": 1, "b": 1, "c": 1, "d": 1})
@@ -139,8 +139,8 @@ func TestDoBatchPerRequestErrors(t *testing.T) {
 		t.Errorf("invalid key: %v", out[1].Err)
 	case !errors.As(out[2].Err, &inflight) || !dedupe.IsRetryable(out[2].Err):
 		t.Errorf("leased key: %v", out[2].Err)
-	case out[3].Err != nil || out[3].Outcome != dedupe.OutcomeNew:
-		t.Errorf("new key: %v %v", out[3].Outcome, out[3].Err)
+	case out[3].Err != nil || out[3].Decision != dedupe.DecisionNew:
+		t.Errorf("new key: %v %v", out[3].Decision, out[3].Err)
 	case !slices.Equal(fresh, []int{3}):
 		t.Errorf("fn got %v, want [3]", fresh)
 	}
@@ -167,7 +167,7 @@ func TestDoBatchTakesOverExpiredLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out[0].Err != nil || out[0].Outcome != dedupe.OutcomeTakeover || out[0].Record.Attempts != 2 || out[1].Outcome != dedupe.OutcomeNew {
+	if out[0].Err != nil || out[0].Decision != dedupe.DecisionTakeover || out[0].Record.Attempts != 2 || out[1].Decision != dedupe.DecisionNew {
 		t.Fatalf("got %+v / %+v, want a takeover at attempt 2 and a new key", out[0], out[1])
 	}
 	rec, err := s.Get(ctx, req.Key)
@@ -200,8 +200,8 @@ func TestDoBatchSameKeyTwice(t *testing.T) {
 	if !slices.Equal(fresh, []int{0, 1}) {
 		t.Fatalf("fn got %v, want [0 1]", fresh)
 	}
-	if out[2].Err != nil || out[2].Outcome != dedupe.OutcomeDuplicate || string(out[2].Record.Result) != "r:k" {
-		t.Errorf("second copy: %v %q %v, want a duplicate with the first's result", out[2].Outcome, out[2].Record.Result, out[2].Err)
+	if out[2].Err != nil || out[2].Decision != dedupe.DecisionDuplicate || string(out[2].Record.Result) != "r:k" {
+		t.Errorf("second copy: %v %q %v, want a duplicate with the first's result", out[2].Decision, out[2].Record.Result, out[2].Err)
 	}
 	if !errors.Is(out[3].Err, dedupe.ErrKeyReused) {
 		t.Errorf("copy with another payload: %v, want key reused", out[3].Err)
@@ -212,7 +212,7 @@ func TestDoBatchSameKeyTwice(t *testing.T) {
 	// the key is still a duplicate.
 	reqs = []dedupe.Request{dedupetest.Req("s", "k", "another payload"), dedupetest.Req("s", "k", "payload of k")}
 	out, err = s.DoBatch(ctx, reqs, applyBatch(db, reqs, nil))
-	if err != nil || !errors.Is(out[0].Err, dedupe.ErrKeyReused) || out[1].Err != nil || out[1].Outcome != dedupe.OutcomeDuplicate {
+	if err != nil || !errors.Is(out[0].Err, dedupe.ErrKeyReused) || out[1].Err != nil || out[1].Decision != dedupe.DecisionDuplicate {
 		t.Fatalf("got %+v %v, want key reused then a duplicate", out, err)
 	}
 	wantApplied(t, db, map[string]int{"k": 1})
@@ -239,7 +239,7 @@ func TestDoBatchFnErrorRollsBack(t *testing.T) {
 		}
 	}
 	out, err := s.DoBatch(ctx, reqs, applyBatch(db, reqs, nil))
-	if err != nil || out[0].Outcome != dedupe.OutcomeNew || out[1].Outcome != dedupe.OutcomeNew {
+	if err != nil || out[0].Decision != dedupe.DecisionNew || out[1].Decision != dedupe.DecisionNew {
 		t.Fatalf("redelivery: %+v %v", out, err)
 	}
 	wantApplied(t, db, map[string]int{"a": 1, "b": 1})
@@ -286,8 +286,8 @@ func TestDoBatchConnectionKilledBeforeCommit(t *testing.T) {
 				t.Fatalf("err = %v after %d runs of fn, want success after 2", err, calls.Load())
 			}
 			for _, c := range out {
-				if c.Outcome != dedupe.OutcomeNew {
-					t.Errorf("%s: %v, want new", c.Record.Key, c.Outcome)
+				if c.Decision != dedupe.DecisionNew {
+					t.Errorf("%s: %v, want new", c.Record.Key, c.Decision)
 				}
 			}
 			wantApplied(t, db, map[string]int{"a": 1, "b": 1, "c": 1})
@@ -318,8 +318,8 @@ func TestDoBatchCommitAnswerLost(t *testing.T) {
 		t.Fatalf("err = %v, fn ran %d times; want success, once", err, calls.Load())
 	}
 	for _, c := range out {
-		if c.Outcome != dedupe.OutcomeNew || string(c.Record.Result) != "r:"+c.Record.Key.ID {
-			t.Errorf("%s: %v %q, want new with its result", c.Record.Key, c.Outcome, c.Record.Result)
+		if c.Decision != dedupe.DecisionNew || string(c.Record.Result) != "r:"+c.Record.Key.ID {
+			t.Errorf("%s: %v %q, want new with its result", c.Record.Key, c.Decision, c.Record.Result)
 		}
 	}
 	wantApplied(t, db, map[string]int{"a": 1, "b": 1})
@@ -359,9 +359,9 @@ func TestDoBatchConcurrentOverlapping(t *testing.T) {
 					switch {
 					case c.Err != nil:
 						errs <- c.Err
-					case c.Outcome == dedupe.OutcomeNew:
+					case c.Decision == dedupe.DecisionNew:
 						appliedByUs.Add(1)
-					case c.Outcome == dedupe.OutcomeDuplicate:
+					case c.Decision == dedupe.DecisionDuplicate:
 						dups.Add(1)
 					}
 				}

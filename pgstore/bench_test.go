@@ -66,8 +66,8 @@ func BenchmarkMessageTx(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
 				req := dedupetest.Req("bench", fmt.Sprint("new-", seq.Add(1)), `{"amount":1}`)
-				if c, err := s.Do(ctx, req, handler); err != nil || c.Outcome != dedupe.OutcomeNew {
-					b.Fatal(c.Outcome, err)
+				if c, err := s.Do(ctx, req, handler); err != nil || c.Decision != dedupe.DecisionNew {
+					b.Fatal(c.Decision, err)
 				}
 			}
 		})
@@ -79,8 +79,8 @@ func BenchmarkMessageTx(b *testing.B) {
 	b.Run("duplicate", func(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if c, err := s.Do(ctx, dup, handler); err != nil || c.Outcome != dedupe.OutcomeDuplicate {
-					b.Fatal(c.Outcome, err)
+				if c, err := s.Do(ctx, dup, handler); err != nil || c.Decision != dedupe.DecisionDuplicate {
+					b.Fatal(c.Decision, err)
 				}
 			}
 		})
@@ -105,8 +105,8 @@ func BenchmarkMessageTxRatio(b *testing.B) {
 			}
 			mid := time.Now()
 			req := dedupetest.Req("bench", fmt.Sprint("ratio-", seq.Add(1)), `{"amount":1}`)
-			if c, err := s.Do(ctx, req, handler); err != nil || c.Outcome != dedupe.OutcomeNew {
-				b.Fatal(c.Outcome, err)
+			if c, err := s.Do(ctx, req, handler); err != nil || c.Decision != dedupe.DecisionNew {
+				b.Fatal(c.Decision, err)
 			}
 			plainNs.Add(int64(mid.Sub(start)))
 			dedupeNs.Add(int64(time.Since(mid)))

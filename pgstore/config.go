@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/sqlident"
@@ -13,7 +14,9 @@ import (
 
 // Config configures a Store. The zero value (or a nil *Config) is usable.
 type Config struct {
-	// Schema holds the table. Defaults to "public".
+	// Schema holds the table. Defaults to the first schema of the pool's
+	// search_path (set it in the connection string: ?search_path=ledger),
+	// else "public", as migrations.Config.Schema does.
 	Schema string
 	// Table is the key table's name. Defaults to "exactly_keys", the table
 	// that the migrations create.
@@ -24,7 +27,7 @@ type Config struct {
 	TTL time.Duration
 	// MaxResultBytes bounds a stored result. Defaults to 1 MiB.
 	MaxResultBytes int
-	// IsoLevel is the isolation level of the transactions that Do opens.
+	// IsoLevel is the isolation level of the transactions that Do and Begin open.
 	// Defaults to pgx.ReadCommitted.
 	IsoLevel pgx.TxIsoLevel
 	// MaxTxAttempts bounds how often Do runs a transaction that failed with a
@@ -37,13 +40,13 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-func (c *Config) withDefaults() (Config, error) {
+func (c *Config) withDefaults(pool *pgxpool.Pool) (Config, error) {
 	var o Config
 	if c != nil {
 		o = *c
 	}
 	if o.Schema == "" {
-		o.Schema = "public"
+		o.Schema = sqlident.DefaultSchema(pool.Config().ConnConfig)
 	}
 	if o.Table == "" {
 		o.Table = "exactly_keys"

@@ -4,14 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/internal/clock"
+	"github.com/exactly-go/exactly/internal/backoff"
+	"github.com/exactly-go/exactly/internal/pgtx"
 )
 
 // TxFunc is the work that Do runs once per key, in the transaction that
@@ -32,19 +32,19 @@ type TxFunc func(ctx context.Context, tx pgx.Tx) (result []byte, err error)
 // A COMMIT whose answer never arrived (the connection dropped) may or may
 // not have committed; Do runs the transaction again to find out. When the
 // key is then there with the completion time of the transaction whose
-// commit went unanswered, that write was this call's own: the Claim reports
-// the first outcome (OutcomeNew or OutcomeTakeover), not a duplicate.
+// commit went unanswered, that write was this call's own: the Claim reports the
+// first decision (DecisionNew or DecisionTakeover), not a duplicate.
 func (s *Store) Do(ctx context.Context, req dedupe.Request, fn TxFunc) (dedupe.Claim, error) {
 	if err := req.Validate(); err != nil {
 		return dedupe.Claim{}, err
 	}
-	backoff := s.cfg.RetryBackoff
+	wait := backoff.New(s.cfg.RetryBackoff, time.Second)
 	var unanswered *dedupe.Claim // a claim whose COMMIT got no answer
 	for attempt := 1; ; attempt++ {
 		c, committing, err := s.doTx(ctx, req, fn)
-		if err == nil && unanswered != nil && c.Outcome == dedupe.OutcomeDuplicate &&
+		if err == nil && unanswered != nil && c.Decision == dedupe.DecisionDuplicate &&
 			c.Record.CompletedAt.Equal(unanswered.Record.CompletedAt) && c.Record.Fingerprint == req.Fingerprint {
-			c.Outcome = unanswered.Outcome // our own write, committed after all
+			c.Decision = unanswered.Decision // our own write, committed after all
 			return c, nil
 		}
 		ambiguous := committing && !isServerError(err)
@@ -56,10 +56,9 @@ func (s *Store) Do(ctx context.Context, req dedupe.Request, fn TxFunc) (dedupe.C
 			return c, err
 		}
 		s.cfg.Logger.DebugContext(ctx, "pgstore: retrying transaction", "key", req.Key.String(), "attempt", attempt, "err", err)
-		if err := clock.Sleep(ctx, backoff/2+rand.N(backoff)); err != nil {
+		if err := wait.SleepJittered(ctx); err != nil {
 			return c, err
 		}
-		backoff = min(2*backoff, time.Second)
 	}
 }
 
@@ -82,16 +81,14 @@ func retryTx(err error) bool {
 // the function, the result and COMMIT. committing reports that err came
 // from the COMMIT itself.
 func (s *Store) doTx(ctx context.Context, req dedupe.Request, fn TxFunc) (_ dedupe.Claim, committing bool, err error) {
-	tx, first, err := s.beginPipelined(ctx, req)
-	if err != nil {
-		return dedupe.Claim{}, false, err
+	tx, c, err := s.beginClaim(ctx, req)
+	if tx != nil {
+		defer pgtx.Rollback(ctx, tx)
 	}
-	defer rollback(ctx, tx)
-	c, err := s.claimFrom(ctx, tx, req, dedupe.StatusCompleted, 0, first)
 	if err != nil {
 		return c, false, err
 	}
-	if c.Outcome.Run() {
+	if c.Decision.Run() {
 		result, err := fn(ctx, tx)
 		if err != nil {
 			return c, false, err
@@ -122,7 +119,7 @@ type LeaseFunc func(ctx context.Context) (result []byte, err error)
 // its own idempotency key.
 func (s *Store) DoLease(ctx context.Context, req dedupe.Request, lease time.Duration, fn LeaseFunc) (dedupe.Claim, error) {
 	c, err := s.Acquire(ctx, req, lease)
-	if err != nil || !c.Outcome.Run() {
+	if err != nil || !c.Decision.Run() {
 		return c, err
 	}
 	result, err := fn(ctx)
@@ -153,22 +150,14 @@ const LeaseFinishTimeout = 10 * time.Second
 
 // finish runs op until it succeeds, fails for good, or ctx ends.
 func (s *Store) finish(ctx context.Context, op func() error) error {
-	backoff := s.cfg.RetryBackoff
+	wait := backoff.New(s.cfg.RetryBackoff, time.Second)
 	for {
 		err := op()
 		if err == nil || !retryTx(err) {
 			return err
 		}
-		if serr := clock.Sleep(ctx, backoff/2+rand.N(backoff)); serr != nil {
+		if serr := wait.SleepJittered(ctx); serr != nil {
 			return err
 		}
-		backoff = min(2*backoff, time.Second)
 	}
-}
-
-// rollback ends tx if it is still open, even when ctx is cancelled.
-func rollback(ctx context.Context, tx pgx.Tx) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = tx.Rollback(ctx)
 }

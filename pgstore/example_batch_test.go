@@ -55,6 +55,6 @@ func ExampleStore_DoBatch() {
 			fmt.Println(reqs[i].Key, "not applied:", a.Err) // dead-letter it when dedupe.IsPermanent(a.Err)
 			continue
 		}
-		fmt.Println(reqs[i].Key, a.Outcome) // new, new, duplicate (the third repeats the first)
+		fmt.Println(reqs[i].Key, a.Decision) // new, new, duplicate (the third repeats the first)
 	}
 }

@@ -18,7 +18,7 @@ import (
 
 // The connection drops after the server received COMMIT and before its
 // answer: Do runs the transaction again, finds the key it wrote itself and
-// reports the message as applied (OutcomeNew), not as a duplicate; fn ran
+// reports the message as applied (DecisionNew), not as a duplicate; fn ran
 // once and its write is there once.
 func TestDoCommitAnswerLost(t *testing.T) {
 	t.Parallel()
@@ -39,16 +39,16 @@ func TestDoCommitAnswerLost(t *testing.T) {
 	if d.Dropped() != 1 {
 		t.Fatalf("the COMMIT's answer was dropped %d times, want 1", d.Dropped())
 	}
-	if err != nil || c.Outcome != dedupe.OutcomeNew || string(c.Record.Result) != "r" {
-		t.Fatalf("Do = %v %q %v, want OutcomeNew with the result", c.Outcome, c.Record.Result, err)
+	if err != nil || c.Decision != dedupe.DecisionNew || string(c.Record.Result) != "r" {
+		t.Fatalf("Do = %v %q %v, want DecisionNew with the result", c.Decision, c.Record.Result, err)
 	}
 	if n, _ := applied(ctx, db, "k"); n != 1 || calls.Load() != 1 {
 		t.Fatalf("applied %d times, fn ran %d times; want 1 and 1", n, calls.Load())
 	}
 	// A later call is a duplicate.
 	c, err = s.Do(ctx, dedupetest.Req("s", "k", "p"), func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil })
-	if err != nil || c.Outcome != dedupe.OutcomeDuplicate {
-		t.Fatalf("second Do = %v %v, want a duplicate", c.Outcome, err)
+	if err != nil || c.Decision != dedupe.DecisionDuplicate {
+		t.Fatalf("second Do = %v %v, want a duplicate", c.Decision, err)
 	}
 }
 
@@ -74,8 +74,8 @@ func TestDoLeaseCompletesAfterCallerCancelled(t *testing.T) {
 			effects.Add(1)
 			return nil, nil
 		})
-		if err != nil || c.Outcome != dedupe.OutcomeDuplicate || string(c.Record.Result) != "paid" {
-			t.Fatalf("delivery %d: %v %q %v, want the duplicate", i+2, c.Outcome, c.Record.Result, err)
+		if err != nil || c.Decision != dedupe.DecisionDuplicate || string(c.Record.Result) != "paid" {
+			t.Fatalf("delivery %d: %v %q %v, want the duplicate", i+2, c.Decision, c.Record.Result, err)
 		}
 	}
 	if effects.Load() != 1 {
@@ -92,8 +92,8 @@ func TestDoLeaseCompletesAfterCallerCancelled(t *testing.T) {
 		t.Fatalf("err = %v, want the failure alone (released)", err)
 	}
 	c, err := s.DoLease(context.Background(), fail, time.Hour, func(context.Context) ([]byte, error) { return nil, nil })
-	if err != nil || c.Outcome != dedupe.OutcomeTakeover {
-		t.Fatalf("after a released failure: %v %v, want a takeover at once", c.Outcome, err)
+	if err != nil || c.Decision != dedupe.DecisionTakeover {
+		t.Fatalf("after a released failure: %v %v, want a takeover at once", c.Decision, err)
 	}
 }
 

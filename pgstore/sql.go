@@ -32,8 +32,8 @@ UNION ALL
 SELECT false, ` + cols + `, clock_timestamp() FROM {T} WHERE scope = $1 AND key = $2
     AND NOT EXISTS (SELECT FROM ins)`
 
-	// lockSQL is the seed's phase 1b: read the conflicting row, waiting for
-	// any transaction that holds it.
+	// lockSQL reads the conflicting row, waiting for any transaction that
+	// holds it.
 	lockSQL = `SELECT false, ` + cols + `, clock_timestamp() FROM {T} WHERE scope = $1 AND key = $2 FOR UPDATE`
 
 	// takeoverSQL claims a key whose lease expired, fenced by the attempts

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strings"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/advisory"
 )
 
 // DBTX is what the queries run on: a pool, a connection or a transaction.
@@ -41,14 +41,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("pgstore: pool is nil")
 	}
-	c, err := cfg.withDefaults()
+	c, err := cfg.withDefaults(pool)
 	if err != nil {
 		return nil, err
 	}
 	table := pgx.Identifier{c.Schema, c.Table}.Sanitize()
-	h := fnv.New64a()
-	h.Write([]byte("exactly/cleanup/" + c.Schema + "." + c.Table))
-	return &Store{pool: pool, cfg: c, table: table, q: newQueries(table), lockID: int64(h.Sum64()),
+	return &Store{pool: pool, cfg: c, table: table, q: newQueries(table), lockID: advisory.LockID("cleanup/" + c.Schema + "." + c.Table),
 		beginSQL: "begin isolation level " + strings.ToLower(string(c.IsoLevel))}, nil
 }
 
@@ -58,6 +56,27 @@ func (s *Store) Config() Config { return s.cfg }
 // Pool returns the pool the store runs on.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
+// Begin opens a transaction at Config.IsoLevel that claims no key.
+func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: s.cfg.IsoLevel})
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: begin: %w", err)
+	}
+	return tx, nil
+}
+
+// Ping reports whether the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("pgstore: ping: %w", err)
+	}
+	return nil
+}
+
+// KeySpace names where the store keeps its keys: its pool and table. Stores
+// with the same KeySpace share keys.
+func (s *Store) KeySpace() string { return fmt.Sprintf("%p %s", s.pool, s.table) }
+
 func micros(d time.Duration) float64 { return float64(d.Microseconds()) }
 
 func (s *Store) ttl(req dedupe.Request) time.Duration {
@@ -65,85 +84,6 @@ func (s *Store) ttl(req dedupe.Request) time.Duration {
 		return req.TTL
 	}
 	return s.cfg.TTL
-}
-
-// claim runs the claim protocol on db: the one-statement claim, the
-// FOR UPDATE read when the conflicting row was not in the statement's
-// snapshot, the decision table, and a fenced takeover of an expired lease.
-func (s *Store) claim(ctx context.Context, db DBTX, req dedupe.Request, status dedupe.Status, lease time.Duration) (dedupe.Claim, error) {
-	return s.claimFrom(ctx, db, req, status, lease, nil)
-}
-
-// claimArgs are claimSQL's arguments.
-func (s *Store) claimArgs(req dedupe.Request, status dedupe.Status, lease time.Duration) []any {
-	var topic *string
-	var partition *int32
-	var offset *int64
-	if req.Source != (dedupe.Source{}) {
-		topic, partition, offset = &req.Source.Topic, &req.Source.Partition, &req.Source.Offset
-	}
-	return []any{req.Key.Scope, req.Key.ID, string(req.Fingerprint), string(status), topic, partition, offset, micros(lease), micros(s.ttl(req))}
-}
-
-// scanned is one scanOne result, for a claim statement sent ahead (Do
-// pipelines it with BEGIN).
-type scanned struct {
-	rec      dedupe.Record
-	inserted bool
-	now      time.Time
-	found    bool
-	err      error
-}
-
-// claimFrom is claim whose first claim statement's result, when first is
-// not nil, was already read.
-func (s *Store) claimFrom(ctx context.Context, db DBTX, req dedupe.Request, status dedupe.Status, lease time.Duration, first *scanned) (dedupe.Claim, error) {
-	if err := req.Validate(); err != nil {
-		return dedupe.Claim{}, err
-	}
-	args := s.claimArgs(req, status, lease)
-	scope, id := req.Key.Scope, req.Key.ID
-	topic, partition, offset, ttl := args[4], args[5], args[6], args[8]
-	// A takeover can lose its race to another worker; the loop re-reads and
-	// decides again. A handful of rounds is plenty: each lost round means
-	// another worker made progress.
-	for round := 0; round < 8; round++ {
-		var r scanned
-		if round == 0 && first != nil {
-			r = *first
-		} else {
-			r.rec, r.inserted, r.now, r.found, r.err = scanOne(db.QueryRow(ctx, s.q.claim, args...))
-		}
-		rec, inserted, now, found, err := r.rec, r.inserted, r.now, r.found, r.err
-		if err != nil {
-			return dedupe.Claim{}, classify("claim "+req.Key.String(), err)
-		}
-		if !found {
-			rec, _, now, found, err = scanOne(db.QueryRow(ctx, s.q.lock, scope, id))
-			if err != nil {
-				return dedupe.Claim{}, classify("claim "+req.Key.String(), err)
-			}
-			if !found {
-				continue // deleted by cleanup meanwhile: claim again
-			}
-		}
-		if inserted {
-			return dedupe.Claim{Outcome: dedupe.OutcomeNew, Record: rec, TTL: req.TTL}, nil
-		}
-		outcome, err := dedupe.Decide(rec, req.Fingerprint, now)
-		if err != nil || outcome == dedupe.OutcomeDuplicate {
-			return dedupe.Claim{Outcome: outcome, Record: rec, TTL: req.TTL}, err
-		}
-		rec, _, _, found, err = scanOne(db.QueryRow(ctx, s.q.takeover,
-			scope, id, rec.Attempts, string(status), topic, partition, offset, micros(lease), ttl))
-		if err != nil {
-			return dedupe.Claim{}, classify("take over "+req.Key.String(), err)
-		}
-		if found {
-			return dedupe.Claim{Outcome: dedupe.OutcomeTakeover, Record: rec, TTL: req.TTL}, nil
-		}
-	}
-	return dedupe.Claim{}, dedupe.Retryable(fmt.Errorf("pgstore: claim %s: the key kept changing under concurrent claims", req.Key))
 }
 
 // ClaimTx implements dedupe.Store: it claims req.Key in the caller's
@@ -170,8 +110,8 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, c dedupe.Claim, resul
 	if err := s.checkResult(result); err != nil {
 		return err
 	}
-	if !c.Outcome.Run() {
-		return fmt.Errorf("pgstore: CompleteTx of %s: the claim's outcome is %v, not one that runs the handler", c.Record.Key, c.Outcome)
+	if !c.Decision.Run() {
+		return fmt.Errorf("pgstore: CompleteTx of %s: the claim's decision is %v, not one that runs the handler", c.Record.Key, c.Decision)
 	}
 	if result == nil {
 		return nil
@@ -242,29 +182,29 @@ func (s *Store) Get(ctx context.Context, key dedupe.Key) (dedupe.Record, error) 
 
 // GetTx is Get on db (a transaction sees its own uncommitted keys).
 func (s *Store) GetTx(ctx context.Context, db DBTX, key dedupe.Key) (dedupe.Record, error) {
-	rec, _, _, found, err := scanOne(db.QueryRow(ctx, s.q.get, key.Scope, key.ID))
+	row, err := scanKeyRow(db.QueryRow(ctx, s.q.get, key.Scope, key.ID))
 	if err != nil {
 		return dedupe.Record{}, classify("get "+key.String(), err)
 	}
-	if !found {
+	if !row.found {
 		return dedupe.Record{}, fmt.Errorf("pgstore: get %s: %w", key, dedupe.ErrNotFound)
 	}
-	return rec, nil
+	return row.rec, nil
 }
 
 // Cleanup implements dedupe.Store. Each batch is its own statement and
 // skips rows that a claim holds, so it never makes a claim wait. A session
 // advisory lock keeps it to one runner per table.
-func (s *Store) Cleanup(ctx context.Context, opts *dedupe.CleanupOpts) (int64, error) {
+func (s *Store) Cleanup(ctx context.Context, cfg *dedupe.CleanupConfig) (int64, error) {
 	batch, maxBatches := 1000, 0
-	if opts != nil {
-		if opts.BatchSize < 0 || opts.MaxBatches < 0 {
-			return 0, fmt.Errorf("pgstore: cleanup: BatchSize %d and MaxBatches %d must not be negative", opts.BatchSize, opts.MaxBatches)
+	if cfg != nil {
+		if cfg.BatchSize < 0 || cfg.MaxBatches < 0 {
+			return 0, fmt.Errorf("pgstore: cleanup: BatchSize %d and MaxBatches %d must not be negative", cfg.BatchSize, cfg.MaxBatches)
 		}
-		if opts.BatchSize > 0 {
-			batch = opts.BatchSize
+		if cfg.BatchSize > 0 {
+			batch = cfg.BatchSize
 		}
-		maxBatches = opts.MaxBatches
+		maxBatches = cfg.MaxBatches
 	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -303,14 +243,14 @@ func (s *Store) Cleanup(ctx context.Context, opts *dedupe.CleanupOpts) (int64, e
 // RunCleanup calls Cleanup every interval until ctx is done, logging what it
 // deleted; another runner holding the lock is not an error. It returns nil
 // when ctx is cancelled.
-func (s *Store) RunCleanup(ctx context.Context, every time.Duration, opts *dedupe.CleanupOpts) error {
+func (s *Store) RunCleanup(ctx context.Context, every time.Duration, cfg *dedupe.CleanupConfig) error {
 	if every <= 0 {
 		return fmt.Errorf("pgstore: RunCleanup: interval is %v: set a positive duration", every)
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		n, err := s.Cleanup(ctx, opts)
+		n, err := s.Cleanup(ctx, cfg)
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -341,40 +281,4 @@ func (s *Store) Stats(ctx context.Context) (dedupe.Stats, error) {
 		st.Oldest = *oldest
 	}
 	return st, nil
-}
-
-// scanOne reads one row of (inserted, cols..., clock_timestamp()).
-func scanOne(row pgx.Row) (rec dedupe.Record, inserted bool, now time.Time, found bool, err error) {
-	var (
-		fp, status          string
-		topic               *string
-		partition           *int32
-		offset              *int64
-		completed, lockedTo *time.Time
-	)
-	err = row.Scan(&inserted, &rec.Key.Scope, &rec.Key.ID, &fp, &status, &rec.Result, &rec.Attempts,
-		&topic, &partition, &offset, &rec.CreatedAt, &completed, &lockedTo, &rec.ExpiresAt, &now)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return rec, false, now, false, nil
-	}
-	if err != nil {
-		return rec, false, now, false, err
-	}
-	rec.Fingerprint, rec.Status = dedupe.Fingerprint(fp), dedupe.Status(status)
-	if topic != nil {
-		rec.Source.Topic = *topic
-	}
-	if partition != nil {
-		rec.Source.Partition = *partition
-	}
-	if offset != nil {
-		rec.Source.Offset = *offset
-	}
-	if completed != nil {
-		rec.CompletedAt = *completed
-	}
-	if lockedTo != nil {
-		rec.LockedUntil = *lockedTo
-	}
-	return rec, inserted, now, true, nil
 }

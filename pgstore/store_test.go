@@ -68,19 +68,25 @@ func TestConformance(t *testing.T) {
 }
 
 func TestConfigRejectsBadIdentifiers(t *testing.T) {
+	// A pool that never connects: New reads only its configuration.
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
 	for _, cfg := range []pgstore.Config{
 		{Table: "x; DROP TABLE y"},
 		{Schema: `public"."x`},
 		{Table: "1abc"},
 		{Schema: strings.Repeat("s", 64)},
 	} {
-		_, err := pgstore.New(&pgxpool.Pool{}, &cfg)
+		_, err := pgstore.New(pool, &cfg)
 		if err == nil || !strings.Contains(err.Error(), "not a valid identifier") {
 			t.Errorf("New(%+v) err = %v, want a clear identifier error", cfg, err)
 		}
 	}
 	for _, cfg := range []pgstore.Config{{TTL: -time.Second}, {MaxTxAttempts: -1}, {IsoLevel: "chaos"}} {
-		if _, err := pgstore.New(&pgxpool.Pool{}, &cfg); err == nil || !strings.Contains(err.Error(), "Config.") {
+		if _, err := pgstore.New(pool, &cfg); err == nil || !strings.Contains(err.Error(), "Config.") {
 			t.Errorf("New(%+v) err = %v, want an error naming the field", cfg, err)
 		}
 	}
@@ -117,10 +123,17 @@ func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx
 }
 func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-// TestRoundTrips checks the round-trip budget: a new message costs one
-// statement before the handler and at most one after; a duplicate costs one.
-func TestRoundTrips(t *testing.T) {
-	db := pgtest.New(t)
+// A batch is one round trip.
+func (c *countingTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *countingTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *countingTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// tracedPool is a pool of its own whose round trips tracer counts.
+func tracedPool(t *testing.T, maxConns int32) (*pgxpool.Pool, *countingTracer) {
+	t.Helper()
 	u, _ := pgtest.URL()
 	cfg, err := pgtest.Config(u)
 	if err != nil {
@@ -128,15 +141,23 @@ func TestRoundTrips(t *testing.T) {
 	}
 	tracer := &countingTracer{}
 	cfg.ConnConfig.Tracer = tracer
-	cfg.MaxConns = 2
+	cfg.MaxConns = maxConns
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	t.Cleanup(pool.Close)
+	return pool, tracer
+}
+
+// TestRoundTrips checks the round-trip budget: a new message costs one
+// statement before the handler and at most one after; a duplicate costs one.
+func TestRoundTrips(t *testing.T) {
+	db := pgtest.New(t)
+	pool, tracer := tracedPool(t, 2)
 	s, _ := pgstore.New(pool, &pgstore.Config{Schema: db.Schema})
 	ctx := context.Background()
-	count := func(req dedupe.Request, result []byte) (claim, complete int64, outcome dedupe.Outcome) {
+	count := func(req dedupe.Request, result []byte) (claim, complete int64, outcome dedupe.Decision) {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -148,7 +169,7 @@ func TestRoundTrips(t *testing.T) {
 			t.Fatal(err)
 		}
 		claim = tracer.n.Load() - before
-		if c.Outcome.Run() {
+		if c.Decision.Run() {
 			before = tracer.n.Load()
 			if err := s.CompleteTx(ctx, tx, c, result); err != nil {
 				t.Fatal(err)
@@ -158,16 +179,42 @@ func TestRoundTrips(t *testing.T) {
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
-		return claim, complete, c.Outcome
+		return claim, complete, c.Decision
 	}
-	if c, d, o := count(dedupetest.Req("s", "a", "p"), nil); c != 1 || d != 0 || o != dedupe.OutcomeNew {
+	if c, d, o := count(dedupetest.Req("s", "a", "p"), nil); c != 1 || d != 0 || o != dedupe.DecisionNew {
 		t.Errorf("new, no result: %d + %d statements (%v), want 1 + 0", c, d, o)
 	}
-	if c, d, o := count(dedupetest.Req("s", "b", "p"), []byte("r")); c != 1 || d != 1 || o != dedupe.OutcomeNew {
+	if c, d, o := count(dedupetest.Req("s", "b", "p"), []byte("r")); c != 1 || d != 1 || o != dedupe.DecisionNew {
 		t.Errorf("new with result: %d + %d statements (%v), want 1 + 1", c, d, o)
 	}
-	if c, d, o := count(dedupetest.Req("s", "b", "p"), nil); c != 1 || d != 0 || o != dedupe.OutcomeDuplicate {
+	if c, d, o := count(dedupetest.Req("s", "b", "p"), nil); c != 1 || d != 0 || o != dedupe.DecisionDuplicate {
 		t.Errorf("duplicate: %d statements (%v), want 1", c, o)
+	}
+}
+
+// TestDoRoundTrips checks Do's round-trip budget: BEGIN goes with the
+// claim, so a new message costs two round trips (three with a result to
+// store) and a duplicate two.
+func TestDoRoundTrips(t *testing.T) {
+	db := pgtest.New(t)
+	pool, tracer := tracedPool(t, 1)
+	ctx := context.Background()
+	if err := pool.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := pgstore.New(pool, &pgstore.Config{Schema: db.Schema})
+	for _, c := range []struct {
+		name, id string
+		result   []byte
+		want     int64
+	}{{"new, no result", "a", nil, 2}, {"duplicate", "a", nil, 2}, {"new with result", "b", []byte("r"), 3}, {"duplicate with result", "b", []byte("r"), 2}} {
+		before := tracer.n.Load()
+		if _, err := s.Do(ctx, dedupetest.Req("s", c.id, "p"), func(context.Context, pgx.Tx) ([]byte, error) { return c.result, nil }); err != nil {
+			t.Fatal(err)
+		}
+		if got := tracer.n.Load() - before; got != c.want {
+			t.Errorf("%s: %d round trips, want %d", c.name, got, c.want)
+		}
 	}
 }
 
@@ -229,7 +276,7 @@ func TestRepeatableReadSerializationFailureIsRetryable(t *testing.T) {
 			if err != nil {
 				t.Error(err)
 			}
-			if c.Outcome == dedupe.OutcomeDuplicate {
+			if c.Decision == dedupe.DecisionDuplicate {
 				dup.Add(1)
 			}
 		}()
@@ -277,8 +324,8 @@ func TestDo(t *testing.T) {
 		}
 		return nil, apply(ctx, db, tx, "retry")
 	})
-	if err != nil || c.Outcome != dedupe.OutcomeNew || calls.Load() != 2 {
-		t.Fatalf("deadlock retry: %v %v calls=%d", c.Outcome, err, calls.Load())
+	if err != nil || c.Decision != dedupe.DecisionNew || calls.Load() != 2 {
+		t.Fatalf("deadlock retry: %v %v calls=%d", c.Decision, err, calls.Load())
 	}
 }
 
@@ -293,12 +340,12 @@ func TestDoLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, err := s.DoLease(ctx, req, time.Minute, func(context.Context) ([]byte, error) { calls.Add(1); return []byte("paid"), nil })
-	if err != nil || c.Outcome != dedupe.OutcomeTakeover || c.Record.Attempts != 2 {
-		t.Fatalf("after release: %v attempts %d %v", c.Outcome, c.Record.Attempts, err)
+	if err != nil || c.Decision != dedupe.DecisionTakeover || c.Record.Attempts != 2 {
+		t.Fatalf("after release: %v attempts %d %v", c.Decision, c.Record.Attempts, err)
 	}
 	c, err = s.DoLease(ctx, req, time.Minute, func(context.Context) ([]byte, error) { calls.Add(1); return nil, nil })
-	if err != nil || c.Outcome != dedupe.OutcomeDuplicate || string(c.Record.Result) != "paid" || calls.Load() != 2 {
-		t.Fatalf("duplicate: %v %q %v calls=%d", c.Outcome, c.Record.Result, err, calls.Load())
+	if err != nil || c.Decision != dedupe.DecisionDuplicate || string(c.Record.Result) != "paid" || calls.Load() != 2 {
+		t.Fatalf("duplicate: %v %q %v calls=%d", c.Decision, c.Record.Result, err, calls.Load())
 	}
 }
 
@@ -363,7 +410,7 @@ func TestCleanupDoesNotHoldUpClaims(t *testing.T) {
 	var cleanErr error
 	go func() {
 		defer close(done)
-		deleted, cleanErr = s.Cleanup(ctx, &dedupe.CleanupOpts{BatchSize: 500})
+		deleted, cleanErr = s.Cleanup(ctx, &dedupe.CleanupConfig{BatchSize: 500})
 	}()
 	// Claims of new keys go on while cleanup runs.
 	for i := 0; i < 50; i++ {
@@ -389,7 +436,7 @@ func TestCleanupDoesNotHoldUpClaims(t *testing.T) {
 	}
 }
 
-// Do's transaction (BEGIN pipelined with the claim) behaves as pgx's: a
+// Do's transaction (BEGIN sent with the claim) behaves as pgx's: a
 // nested Begin is a savepoint, and the transaction is closed after Do.
 func TestDoTransactionSemantics(t *testing.T) {
 	s, db := newStore(t, nil)

@@ -43,5 +43,14 @@ if [ -z "${TEST_KAFKA_BROKERS:-}" ]; then
 fi
 
 "$GO" build -o "$bin/testsum" ./scripts/testsum
+# The plugins are modules of their own (./... stops at their go.mod): with
+# the default PKGS their tests run too, in the same summary.
 # shellcheck disable=SC2086 # PKGS and TESTFLAGS are lists
-"$GO" test -json -race -count=1 -timeout 20m ${TESTFLAGS:-} $PKGS 2>&1 | "$bin/testsum"
+{
+	"$GO" test -json -race -count=1 -timeout 20m ${TESTFLAGS:-} $PKGS
+	if [ "$PKGS" = ./... ]; then
+		for mod in plugin/*/; do
+			(cd "$mod" && "$GO" test -json -race -count=1 -timeout 20m ${TESTFLAGS:-} ./...)
+		done
+	fi
+} 2>&1 | "$bin/testsum"

@@ -75,7 +75,7 @@ func Do[TX any](ctx context.Context, h Harness[TX], req dedupe.Request, result [
 	if err != nil {
 		return c, err
 	}
-	if c.Outcome.Run() {
+	if c.Decision.Run() {
 		if err := h.Apply(ctx, tx, req.Key.String()); err != nil {
 			return c, err
 		}
@@ -102,13 +102,13 @@ func testNewThenDuplicate[TX any](t *testing.T, h Harness[TX]) {
 	req := Req("s", "m-1", `{"amount":10}`)
 	req.Source = dedupe.Source{Topic: "ledger.commands", Partition: 3, Offset: 42}
 	c, err := Do(ctx, h, req, []byte("out-1"))
-	if err != nil || c.Outcome != dedupe.OutcomeNew || c.Record.Attempts != 1 {
-		t.Fatalf("first: outcome %v attempts %d err %v, want new, 1, nil", c.Outcome, c.Record.Attempts, err)
+	if err != nil || c.Decision != dedupe.DecisionNew || c.Record.Attempts != 1 {
+		t.Fatalf("first: decision %v attempts %d err %v, want new, 1, nil", c.Decision, c.Record.Attempts, err)
 	}
 	for i := 0; i < 3; i++ {
 		c, err = Do(ctx, h, req, []byte("must not be stored"))
-		if err != nil || c.Outcome != dedupe.OutcomeDuplicate {
-			t.Fatalf("redelivery %d: outcome %v err %v, want duplicate", i, c.Outcome, err)
+		if err != nil || c.Decision != dedupe.DecisionDuplicate {
+			t.Fatalf("redelivery %d: decision %v err %v, want duplicate", i, c.Decision, err)
 		}
 		if string(c.Record.Result) != "out-1" {
 			t.Fatalf("duplicate result = %q, want %q", c.Record.Result, "out-1")
@@ -129,8 +129,8 @@ func testNewThenDuplicate[TX any](t *testing.T, h Harness[TX]) {
 		t.Fatal(err)
 	}
 	c, err = Do(ctx, h, req2, nil)
-	if err != nil || c.Outcome != dedupe.OutcomeDuplicate || c.Record.Result != nil {
-		t.Fatalf("duplicate of nil result: %v %q %v", c.Outcome, c.Record.Result, err)
+	if err != nil || c.Decision != dedupe.DecisionDuplicate || c.Record.Result != nil {
+		t.Fatalf("duplicate of nil result: %v %q %v", c.Decision, c.Record.Result, err)
 	}
 }
 
@@ -163,8 +163,8 @@ func testRollbackReleases[TX any](t *testing.T, h Harness[TX]) {
 		t.Fatal(err)
 	}
 	c, err := h.Store.ClaimTx(ctx, tx, req)
-	if err != nil || c.Outcome != dedupe.OutcomeNew {
-		t.Fatalf("claim: %v %v", c.Outcome, err)
+	if err != nil || c.Decision != dedupe.DecisionNew {
+		t.Fatalf("claim: %v %v", c.Decision, err)
 	}
 	if err := h.Apply(ctx, tx, req.Key.String()); err != nil {
 		t.Fatal(err)
@@ -177,8 +177,8 @@ func testRollbackReleases[TX any](t *testing.T, h Harness[TX]) {
 	}
 	mustApplied(t, h, req.Key, 0)
 	c, err = Do(ctx, h, req, nil)
-	if err != nil || c.Outcome != dedupe.OutcomeNew {
-		t.Fatalf("redelivery after rollback: %v %v, want new", c.Outcome, err)
+	if err != nil || c.Decision != dedupe.DecisionNew {
+		t.Fatalf("redelivery after rollback: %v %v, want new", c.Decision, err)
 	}
 	mustApplied(t, h, req.Key, 1)
 }
@@ -195,8 +195,8 @@ func testConcurrentWaits[TX any](t *testing.T, h Harness[TX]) {
 			}
 			defer h.Rollback(context.Background(), tx1)
 			c1, err := h.Store.ClaimTx(ctx, tx1, req)
-			if err != nil || c1.Outcome != dedupe.OutcomeNew {
-				t.Fatalf("first claim: %v %v", c1.Outcome, err)
+			if err != nil || c1.Decision != dedupe.DecisionNew {
+				t.Fatalf("first claim: %v %v", c1.Decision, err)
 			}
 			if err := h.Apply(ctx, tx1, req.Key.String()); err != nil {
 				t.Fatal(err)
@@ -217,7 +217,7 @@ func testConcurrentWaits[TX any](t *testing.T, h Harness[TX]) {
 			// it not waiting, it would see no key and answer "new" early.
 			select {
 			case a := <-second:
-				t.Fatalf("second claim answered %v, %v while the first transaction was open", a.c.Outcome, a.err)
+				t.Fatalf("second claim answered %v, %v while the first transaction was open", a.c.Decision, a.err)
 			case <-time.After(200 * time.Millisecond):
 			}
 			if commit {
@@ -229,14 +229,14 @@ func testConcurrentWaits[TX any](t *testing.T, h Harness[TX]) {
 				t.Fatal(err)
 			}
 			a := <-second
-			want, wantResult := dedupe.OutcomeDuplicate, "r1"
+			want, wantResult := dedupe.DecisionDuplicate, "r1"
 			if !commit {
-				want, wantResult = dedupe.OutcomeNew, ""
+				want, wantResult = dedupe.DecisionNew, ""
 			}
-			if a.err != nil || a.c.Outcome != want {
-				t.Fatalf("second claim: %v %v, want %v", a.c.Outcome, a.err, want)
+			if a.err != nil || a.c.Decision != want {
+				t.Fatalf("second claim: %v %v, want %v", a.c.Decision, a.err, want)
 			}
-			if want == dedupe.OutcomeDuplicate && string(a.c.Record.Result) != wantResult {
+			if want == dedupe.DecisionDuplicate && string(a.c.Record.Result) != wantResult {
 				t.Fatalf("second claim result %q, want %q", a.c.Record.Result, wantResult)
 			}
 			mustApplied(t, h, req.Key, 1)
@@ -249,8 +249,8 @@ func testScopes[TX any](t *testing.T, h Harness[TX]) {
 	a, b := Req("handler-a", "m-1", "p"), Req("handler-b", "m-1", "p")
 	for _, r := range []dedupe.Request{a, b} {
 		c, err := Do(ctx, h, r, nil)
-		if err != nil || c.Outcome != dedupe.OutcomeNew {
-			t.Fatalf("%s: %v %v, want new", r.Key, c.Outcome, err)
+		if err != nil || c.Decision != dedupe.DecisionNew {
+			t.Fatalf("%s: %v %v, want new", r.Key, c.Decision, err)
 		}
 	}
 	mustApplied(t, h, a.Key, 1)
@@ -348,7 +348,7 @@ func testLease[TX any](t *testing.T, h Harness[TX]) {
 	// loaded machine; the takeover below waits it out.
 	const lease = 2 * time.Second
 	c1, err := h.Store.Acquire(ctx, req, lease)
-	if err != nil || c1.Outcome != dedupe.OutcomeNew || c1.Record.Status != dedupe.StatusProcessing || c1.Record.Attempts != 1 {
+	if err != nil || c1.Decision != dedupe.DecisionNew || c1.Record.Status != dedupe.StatusProcessing || c1.Record.Attempts != 1 {
 		t.Fatalf("acquire: %+v %v", c1, err)
 	}
 	_, err = h.Store.Acquire(ctx, req, lease)
@@ -365,8 +365,8 @@ func testLease[TX any](t *testing.T, h Harness[TX]) {
 		c2, err = h.Store.Acquire(ctx, req, time.Minute)
 		return err == nil
 	})
-	if c2.Outcome != dedupe.OutcomeTakeover || c2.Record.Attempts != 2 {
-		t.Fatalf("takeover: outcome %v attempts %d", c2.Outcome, c2.Record.Attempts)
+	if c2.Decision != dedupe.DecisionTakeover || c2.Record.Attempts != 2 {
+		t.Fatalf("takeover: decision %v attempts %d", c2.Decision, c2.Record.Attempts)
 	}
 	// The crashed worker wakes up: it no longer owns the key.
 	if err := h.Store.Complete(ctx, c1, []byte("stale")); !errors.Is(err, dedupe.ErrLeaseLost) {
@@ -379,8 +379,8 @@ func testLease[TX any](t *testing.T, h Harness[TX]) {
 		t.Fatal(err)
 	}
 	c3, err := h.Store.Acquire(ctx, req, lease)
-	if err != nil || c3.Outcome != dedupe.OutcomeDuplicate || string(c3.Record.Result) != "done" {
-		t.Fatalf("after complete: %v %q %v, want duplicate", c3.Outcome, c3.Record.Result, err)
+	if err != nil || c3.Decision != dedupe.DecisionDuplicate || string(c3.Record.Result) != "done" {
+		t.Fatalf("after complete: %v %q %v, want duplicate", c3.Decision, c3.Record.Result, err)
 	}
 	if _, err := h.Store.Acquire(ctx, Req("s", "m-1", "other"), lease); !errors.Is(err, dedupe.ErrKeyReused) {
 		t.Fatalf("lease-mode key reuse err = %v", err)
@@ -401,8 +401,8 @@ func testLeaseRelease[TX any](t *testing.T, h Harness[TX]) {
 		t.Fatal(err)
 	}
 	c2, err := h.Store.Acquire(ctx, req, time.Hour)
-	if err != nil || c2.Outcome != dedupe.OutcomeTakeover || c2.Record.Attempts != 2 {
-		t.Fatalf("after release: %v attempts %d %v, want takeover 2", c2.Outcome, c2.Record.Attempts, err)
+	if err != nil || c2.Decision != dedupe.DecisionTakeover || c2.Record.Attempts != 2 {
+		t.Fatalf("after release: %v attempts %d %v, want takeover 2", c2.Decision, c2.Record.Attempts, err)
 	}
 	if err := h.Store.Complete(ctx, c2, nil); err != nil {
 		t.Fatal(err)
@@ -464,7 +464,7 @@ func testCleanup[TX any](t *testing.T, h Harness[TX]) {
 		st, err := h.Store.Stats(ctx)
 		return err == nil && st.Expired == expiring+1
 	})
-	n, err := h.Store.Cleanup(ctx, &dedupe.CleanupOpts{BatchSize: 7})
+	n, err := h.Store.Cleanup(ctx, &dedupe.CleanupConfig{BatchSize: 7})
 	if err != nil || n != expiring {
 		t.Fatalf("Cleanup = %d, %v, want %d", n, err, expiring)
 	}
@@ -566,7 +566,7 @@ func raceTx[TX any](ctx context.Context, h Harness[TX], k int) error {
 	if err != nil {
 		return fmt.Errorf("claim %s: %w", req.Key, err)
 	}
-	if !c.Outcome.Run() {
+	if !c.Decision.Run() {
 		return h.Commit(ctx, tx)
 	}
 	if err := h.Apply(ctx, tx, req.Key.String()); err != nil {

@@ -169,11 +169,11 @@ func (s *MemStore) claim(ctx context.Context, tx *MemTx, req dedupe.Request, lea
 	defer s.mu.Unlock()
 	now := s.now()
 	rec, found := s.lookup(tx, req.Key)
-	outcome := dedupe.OutcomeNew
+	decision := dedupe.DecisionNew
 	if found {
 		var err error
-		if outcome, err = dedupe.Decide(rec, req.Fingerprint, now); err != nil || outcome == dedupe.OutcomeDuplicate {
-			return dedupe.Claim{Outcome: outcome, Record: clone(rec), TTL: req.TTL}, err
+		if decision, err = dedupe.Decide(rec, req.Fingerprint, now); err != nil || decision == dedupe.DecisionDuplicate {
+			return dedupe.Claim{Decision: decision, Record: clone(rec), TTL: req.TTL}, err
 		}
 		rec.Attempts++
 	} else {
@@ -189,7 +189,7 @@ func (s *MemStore) claim(ctx context.Context, tx *MemTx, req dedupe.Request, lea
 		rec.Status, rec.CompletedAt, rec.LockedUntil = dedupe.StatusProcessing, time.Time{}, now.Add(lease)
 		s.committed[req.Key] = rec
 	}
-	return dedupe.Claim{Outcome: outcome, Record: clone(rec), TTL: req.TTL}, nil
+	return dedupe.Claim{Decision: decision, Record: clone(rec), TTL: req.TTL}, nil
 }
 
 // ClaimTx implements dedupe.Store.
@@ -290,7 +290,7 @@ func expired(r dedupe.Record, now time.Time) bool {
 }
 
 // Cleanup implements dedupe.Store.
-func (s *MemStore) Cleanup(ctx context.Context, opts *dedupe.CleanupOpts) (int64, error) {
+func (s *MemStore) Cleanup(ctx context.Context, cfg *dedupe.CleanupConfig) (int64, error) {
 	s.mu.Lock()
 	if s.cleaning {
 		s.mu.Unlock()
@@ -301,11 +301,11 @@ func (s *MemStore) Cleanup(ctx context.Context, opts *dedupe.CleanupOpts) (int64
 	defer func() { s.mu.Lock(); s.cleaning = false; s.mu.Unlock() }()
 
 	batch, maxBatches := 1000, 0
-	if opts != nil {
-		if opts.BatchSize > 0 {
-			batch = opts.BatchSize
+	if cfg != nil {
+		if cfg.BatchSize > 0 {
+			batch = cfg.BatchSize
 		}
-		maxBatches = opts.MaxBatches
+		maxBatches = cfg.MaxBatches
 	}
 	var total int64
 	for n := 0; maxBatches == 0 || n < maxBatches; n++ {

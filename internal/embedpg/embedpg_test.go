@@ -35,7 +35,7 @@ func exercise(t *testing.T, srv *embedpg.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: "embedded"}); err != nil {
+	if err := migrations.Migrate(ctx, pool, &migrations.Config{Schema: "embedded"}); err != nil {
 		t.Fatal(err)
 	}
 	var tables int

@@ -240,7 +240,7 @@ func NewEmpty(t testing.TB) *DB {
 func New(t testing.TB) *DB {
 	t.Helper()
 	d := NewEmpty(t)
-	if err := migrations.Migrate(context.Background(), d.Pool, &migrations.Opts{Schema: d.Schema}); err != nil {
+	if err := migrations.Migrate(context.Background(), d.Pool, &migrations.Config{Schema: d.Schema}); err != nil {
 		t.Fatalf("pgtest: migrate: %v", err)
 	}
 	return d

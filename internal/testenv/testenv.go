@@ -30,6 +30,7 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/network"
+	"github.com/exactly-go/exactly/internal/backoff"
 	"github.com/testcontainers/testcontainers-go"
 )
 
@@ -218,10 +219,10 @@ func DockerAvailable() (ok bool, reason error) {
 func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
-	for delay := 5 * time.Millisecond; !cond(); delay = min(2*delay, 200*time.Millisecond) {
+	for delay := backoff.New(5*time.Millisecond, 200*time.Millisecond); !cond(); {
 		if time.Now().After(deadline) {
 			t.Fatalf("gave up after %v waiting for %s", d, what)
 		}
-		time.Sleep(delay)
+		time.Sleep(delay.Next())
 	}
 }

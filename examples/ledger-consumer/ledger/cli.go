@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/exactly-go/exactly/internal/backoff"
+	"github.com/exactly-go/exactly/internal/clock"
 	"github.com/exactly-go/exactly/internal/kafkaflags"
 	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/migrations"
@@ -175,7 +177,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if *migrate {
 			// Waits for Postgres like the worker; a migration that fails on
 			// a reachable database is an error.
-			for wait := 100 * time.Millisecond; ; wait = min(2*wait, 10*time.Second) {
+			for wait := backoff.New(100*time.Millisecond, 10*time.Second); ; {
 				err := Migrate(ctx, pool, *sch, logger)
 				if err == nil {
 					break
@@ -183,11 +185,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				if pool.Ping(ctx) == nil || ctx.Err() != nil {
 					return fail(err)
 				}
-				logger.Warn("ledger: waiting for Postgres to migrate", "err", redact.Password(err.Error()), "retry_in", wait)
-				select {
-				case <-ctx.Done():
+				d := wait.Next()
+				logger.Warn("ledger: waiting for Postgres to migrate", "err", redact.Password(err.Error()), "retry_in", d)
+				if clock.Sleep(ctx, d) != nil {
 					return 0
-				case <-time.After(wait):
 				}
 			}
 		}
@@ -243,7 +244,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // the step that needs DDL rights, run once per deploy by a role that has
 // them, so that the worker's own role needs none.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, logger *slog.Logger) error {
-	if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: schema, Logger: logger}); err != nil {
+	if err := migrations.Migrate(ctx, pool, &migrations.Config{Schema: schema, Logger: logger}); err != nil {
 		return err
 	}
 	return Setup(ctx, pool, schema)

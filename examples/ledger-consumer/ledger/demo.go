@@ -186,7 +186,7 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{cfg.Schema}.Sanitize()+" CASCADE"); err != nil {
 		return sum, fmt.Errorf("ledger: reset schema: %w", err)
 	}
-	if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: cfg.Schema}); err != nil {
+	if err := migrations.Migrate(ctx, pool, &migrations.Config{Schema: cfg.Schema}); err != nil {
 		return sum, err
 	}
 	if err := Setup(ctx, pool, cfg.Schema); err != nil {
@@ -452,7 +452,7 @@ func demoBatch(ctx context.Context, pool *pgxpool.Pool, cfg DemoConfig, wcfg Con
 	defer func() {
 		_, _ = pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 	}()
-	if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: schema}); err != nil {
+	if err := migrations.Migrate(ctx, pool, &migrations.Config{Schema: schema}); err != nil {
 		return err
 	}
 	if err := Setup(ctx, pool, schema); err != nil {

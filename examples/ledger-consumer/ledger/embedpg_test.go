@@ -46,7 +46,7 @@ func TestOpenDBStartsThrowawayServer(t *testing.T) {
 			release()
 		}
 	}()
-	if err := migrations.Migrate(ctx, pool, &migrations.Opts{Schema: "ledger_demo"}); err != nil {
+	if err := migrations.Migrate(ctx, pool, &migrations.Config{Schema: "ledger_demo"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := Setup(ctx, pool, "ledger_demo"); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/exactly-go/exactly/internal/pgtx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -19,7 +20,7 @@ func Setup(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	if err != nil {
 		return fmt.Errorf("ledger: setup: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer pgtx.Rollback(ctx, tx)
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('exactly/ledger/setup/' || $1))", schema); err != nil {
 		return fmt.Errorf("ledger: setup lock: %w", err)
 	}

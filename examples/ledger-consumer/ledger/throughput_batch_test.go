@@ -138,7 +138,7 @@ func throughputRun(b *testing.B, batch, noDedupe bool, rate int, lat *[]time.Dur
 	ctx := context.Background()
 	brokers := kafkatest.Brokers(b)
 	db := pgtest.NewEmpty(b)
-	if err := migrations.Migrate(ctx, db.Pool, &migrations.Opts{Schema: db.Schema}); err != nil {
+	if err := migrations.Migrate(ctx, db.Pool, &migrations.Config{Schema: db.Schema}); err != nil {
 		b.Fatal(err)
 	}
 	if err := Setup(ctx, db.Pool, db.Schema); err != nil {

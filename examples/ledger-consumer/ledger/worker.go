@@ -24,6 +24,9 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/backoff"
+	"github.com/exactly-go/exactly/internal/clock"
+	"github.com/exactly-go/exactly/internal/pgtx"
 	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/outbox"
@@ -202,7 +205,7 @@ func (w *Worker) naive(msg *message.Message) ([]*message.Message, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	defer pgtx.Rollback(ctx, tx)
 	outs, err := w.handle(ctx, tx, msg)
 	if err != nil {
 		return nil, err
@@ -341,7 +344,7 @@ func (w *Worker) consume(ctx context.Context, setRouter func(*message.Router)) e
 // waitReady probes Postgres and Kafka until both answer, with back-off
 // from 100ms up to Config.Backoff. It reports false when ctx ends first.
 func (w *Worker) waitReady(ctx context.Context) bool {
-	wait := 100 * time.Millisecond
+	wait := backoff.New(100*time.Millisecond, w.cfg.Backoff)
 	for {
 		down := w.probe(ctx, w.cfg.CreateTopics)
 		if ctx.Err() != nil {
@@ -352,13 +355,11 @@ func (w *Worker) waitReady(ctx context.Context) bool {
 			return true
 		}
 		w.down.Store(&down)
-		w.cfg.Logger.Warn("ledger: waiting for dependencies", "down", strings.Join(down, ", "), "retry_in", wait)
-		select {
-		case <-ctx.Done():
+		d := wait.Next()
+		w.cfg.Logger.Warn("ledger: waiting for dependencies", "down", strings.Join(down, ", "), "retry_in", d)
+		if clock.Sleep(ctx, d) != nil {
 			return false
-		case <-time.After(wait):
 		}
-		wait = min(2*wait, w.cfg.Backoff)
 	}
 }
 

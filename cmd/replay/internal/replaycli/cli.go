@@ -127,7 +127,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&dbURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL (default $DATABASE_URL)")
 		fs.StringVar(&sql, "checksum-sql", "", "query over the state that must not change (required)")
 		fs.StringVar(&scope, "scope", "", "dedupe scope of the consumer (its handler name) to classify keys")
-		fs.StringVar(&schema, "schema", "public", "schema of the dedupe table")
+		fs.StringVar(&schema, "schema", "", "schema of the dedupe table (default: the database URL's search_path, else public)")
 		fs.StringVar(&table, "table", "exactly_keys", "dedupe table")
 		fs.StringVar(&keyFlag, "key", "uuid", "the consumer's key: uuid (the message UUID), metadata:NAME (a header) or field:PATH (a JSON field, dot-separated)")
 		fs.StringVar(&fpFlag, "fingerprint", "raw", "the consumer's fingerprint: raw (SHA-256 of the bytes) or json (of the canonical JSON)")
@@ -192,7 +192,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if from == "" {
 			return usageErr("--from is required")
 		}
-		report, err = Copy(ctx, CopyOpts{Brokers: bs, Security: sec, From: from, To: to, IntoSource: intoSource, Range: r, Duplicate: dup, Mutate: mutateP, DryRun: dry, Progress: prog})
+		report, err = Copy(ctx, CopyConfig{Brokers: bs, Security: sec, From: from, To: to, IntoSource: intoSource, Range: r, Duplicate: dup, Mutate: mutateP, DryRun: dry, Progress: prog})
 	case "rewind":
 		if group == "" || topic == "" {
 			return usageErr("--group and --topic are required")
@@ -201,7 +201,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if !ok {
 			return ExitUsage
 		}
-		report, err = Rewind(ctx, RewindOpts{Brokers: bs, Security: sec, Group: group, Topic: topic, ToOffset: toOffset, ToTime: at, Back: back, Execute: execute})
+		report, err = Rewind(ctx, RewindConfig{Brokers: bs, Security: sec, Group: group, Topic: topic, ToOffset: toOffset, ToTime: at, Back: back, Execute: execute})
 	case "verify":
 		if topic == "" || group == "" || sql == "" || dbURL == "" {
 			return usageErr("--topic, --group, --checksum-sql and --database-url (or DATABASE_URL) are required")
@@ -211,8 +211,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return usageErr(msg)
 		}
 		var rep VerifyReport
-		rep, err = Verify(ctx, VerifyOpts{KeyFunc: keyFunc, FingerprintFunc: fpFunc,
-			Copy:        CopyOpts{Brokers: bs, Security: sec, From: topic, Range: r, Duplicate: dup, Mutate: mutateP, Progress: prog},
+		rep, err = Verify(ctx, VerifyConfig{KeyFunc: keyFunc, FingerprintFunc: fpFunc,
+			Copy:        CopyConfig{Brokers: bs, Security: sec, From: topic, Range: r, Duplicate: dup, Mutate: mutateP, Progress: prog},
 			DatabaseURL: dbURL, Group: group, ChecksumSQL: sql, Scope: scope, Schema: schema, Table: table, TTL: ttl, Timeout: timeout,
 			Warn: func(f string, a ...any) { fmt.Fprintf(stderr, "replay verify: warning: "+f+"\n", a...) },
 		})

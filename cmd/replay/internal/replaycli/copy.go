@@ -14,8 +14,8 @@ import (
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
-// CopyOpts configures Copy.
-type CopyOpts struct {
+// CopyConfig configures Copy.
+type CopyConfig struct {
 	Brokers []string
 	// Security holds the TLS and SASL settings. Defaults to plain TCP.
 	Security kafkapubsub.Security
@@ -59,7 +59,7 @@ var errEmptyRange = fmt.Errorf("the range holds no records")
 
 // Copy re-publishes a range of a topic, keeping keys, headers (the message
 // UUID) and per-partition order.
-func Copy(ctx context.Context, o CopyOpts) (CopyResult, error) {
+func Copy(ctx context.Context, o CopyConfig) (CopyResult, error) {
 	if o.Duplicate == 0 {
 		o.Duplicate = 1
 	}

@@ -11,8 +11,8 @@ import (
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
-// RewindOpts configures Rewind.
-type RewindOpts struct {
+// RewindConfig configures Rewind.
+type RewindConfig struct {
 	Brokers []string
 	// Security holds the TLS and SASL settings. Defaults to plain TCP.
 	Security kafkapubsub.Security
@@ -48,7 +48,7 @@ var errGroupActive = fmt.Errorf("the consumer group has active members")
 
 // Rewind resets a consumer group's committed offsets on a topic. It refuses
 // while the group has active members, and changes nothing unless Execute.
-func Rewind(ctx context.Context, o RewindOpts) (RewindPlan, error) {
+func Rewind(ctx context.Context, o RewindConfig) (RewindPlan, error) {
 	plan := RewindPlan{Group: o.Group, Topic: o.Topic}
 	set := 0
 	if o.ToOffset >= 0 {

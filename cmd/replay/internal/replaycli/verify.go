@@ -18,19 +18,21 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/redact"
+	"github.com/exactly-go/exactly/internal/sqlident"
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
-// VerifyOpts configures Verify.
-type VerifyOpts struct {
-	Copy        CopyOpts // the redelivery: the range of Topic copied into Topic
+// VerifyConfig configures Verify.
+type VerifyConfig struct {
+	Copy        CopyConfig // the redelivery: the range of Topic copied into Topic
 	DatabaseURL string
 	Group       string
 	// ChecksumSQL is the user's query over the consumer's state (balances,
 	// say); its result must be the same before and after the replay.
 	ChecksumSQL string
 	// Scope, Schema and Table locate the consumer's dedupe keys. Without
-	// Scope only the checksum is compared.
+	// Scope only the checksum is compared. Schema defaults to the
+	// DatabaseURL's search_path, else "public", as pgstore's does.
 	Scope, Schema, Table string
 	// KeyFunc and FingerprintFunc must be the consumer's (consumer.Config):
 	// verify computes each replayed record's key and fingerprint with them
@@ -87,7 +89,7 @@ var (
 // Any change of the checksum or any replayed key applied anew is a failure.
 // The topic must be quiet meanwhile: records that others produce change the
 // state as well.
-func Verify(ctx context.Context, o VerifyOpts) (VerifyReport, error) {
+func Verify(ctx context.Context, o VerifyConfig) (VerifyReport, error) {
 	rep := VerifyReport{Topic: o.Copy.From, Group: o.Group}
 	o.Copy.To, o.Copy.IntoSource = o.Copy.From, true
 	if o.TTL == 0 {
@@ -95,9 +97,6 @@ func Verify(ctx context.Context, o VerifyOpts) (VerifyReport, error) {
 	}
 	if o.Timeout == 0 {
 		o.Timeout = 5 * time.Minute
-	}
-	if o.Schema == "" {
-		o.Schema = "public"
 	}
 	if o.Table == "" {
 		o.Table = "exactly_keys"
@@ -122,6 +121,9 @@ func Verify(ctx context.Context, o VerifyOpts) (VerifyReport, error) {
 		return rep, fmt.Errorf("%w at %s: %v", errDatabase, Redact(o.DatabaseURL), redact.Error(err, o.DatabaseURL))
 	}
 	defer pool.Close()
+	if o.Schema == "" {
+		o.Schema = sqlident.DefaultSchema(pool.Config().ConnConfig)
+	}
 	k := newKafka(o.Copy.Brokers, o.Copy.Security)
 	n, err := k.partitions(ctx, o.Copy.From)
 	if err != nil {
@@ -192,7 +194,7 @@ func Verify(ctx context.Context, o VerifyOpts) (VerifyReport, error) {
 // into a temporary table on a connection of its own (COPY FROM), through a
 // bounded channel: the replay's memory does not grow with its length.
 type keySink struct {
-	o         VerifyOpts
+	o         VerifyConfig
 	conn      *pgxpool.Conn
 	rows      chan []any
 	stop      context.CancelFunc
@@ -202,7 +204,7 @@ type keySink struct {
 	closeOnce sync.Once
 }
 
-func newKeySink(ctx context.Context, pool *pgxpool.Pool, o VerifyOpts) (*keySink, error) {
+func newKeySink(ctx context.Context, pool *pgxpool.Pool, o VerifyConfig) (*keySink, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errDatabase, err)

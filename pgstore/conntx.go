@@ -8,51 +8,25 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/exactly-go/exactly/dedupe"
 )
 
-// pipelinedTx is the pgx.Tx that Do hands to its function. Its BEGIN was
-// sent in the same round trip as the claim (a pgx batch), which pgx's own
-// transaction type cannot do; otherwise it behaves as pgx's: Commit and
-// Rollback end it and return the connection to the pool, Begin makes a
-// savepoint. LargeObjects is not supported on it.
-type pipelinedTx struct {
+// connTx is the pgx.Tx that Do hands to its function: a transaction run by
+// hand on a pooled connection, since its BEGIN went out in the same round
+// trip as the claim (beginClaim), which pgx's own transaction type cannot
+// do. Otherwise it behaves as pgx's: Commit and Rollback end it and return
+// the connection to the pool, Begin makes a savepoint. LargeObjects is not
+// supported on it.
+type connTx struct {
 	pc     *pgxpool.Conn
 	conn   *pgx.Conn
 	closed bool
 	sp     int
 }
 
-var _ pgx.Tx = (*pipelinedTx)(nil)
-
-// beginPipelined acquires a connection and sends BEGIN and the claim in one
-// round trip. The claim's result is returned read.
-func (s *Store) beginPipelined(ctx context.Context, req dedupe.Request) (*pipelinedTx, *scanned, error) {
-	pc, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return nil, nil, classify("begin", err)
-	}
-	tx := &pipelinedTx{pc: pc, conn: pc.Conn()}
-	b := &pgx.Batch{}
-	b.Queue(s.beginSQL)
-	b.Queue(s.q.claim, s.claimArgs(req, dedupe.StatusCompleted, 0)...)
-	br := tx.conn.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		tx.end(ctx, true)
-		return nil, nil, classify("begin", err)
-	}
-	var r scanned
-	r.rec, r.inserted, r.now, r.found, r.err = scanOne(br.QueryRow())
-	if err := br.Close(); err != nil && r.err == nil {
-		r.err = err
-	}
-	return tx, &r, nil
-}
+var _ pgx.Tx = (*connTx)(nil)
 
 // end returns the connection; a broken one is closed so the pool drops it.
-func (t *pipelinedTx) end(ctx context.Context, broken bool) {
+func (t *connTx) end(ctx context.Context, broken bool) {
 	t.closed = true
 	if broken {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
@@ -62,7 +36,7 @@ func (t *pipelinedTx) end(ctx context.Context, broken bool) {
 	t.pc.Release()
 }
 
-func (t *pipelinedTx) Begin(ctx context.Context) (pgx.Tx, error) {
+func (t *connTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if t.closed {
 		return nil, pgx.ErrTxClosed
 	}
@@ -74,7 +48,7 @@ func (t *pipelinedTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	return &savepointTx{parent: t, name: name}, nil
 }
 
-func (t *pipelinedTx) Commit(ctx context.Context) error {
+func (t *connTx) Commit(ctx context.Context) error {
 	if t.closed {
 		return pgx.ErrTxClosed
 	}
@@ -89,7 +63,7 @@ func (t *pipelinedTx) Commit(ctx context.Context) error {
 	return nil
 }
 
-func (t *pipelinedTx) Rollback(ctx context.Context) error {
+func (t *connTx) Rollback(ctx context.Context) error {
 	if t.closed {
 		return pgx.ErrTxClosed
 	}
@@ -98,14 +72,14 @@ func (t *pipelinedTx) Rollback(ctx context.Context) error {
 	return err
 }
 
-func (t *pipelinedTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
+func (t *connTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
 	if t.closed {
 		return 0, pgx.ErrTxClosed
 	}
 	return t.conn.CopyFrom(ctx, table, cols, src)
 }
 
-func (t *pipelinedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+func (t *connTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if t.closed {
 		return &closedBatch{}
 	}
@@ -113,41 +87,41 @@ func (t *pipelinedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResu
 }
 
 // LargeObjects is not supported: its zero value panics when used.
-func (t *pipelinedTx) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
+func (t *connTx) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
 
-func (t *pipelinedTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+func (t *connTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	if t.closed {
 		return nil, pgx.ErrTxClosed
 	}
 	return t.conn.Prepare(ctx, name, sql)
 }
 
-func (t *pipelinedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+func (t *connTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if t.closed {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
 	return t.conn.Exec(ctx, sql, args...)
 }
 
-func (t *pipelinedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+func (t *connTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if t.closed {
 		return nil, pgx.ErrTxClosed
 	}
 	return t.conn.Query(ctx, sql, args...)
 }
 
-func (t *pipelinedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+func (t *connTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if t.closed {
 		return errRow{pgx.ErrTxClosed}
 	}
 	return t.conn.QueryRow(ctx, sql, args...)
 }
 
-func (t *pipelinedTx) Conn() *pgx.Conn { return t.conn }
+func (t *connTx) Conn() *pgx.Conn { return t.conn }
 
-// savepointTx is a nested transaction of a pipelinedTx.
+// savepointTx is a nested transaction of a connTx.
 type savepointTx struct {
-	parent *pipelinedTx
+	parent *connTx
 	name   string
 	closed bool
 }

@@ -1,0 +1,29 @@
+// Package consumertest tests a handler behind the exactly middleware
+// without a router or a broker: [Handler] runs it through a real
+// [consumer.Middleware] against one message at a time and reports the
+// outcome, the outputs and the key as stored ([Result]).
+//
+// Two stores fit:
+//
+//   - [MemStore], in memory, for handlers that write no SQL. It decides as
+//     pgstore does ([dedupe.Decide]) and passes the same conformance suite
+//     (dedupetest.Exercise); its transactions ([Tx]) run no SQL and record
+//     whether they were committed or rolled back.
+//   - [*pgstore.Store] on a pool, for handlers that write SQL: the handler
+//     gets a real transaction, and a test reads its writes back.
+//
+// A test in memory:
+//
+//	store := consumertest.NewMemStore(nil)
+//	h, err := consumertest.NewHandler(store, consumer.TxHandler(handle), &consumer.Config{Scope: "ledger"})
+//	if err != nil {
+//		t.Fatal(err)
+//	}
+//	msg := message.NewMessage("3f0c…", []byte(`{"amount":5}`))
+//	if r := h.Run(ctx, t, msg); r.Outcome != consumer.OutcomeApplied {
+//		t.Fatalf("first delivery: %s, %v", r.Outcome, r.Err)
+//	}
+//	if r := h.Run(ctx, t, msg); r.Outcome != consumer.OutcomeDuplicate {
+//		t.Fatalf("second delivery: %s, %v", r.Outcome, r.Err)
+//	}
+package consumertest

@@ -1,0 +1,200 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/dedupe"
+)
+
+// The claim protocol, in one place:
+//
+//  1. claimSQL inserts the key or reports the stored row, in one statement
+//     (Do sends it in the same round trip as BEGIN: beginClaim).
+//  2. When the conflicting row was committed by a transaction the statement
+//     waited for, nothing comes back: lockSQL reads it FOR UPDATE.
+//  3. dedupe.Decide decides on the stored row.
+//  4. A key whose lease expired is taken over with takeoverSQL, fenced by
+//     the attempts count that was read; a lost race goes back to step 1.
+
+// claimArgs are the arguments of one claim, built once and shared by its
+// statements.
+type claimArgs struct {
+	scope, id   string
+	fingerprint string
+	// status is the status a claimed key gets: COMPLETED in a transaction
+	// (nothing outside it can see the row before commit), PROCESSING under
+	// a lease.
+	status dedupe.Status
+	// topic, partition and offset are the message's source; NULL when unknown.
+	topic     *string
+	partition *int32
+	offset    *int64
+	// leaseMicros and ttlMicros are durations in microseconds.
+	leaseMicros, ttlMicros float64
+}
+
+// newClaimArgs validates req and builds its claim's arguments.
+func (s *Store) newClaimArgs(req dedupe.Request, status dedupe.Status, lease time.Duration) (claimArgs, error) {
+	if err := req.Validate(); err != nil {
+		return claimArgs{}, err
+	}
+	a := claimArgs{
+		scope: req.Key.Scope, id: req.Key.ID, fingerprint: string(req.Fingerprint), status: status,
+		leaseMicros: micros(lease), ttlMicros: micros(s.ttl(req)),
+	}
+	if req.Source != (dedupe.Source{}) {
+		src := req.Source
+		a.topic, a.partition, a.offset = &src.Topic, &src.Partition, &src.Offset
+	}
+	return a, nil
+}
+
+// claimSQLArgs are claimSQL's $1..$9.
+func (a *claimArgs) claimSQLArgs() []any {
+	return []any{a.scope, a.id, a.fingerprint, string(a.status), a.topic, a.partition, a.offset, a.leaseMicros, a.ttlMicros}
+}
+
+// takeoverSQLArgs are takeoverSQL's $1..$9, fenced by the attempts count read.
+func (a *claimArgs) takeoverSQLArgs(attempts int) []any {
+	return []any{a.scope, a.id, attempts, string(a.status), a.topic, a.partition, a.offset, a.leaseMicros, a.ttlMicros}
+}
+
+// keyRow is one row of (inserted, cols..., clock_timestamp()), as the claim,
+// lock, takeover and get statements return it.
+type keyRow struct {
+	rec dedupe.Record
+	// inserted: the claim statement inserted the key.
+	inserted bool
+	// now is the database's clock when the row was read.
+	now time.Time
+	// found: a row came back.
+	found bool
+}
+
+// claim runs the claim protocol for req on db.
+func (s *Store) claim(ctx context.Context, db DBTX, req dedupe.Request, status dedupe.Status, lease time.Duration) (dedupe.Claim, error) {
+	a, err := s.newClaimArgs(req, status, lease)
+	if err != nil {
+		return dedupe.Claim{}, err
+	}
+	row, err := scanKeyRow(db.QueryRow(ctx, s.q.claim, a.claimSQLArgs()...))
+	return s.resolveClaim(ctx, db, req, &a, row, err)
+}
+
+// resolveClaim finishes a claim whose claim statement answered row (or
+// rowErr): steps 2 to 4.
+func (s *Store) resolveClaim(ctx context.Context, db DBTX, req dedupe.Request, a *claimArgs, row keyRow, rowErr error) (dedupe.Claim, error) {
+	// A takeover can lose its race to another worker; the loop re-reads and
+	// decides again. A handful of rounds is plenty: each lost round means
+	// another worker made progress.
+	for round := 0; round < 8; round++ {
+		if round > 0 {
+			row, rowErr = scanKeyRow(db.QueryRow(ctx, s.q.claim, a.claimSQLArgs()...))
+		}
+		if rowErr != nil {
+			return dedupe.Claim{}, classify("claim "+req.Key.String(), rowErr)
+		}
+		if !row.found {
+			locked, err := scanKeyRow(db.QueryRow(ctx, s.q.lock, a.scope, a.id))
+			if err != nil {
+				return dedupe.Claim{}, classify("claim "+req.Key.String(), err)
+			}
+			if !locked.found {
+				continue // deleted by cleanup meanwhile: claim again
+			}
+			row = locked
+		}
+		if row.inserted {
+			return dedupe.Claim{Decision: dedupe.DecisionNew, Record: row.rec, TTL: req.TTL}, nil
+		}
+		decision, err := dedupe.Decide(row.rec, req.Fingerprint, row.now)
+		if err != nil || decision == dedupe.DecisionDuplicate {
+			return dedupe.Claim{Decision: decision, Record: row.rec, TTL: req.TTL}, err
+		}
+		taken, err := scanKeyRow(db.QueryRow(ctx, s.q.takeover, a.takeoverSQLArgs(row.rec.Attempts)...))
+		if err != nil {
+			return dedupe.Claim{}, classify("take over "+req.Key.String(), err)
+		}
+		if taken.found {
+			return dedupe.Claim{Decision: dedupe.DecisionTakeover, Record: taken.rec, TTL: req.TTL}, nil
+		}
+	}
+	return dedupe.Claim{}, dedupe.Retryable(fmt.Errorf("pgstore: claim %s: the key kept changing under concurrent claims", req.Key))
+}
+
+// beginClaim acquires a connection and sends BEGIN and the claim statement
+// in one round trip (a pgx batch, which pgx's own transaction type cannot
+// do), then finishes the claim in the transaction it opened. The
+// transaction is returned whenever it was opened, also with the claim's
+// error: the caller rolls it back.
+func (s *Store) beginClaim(ctx context.Context, req dedupe.Request) (*connTx, dedupe.Claim, error) {
+	a, err := s.newClaimArgs(req, dedupe.StatusCompleted, 0)
+	if err != nil {
+		return nil, dedupe.Claim{}, err
+	}
+	pc, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, dedupe.Claim{}, classify("begin", err)
+	}
+	tx := &connTx{pc: pc, conn: pc.Conn()}
+	b := &pgx.Batch{}
+	b.Queue(s.beginSQL)
+	b.Queue(s.q.claim, a.claimSQLArgs()...)
+	br := tx.conn.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		tx.end(ctx, true)
+		return nil, dedupe.Claim{}, classify("begin", err)
+	}
+	row, rowErr := scanKeyRow(br.QueryRow())
+	if err := br.Close(); err != nil && rowErr == nil {
+		rowErr = err
+	}
+	c, err := s.resolveClaim(ctx, tx, req, &a, row, rowErr)
+	return tx, c, err
+}
+
+// scanKeyRow reads one row of (inserted, cols..., clock_timestamp()); no
+// row is found=false, not an error.
+func scanKeyRow(row pgx.Row) (keyRow, error) {
+	var (
+		r                   keyRow
+		fp, status          string
+		topic               *string
+		partition           *int32
+		offset              *int64
+		completed, lockedTo *time.Time
+	)
+	rec := &r.rec
+	err := row.Scan(&r.inserted, &rec.Key.Scope, &rec.Key.ID, &fp, &status, &rec.Result, &rec.Attempts,
+		&topic, &partition, &offset, &rec.CreatedAt, &completed, &lockedTo, &rec.ExpiresAt, &r.now)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return keyRow{}, nil
+	}
+	if err != nil {
+		return keyRow{}, err
+	}
+	r.found = true
+	rec.Fingerprint, rec.Status = dedupe.Fingerprint(fp), dedupe.Status(status)
+	if topic != nil {
+		rec.Source.Topic = *topic
+	}
+	if partition != nil {
+		rec.Source.Partition = *partition
+	}
+	if offset != nil {
+		rec.Source.Offset = *offset
+	}
+	if completed != nil {
+		rec.CompletedAt = *completed
+	}
+	if lockedTo != nil {
+		rec.LockedUntil = *lockedTo
+	}
+	return r, nil
+}

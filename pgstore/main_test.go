@@ -1,0 +1,9 @@
+package pgstore_test
+
+import (
+	"testing"
+
+	"github.com/exactly-go/exactly/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
