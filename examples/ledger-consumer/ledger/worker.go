@@ -332,10 +332,18 @@ func (w *Worker) consume(ctx context.Context, setRouter func(*message.Router)) e
 	}
 	stopRelay()
 	wg.Wait()
-	// Publish what the last handlers wrote before the relay stopped.
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	if _, ferr := relay.RunOnce(fctx); ferr != nil {
-		log.Warn("ledger: final outbox flush failed; the next run publishes it", "err", ferr)
+	// Publish what the last handlers wrote before the relay stopped (a
+	// batch commits hundreds of events at once: the relay may be behind).
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	for {
+		n, ferr := relay.RunOnce(fctx)
+		if ferr != nil {
+			log.Warn("ledger: final outbox flush failed; the next run publishes it", "err", ferr)
+			break
+		}
+		if n == 0 {
+			break
+		}
 	}
 	cancel()
 	return err
