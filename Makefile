@@ -1,6 +1,9 @@
 # Common tasks. `make test` is what CI runs (see .ci/run).
 GO ?= go
-PKGS ?= ./...
+# Every package of every module of the workspace (go.work): ./... alone stops
+# at the nested modules (examples/ledger-consumer, cmd/replay, internal/chaos,
+# internal/embedpg, internal/kafkabench, internal/testkit/testservices).
+PKGS ?= $(shell GO="$(GO)" scripts/packages.sh)
 
 .PHONY: demo test test-short chaos chaos-short bench lint services services-stop up down images test-docker compose-test
 
@@ -37,7 +40,6 @@ bench:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
-	for mod in plugin/*/; do (cd $$mod && $(GO) vet ./...) || exit 1; done
 
 # Local servers without Docker: the machine's Postgres and a real Kafka
 # broker fetched from Maven Central.
@@ -64,8 +66,8 @@ images:
 
 # The suite with every service from testcontainers-go (Docker engine started
 # and images built when missing); a test served from elsewhere fails.
-# DOCKER_PKGS narrows it (default: all packages).
-DOCKER_PKGS ?= ./...
+# DOCKER_PKGS narrows it (default: all packages of all modules).
+DOCKER_PKGS ?= $(PKGS)
 test-docker:
 	scripts/test-docker.sh $(DOCKER_PKGS)
 

@@ -7,15 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/internal/kafkatest"
+	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
@@ -40,83 +38,9 @@ func seedTopic(b *testing.B) string {
 	return name
 }
 
-// BenchmarkSubscriber compares consuming the same pre-produced topic (20 000
-// records, 4 partitions, acking every message, a new group per iteration):
-// this package's Subscriber, a bare kafka-go Reader loop (FetchMessage +
-// CommitMessages), and watermill-kafka's sarama Subscriber. Run:
-//
-//	go test -run '^$' -bench Subscriber -benchtime 3x ./consumer
-func BenchmarkSubscriber(b *testing.B) {
-	topic := seedTopic(b)
-	brokers := kafkatest.Brokers(b)
-	consume := func(b *testing.B, sub message.Subscriber) {
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		msgs, err := sub.Subscribe(ctx, topic)
-		if err != nil {
-			b.Fatal(err)
-		}
-		for i := 0; i < benchMessages; i++ {
-			select {
-			case m := <-msgs:
-				m.Ack()
-			case <-time.After(60 * time.Second):
-				b.Fatalf("stalled after %d messages", i)
-			}
-		}
-		_ = sub.Close()
-	}
-	report := func(b *testing.B, start time.Time) {
-		b.ReportMetric(float64(benchMessages*b.N)/time.Since(start).Seconds(), "msgs/s")
-	}
-	b.Run("exactly", func(b *testing.B) {
-		start := time.Now()
-		for i := 0; i < b.N; i++ {
-			sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: brokers, ConsumerGroup: kafkatest.Name("bench"), Logger: quietLogger()})
-			if err != nil {
-				b.Fatal(err)
-			}
-			consume(b, sub)
-		}
-		report(b, start)
-	})
-	b.Run("kafka-go-reader", func(b *testing.B) {
-		start := time.Now()
-		for i := 0; i < b.N; i++ {
-			r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, GroupID: kafkatest.Name("bench"), Topic: topic,
-				StartOffset: kafka.FirstOffset, CommitInterval: 200 * time.Millisecond, MaxWait: 250 * time.Millisecond})
-			ctx := context.Background()
-			for n := 0; n < benchMessages; n++ {
-				m, err := r.FetchMessage(ctx)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := r.CommitMessages(ctx, m); err != nil {
-					b.Fatal(err)
-				}
-			}
-			_ = r.Close()
-		}
-		report(b, start)
-	})
-	b.Run("watermill-kafka-sarama", func(b *testing.B) {
-		start := time.Now()
-		for i := 0; i < b.N; i++ {
-			cfg := wkafka.DefaultSaramaSubscriberConfig()
-			cfg.Version = sarama.V3_0_0_0
-			cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
-			sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
-				Brokers: brokers, ConsumerGroup: kafkatest.Name("bench"), Unmarshaler: wkafka.DefaultMarshaler{},
-				OverwriteSaramaConfig: cfg,
-			}, watermill.NopLogger{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			consume(b, sub)
-		}
-		report(b, start)
-	})
-}
+// BenchmarkSubscriber, this package's Subscriber side by side with a bare
+// kafka-go Reader and watermill-kafka, is in internal/kafkabench (a module of
+// its own, so that sarama stays out of the library's go.mod).
 
 // BenchmarkMiddlewareEndToEnd consumes the pre-produced topic through a
 // Watermill router whose handler runs one UPDATE in a transaction: with the

@@ -13,7 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
 )
 
 // ownBroker starts a real Kafka broker of this test's own (scripts/kafka.sh

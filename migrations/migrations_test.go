@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/exactly-go/exactly/internal/pgtest"
+	"github.com/exactly-go/exactly/internal/testkit/pgtest"
 	"github.com/exactly-go/exactly/migrations"
 )
 

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
 	"github.com/exactly-go/exactly/migrations"
 )
 

@@ -3,7 +3,7 @@ package outbox_test
 import (
 	"testing"
 
-	"github.com/exactly-go/exactly/internal/pgtest"
+	"github.com/exactly-go/exactly/internal/testkit/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

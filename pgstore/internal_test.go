@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/internal/pgtest"
-	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/testkit/pgtest"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
 )
 
 // TestCleanupOneRunnerAtATime: while another session holds the table's

@@ -94,8 +94,8 @@ test_stack() {
 	up
 	local db="postgres://postgres:postgres@127.0.0.1:$POSTGRES_PORT/exactly_test?sslmode=disable"
 	local brokers=127.0.0.1:$KAFKA_PORT
-	go build -o "${TMPDIR:-/tmp}/exactly-ledger-consumer-$$" ./examples/ledger-consumer
 	local bin=${TMPDIR:-/tmp}/exactly-ledger-consumer-$$
+	go build -o "$bin" ./examples/ledger-consumer
 	"$bin" load --brokers "$brokers" --n "${COMPOSE_TEST_COMMANDS:-2000}" --accounts 50
 	local deadline=$((SECONDS + ${COMPOSE_VERIFY_TIMEOUT:-180})) out
 	until out=$("$bin" verify --brokers "$brokers" --database-url "$db" --schema ledger 2>&1); do

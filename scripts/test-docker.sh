@@ -10,7 +10,13 @@
 # its image would come from a registry. The containers carry the label
 # dev.exactly.testenv=<this run> and are removed here when the run ends.
 #
-#   scripts/test-docker.sh [packages...]     (default ./...; DOCKER_TEST_FLAGS adds go test flags)
+# The containers come from internal/testkit/testservices (a module of its own, so
+# that testcontainers-go stays out of the library's go.mod), run by the test
+# kit as a helper process; it is built once here for the whole run
+# (EXACTLY_TESTSERVICES).
+#
+#   scripts/test-docker.sh [packages...]     (default: every module of go.work;
+#                                             DOCKER_TEST_FLAGS adds go test flags)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,7 +24,9 @@ scripts/docker-engine.sh start
 scripts/docker-images.sh postgres kafka
 
 run=test-docker-$$-$(date +%s)
+bin=$(mktemp -d)
 cleanup() {
+	rm -rf "$bin"
 	local ids
 	ids=$(docker ps -aq --filter "label=dev.exactly.testenv=$run")
 	if [ -n "$ids" ]; then
@@ -35,6 +43,9 @@ export TESTCONTAINERS_RYUK_DISABLED=true CI=${CI:-true}
 # The fault tests start brokers of their own (scripts/kafka.sh); next to the
 # containers, on a loaded machine, they need longer than its default 60 s.
 export KAFKA_START_TIMEOUT=${KAFKA_START_TIMEOUT:-180}
-[ $# -gt 0 ] || set -- ./...
+go build -o "$bin/testservices" ./internal/testkit/testservices
+export EXACTLY_TESTSERVICES=$bin/testservices
+# shellcheck disable=SC2046 # one pattern per module
+[ $# -gt 0 ] || set -- $(scripts/packages.sh)
 # shellcheck disable=SC2086
 go test -race -count=1 -timeout 20m ${DOCKER_TEST_FLAGS:-} "$@"

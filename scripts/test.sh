@@ -9,11 +9,13 @@
 # started it). Whatever cannot be started is reported, and the tests that
 # need it skip (fail with CI=true) and are listed in the summary.
 #
-# Environment: GO (go), PKGS (./...), TESTFLAGS (extra go test flags).
+# Environment: GO (go), PKGS (every package of every module of the workspace,
+# go.work; ./... alone stops at the nested modules), TESTFLAGS (extra go test
+# flags).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
-PKGS=${PKGS:-./...}
+PKGS=${PKGS:-$(scripts/packages.sh)}
 bin=$(mktemp -d)
 stop_kafka=
 cleanup() {
@@ -43,14 +45,5 @@ if [ -z "${TEST_KAFKA_BROKERS:-}" ]; then
 fi
 
 "$GO" build -o "$bin/testsum" ./scripts/testsum
-# The plugins are modules of their own (./... stops at their go.mod): with
-# the default PKGS their tests run too, in the same summary.
 # shellcheck disable=SC2086 # PKGS and TESTFLAGS are lists
-{
-	"$GO" test -json -race -count=1 -timeout 20m ${TESTFLAGS:-} $PKGS
-	if [ "$PKGS" = ./... ]; then
-		for mod in plugin/*/; do
-			(cd "$mod" && "$GO" test -json -race -count=1 -timeout 20m ${TESTFLAGS:-} ./...)
-		done
-	fi
-} 2>&1 | "$bin/testsum"
+"$GO" test -json -race -count=1 -timeout 20m ${TESTFLAGS:-} $PKGS 2>&1 | "$bin/testsum"

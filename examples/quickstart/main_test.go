@@ -13,8 +13,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/exactly-go/exactly/internal/kafkatest"
-	"github.com/exactly-go/exactly/internal/pgtest"
+	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
+	"github.com/exactly-go/exactly/internal/testkit/pgtest"
 )
 
 // The quick start builds, and runs to its end against real Postgres and

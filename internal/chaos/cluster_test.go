@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
 )
 
 // freePort returns a loopback port nothing listens on right now.
@@ -40,12 +40,13 @@ func portOpen(port int) bool {
 	return err == nil
 }
 
-// moduleRoot is the directory of go.mod.
+// moduleRoot is the repository's root, the directory of go.work (the suite
+// builds ./examples/ledger-consumer, a module of the workspace).
 func moduleRoot(t testing.TB) string {
 	t.Helper()
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil || len(bytes.TrimSpace(out)) == 0 {
-		t.Fatalf("go env GOMOD: %v", err)
+	out, err := exec.Command("go", "env", "GOWORK").Output()
+	if w := string(bytes.TrimSpace(out)); err != nil || w == "" || w == "off" {
+		t.Fatalf("go env GOWORK: %q, %v: the chaos suite runs in the repository's workspace (go.work)", w, err)
 	}
 	return filepath.Dir(string(bytes.TrimSpace(out)))
 }

@@ -15,7 +15,7 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/internal/pgtest"
+	"github.com/exactly-go/exactly/internal/testkit/pgtest"
 	"github.com/exactly-go/exactly/outbox"
 	"github.com/exactly-go/exactly/pgstore"
 	"github.com/exactly-go/exactly/plugin/eprom"

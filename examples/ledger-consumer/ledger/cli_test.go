@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/examples/ledger-consumer/ledger"
-	"github.com/exactly-go/exactly/internal/kafkatest"
-	"github.com/exactly-go/exactly/internal/pgtest"
-	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
+	"github.com/exactly-go/exactly/internal/testkit/pgtest"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
 )
 
 func runCLI(ctx context.Context, args ...string) (int, string, string) {

@@ -14,9 +14,9 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/exactly-go/exactly/examples/ledger-consumer/ledger"
-	"github.com/exactly-go/exactly/internal/kafkatest"
-	"github.com/exactly-go/exactly/internal/pgtest"
-	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
+	"github.com/exactly-go/exactly/internal/testkit/pgtest"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
 )
 
 func demo(t *testing.T, noDedupe bool) ledger.Summary { return demoWith(t, noDedupe, 0) }

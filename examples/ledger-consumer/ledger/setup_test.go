@@ -5,7 +5,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/exactly-go/exactly/internal/pgtest"
+	"github.com/exactly-go/exactly/internal/testkit/pgtest"
 )
 
 // Workers that start together each run Setup: none may fail on another's

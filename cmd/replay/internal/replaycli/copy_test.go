@@ -10,7 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/exactly-go/exactly/cmd/replay/internal/replaycli"
-	"github.com/exactly-go/exactly/internal/kafkatest"
+	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
 )
 
 // copy keeps keys, headers and each partition's order; ranges select by

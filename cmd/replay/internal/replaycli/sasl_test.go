@@ -19,7 +19,7 @@ import (
 
 	"github.com/exactly-go/exactly/cmd/replay/internal/replaycli"
 	"github.com/exactly-go/exactly/internal/kafkaflags"
-	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
 

@@ -17,7 +17,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -25,17 +24,16 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/testcontainers/testcontainers-go"
-	"github.com/testcontainers/testcontainers-go/wait"
 
-	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
 	"github.com/exactly-go/exactly/migrations"
 )
 
 // LocalURL is where a server started from a local install is looked for.
 const LocalURL = "postgres://postgres:postgres@localhost:5432/postgres"
 
-// Image is the Postgres image used with testcontainers; it matches docker-compose.yml.
+// Image is the Postgres image used with testcontainers (internal/testservices
+// starts it); it matches docker-compose.yml.
 const Image = "postgres:15-alpine"
 
 var server struct {
@@ -73,9 +71,9 @@ func resolve() (url string, src testenv.Source, where string, err error) {
 	}
 	var reasons []string
 	if ok, why := testenv.DockerAvailable(); ok {
-		u, err := runContainer()
+		u, where, err := testenv.Container("postgres")
 		if err == nil {
-			return u, testenv.SourceContainer, Image + " at " + hostPort(u), nil
+			return u, testenv.SourceContainer, where, nil
 		}
 		reasons = append(reasons, fmt.Sprintf("testcontainers: %v", err))
 	} else {
@@ -87,66 +85,6 @@ func resolve() (url string, src testenv.Source, where string, err error) {
 		reasons = append(reasons, fmt.Sprintf("no local server at %s (%v)", LocalURL, err))
 	}
 	return "", "", "", fmt.Errorf("no Postgres: set TEST_DATABASE_URL, or start one (make up, or .ci/run's commands): %s", strings.Join(reasons, "; "))
-}
-
-// runContainer starts Image on the host network, listening on 127.0.0.1 at
-// a free port (PGPORT, which the server and the image's entrypoint honour),
-// and waits until it accepts connections. The container lives as long as
-// the test process (Ryuk, or the label testenv.ContainerLabel, removes it).
-func runContainer() (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	var lastErr error
-	// A free port can be taken between the pick and the server's bind: try
-	// again on another.
-	for range 3 {
-		ports, err := testenv.FreePorts(1)
-		if err != nil {
-			return "", err
-		}
-		c, err := testcontainers.Run(ctx, Image,
-			testcontainers.WithEnv(map[string]string{
-				"POSTGRES_USER":     "postgres",
-				"POSTGRES_PASSWORD": "postgres",
-				"POSTGRES_DB":       "exactly_test",
-				"PGPORT":            strconv.Itoa(ports[0]),
-			}),
-			testcontainers.WithCmd("postgres", "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200"),
-			testenv.Loopback(),
-			testenv.Shared("postgres"),
-			// The init server logs the line once, the real server once more.
-			testcontainers.WithWaitStrategyAndDeadline(4*time.Minute,
-				wait.ForLog("database system is ready to accept connections").WithOccurrence(2).WithStartupTimeout(4*time.Minute)),
-		)
-		if err != nil {
-			lastErr = err
-			if c != nil {
-				_ = c.Terminate(context.Background())
-			}
-			if ctx.Err() != nil {
-				break
-			}
-			continue
-		}
-		// A container shared with other test processes has their port.
-		port, err := testenv.ContainerEnv(ctx, c, "PGPORT")
-		if err != nil {
-			_ = c.Terminate(context.Background())
-			return "", err
-		}
-		u := fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%s/exactly_test?sslmode=disable", port)
-		for ctx.Err() == nil {
-			if lastErr = ping(u); lastErr == nil {
-				return u, nil
-			}
-			if st, err := c.State(ctx); err == nil && !st.Running {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		_ = c.Terminate(context.Background())
-	}
-	return "", fmt.Errorf("%s on the host network: %w", Image, lastErr)
 }
 
 func hostPort(u string) string {

@@ -4,8 +4,8 @@ import (
 	"context"
 	"testing"
 
-	"github.com/exactly-go/exactly/internal/pgtest"
-	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/testkit/pgtest"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
 )
 
 // TestContainerListensOnLoopbackOnly: a Postgres from testcontainers runs on

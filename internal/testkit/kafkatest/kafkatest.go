@@ -23,19 +23,18 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/testcontainers/testcontainers-go"
-	"github.com/testcontainers/testcontainers-go/wait"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/exactly-go/exactly/internal/kafkaadmin"
-	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
 )
 
 // LocalAddr is where a broker started by scripts/kafka.sh listens.
 const LocalAddr = "127.0.0.1:9092"
 
-// Image is the Kafka image used with testcontainers; it matches the version
-// in docker-compose.yml and scripts/kafka/pom.xml.
+// Image is the Kafka image used with testcontainers (internal/testservices
+// starts it); it matches the version in docker-compose.yml and
+// scripts/kafka/pom.xml.
 const Image = "apache/kafka:4.4.0"
 
 // Kind says where the broker came from.
@@ -54,6 +53,8 @@ type Broker struct {
 	Kind  Kind
 	// Why says why the sources before Kind were passed over ("" for none).
 	Why string
+
+	where string // the container's description, for KindContainer
 }
 
 var broker struct {
@@ -80,9 +81,9 @@ func resolve() (Broker, error) {
 	}
 	var reasons []string
 	if ok, why := testenv.DockerAvailable(); ok {
-		addr, err := runContainer()
+		addr, where, err := testenv.Container("kafka")
 		if err == nil {
-			return Broker{Addrs: []string{addr}, Kind: KindContainer}, nil
+			return Broker{Addrs: []string{addr}, Kind: KindContainer, where: where}, nil
 		}
 		reasons = append(reasons, fmt.Sprintf("testcontainers: %v", err))
 	} else {
@@ -103,115 +104,6 @@ func resolve() (Broker, error) {
 	return Broker{Addrs: c.ListenAddrs(), Kind: KindInProcess, Why: strings.Join(reasons, "; ")}, nil
 }
 
-// runContainer starts Image on the host network, its listeners on 127.0.0.1
-// at free ports (set through KAFKA_LISTENERS and the other KAFKA_* variables,
-// as the official image takes them), configured as scripts/kafka/server.properties
-// configures the broker CI runs, and waits until it serves. The container
-// lives as long as the test process (Ryuk, or the label
-// testenv.ContainerLabel, removes it).
-func runContainer() (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	var lastErr error
-	// A free port can be taken between the pick and the broker's bind: try
-	// again on others.
-	for range 3 {
-		ports, err := testenv.FreePorts(2)
-		if err != nil {
-			return "", err
-		}
-		addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
-		controller := fmt.Sprintf("127.0.0.1:%d", ports[1])
-		c, err := testcontainers.Run(ctx, Image,
-			testcontainers.WithEnv(map[string]string{
-				"CLUSTER_ID":                                             "exactly-test-kafka-xw",
-				"KAFKA_NODE_ID":                                          "1",
-				"KAFKA_PROCESS_ROLES":                                    "broker,controller",
-				"KAFKA_LISTENERS":                                        "PLAINTEXT://" + addr + ",CONTROLLER://" + controller,
-				"KAFKA_ADVERTISED_LISTENERS":                             "PLAINTEXT://" + addr,
-				"KAFKA_LISTENER_SECURITY_PROTOCOL_MAP":                   "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-				"KAFKA_CONTROLLER_LISTENER_NAMES":                        "CONTROLLER",
-				"KAFKA_INTER_BROKER_LISTENER_NAME":                       "PLAINTEXT",
-				"KAFKA_CONTROLLER_QUORUM_VOTERS":                         "1@" + controller,
-				"KAFKA_NUM_PARTITIONS":                                   "1",
-				"KAFKA_AUTO_CREATE_TOPICS_ENABLE":                        "true",
-				"KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR":                 "1",
-				"KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS":                     "10",
-				"KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR":         "1",
-				"KAFKA_TRANSACTION_STATE_LOG_MIN_ISR":                    "1",
-				"KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR": "1",
-				"KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR":            "1",
-				"KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS":                 "0",
-				"KAFKA_GROUP_CONSUMER_MIN_SESSION_TIMEOUT_MS":            "1000",
-				"KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS":                     "1000",
-				"KAFKA_NUM_NETWORK_THREADS":                              "2",
-				"KAFKA_NUM_IO_THREADS":                                   "4",
-				"KAFKA_HEAP_OPTS":                                        "-Xms256m -Xmx512m",
-			}),
-			testenv.Loopback(),
-			testenv.Shared("kafka"),
-			testcontainers.WithWaitStrategyAndDeadline(5*time.Minute, wait.ForLog("Kafka Server started").WithStartupTimeout(5*time.Minute)),
-		)
-		if err != nil {
-			lastErr = err
-			if c != nil {
-				_ = c.Terminate(context.Background())
-			}
-			if ctx.Err() != nil {
-				break
-			}
-			continue
-		}
-		// A container shared with other test processes has their port.
-		adv, err := testenv.ContainerEnv(ctx, c, "KAFKA_ADVERTISED_LISTENERS")
-		if err != nil {
-			_ = c.Terminate(context.Background())
-			return "", err
-		}
-		addr = strings.TrimPrefix(adv, "PLAINTEXT://")
-		for ctx.Err() == nil {
-			if lastErr = ready(ctx, addr); lastErr == nil {
-				return addr, nil
-			}
-			if st, err := c.State(ctx); err == nil && !st.Running {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		_ = c.Terminate(context.Background())
-	}
-	return "", fmt.Errorf("%s on the host network: %w", Image, lastErr)
-}
-
-// ready reports whether the broker at addr serves a topic. A broker that
-// has just started answers metadata requests long before its first topic
-// creation completes on a loaded machine (the JVM is still cold), so ready
-// creates one (or finds it, on a shared broker), reads its end offset and a
-// group's committed offsets, with time to spare, before the tests' own 10 s
-// requests go to it.
-func ready(ctx context.Context, addr string) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	c := &kafka.Client{Addr: kafka.TCP(addr), Timeout: time.Minute}
-	const topic = "exactly-testenv-ready"
-	res, err := c.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
-		Topic: topic, NumPartitions: 1, ReplicationFactor: 1,
-	}}})
-	if err != nil {
-		return err
-	}
-	if err := res.Errors[topic]; err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
-		return err
-	}
-	if _, err := kafkaadmin.EndOffsets(ctx, c, topic, 1); err != nil {
-		return err
-	}
-	// The group coordinator comes up with __consumer_offsets, created on
-	// the first group request: have it created now, not in a test's join.
-	_, err = kafkaadmin.Committed(ctx, c, "exactly-testenv-ready", topic, 1)
-	return err
-}
-
 func dial(addr string) error {
 	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
 	if err != nil {
@@ -229,8 +121,8 @@ func Brokers(t testing.TB) []string {
 		testenv.Missing(t, "%v", err)
 	}
 	where := strings.Join(b.Addrs, ",")
-	if b.Kind == KindContainer {
-		where = Image + " at " + where
+	if b.where != "" {
+		where = b.where
 	}
 	if b.Why != "" {
 		where += " (" + b.Why + ")"

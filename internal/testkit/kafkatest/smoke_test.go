@@ -9,7 +9,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/exactly-go/exactly/internal/kafkatest"
+	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
 )
 
 // TestSmokeResumeAtCommittedOffsets: 1000 keyed messages are produced; a

@@ -1,59 +1,15 @@
-package testenv
+package main
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/network"
 	"github.com/docker/go-connections/nat"
 	"github.com/testcontainers/testcontainers-go"
+
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
 )
-
-// recorder is a testing.TB that records what Report does with it.
-type recorder struct {
-	testing.TB
-	name         string
-	logs, fatals []string
-}
-
-func (r *recorder) Helper()      {}
-func (r *recorder) Name() string { return r.name }
-func (r *recorder) Logf(format string, args ...any) {
-	r.logs = append(r.logs, fmt.Sprintf(format, args...))
-}
-func (r *recorder) Fatalf(format string, args ...any) {
-	r.fatals = append(r.fatals, fmt.Sprintf(format, args...))
-}
-
-func TestReportFailsOnAnotherSourceThanRequired(t *testing.T) {
-	t.Setenv(RequireSourceEnv, string(SourceContainer))
-	for _, src := range []Source{SourceEnv, SourceLocal, SourceInProcess} {
-		r := &recorder{name: t.Name() + "/" + string(src)}
-		Report(r, "Kafka", src, "127.0.0.1:9092")
-		if len(r.fatals) != 1 {
-			t.Errorf("source %s with %s=%s: fatals %q, want one", src, RequireSourceEnv, SourceContainer, r.fatals)
-		}
-	}
-	r := &recorder{name: t.Name() + "/container"}
-	Report(r, "Kafka", SourceContainer, "127.0.0.1:40000")
-	if len(r.fatals) != 0 {
-		t.Errorf("the required source failed the test: %q", r.fatals)
-	}
-}
-
-func TestReportAcceptsAnySourceWhenNoneIsRequired(t *testing.T) {
-	t.Setenv(RequireSourceEnv, "")
-	r := &recorder{name: t.Name()}
-	Report(r, "Postgres", SourceLocal, "localhost:5432")
-	Report(r, "Postgres", SourceLocal, "localhost:5432")
-	if len(r.fatals) != 0 {
-		t.Errorf("fatals %q, want none", r.fatals)
-	}
-	if len(r.logs) != 1 || r.logs[0] != "Postgres from local: localhost:5432" {
-		t.Errorf("logs %q, want the source logged once", r.logs)
-	}
-}
 
 // TestLoopbackRunsOnTheHostNetworkOnly: whatever a module or the image
 // asks for (exposed ports, networks, testcontainers' default bridge), the
@@ -88,7 +44,7 @@ func TestLoopbackRunsOnTheHostNetworkOnly(t *testing.T) {
 	if len(req.ExposedPorts) != 0 || len(req.Networks) != 0 {
 		t.Errorf("exposed ports %v, networks %v; want none", req.ExposedPorts, req.Networks)
 	}
-	if req.Labels[ContainerLabel] == "" {
-		t.Errorf("labels %v: no %s", req.Labels, ContainerLabel)
+	if req.Labels[testenv.ContainerLabel] == "" {
+		t.Errorf("labels %v: no %s", req.Labels, testenv.ContainerLabel)
 	}
 }
