@@ -94,6 +94,65 @@
 // result too large, failed and unavailable (WARN); poisoned and
 // misconfigured (ERROR).
 //
+// # Batch mode
+//
+// One transaction per message costs a commit (an fsync) per message. A
+// [BatchConsumer] applies many messages per transaction: it reads a
+// Subscriber's channel itself (Watermill's router has no batch handler),
+// groups the messages into batches of up to BatchConfig.MaxSize, waiting at
+// most BatchConfig.MaxWait after a batch's first message (each partition's
+// messages stay contiguous and in offset order), and applies each batch
+// with [pgstore.Store.DoBatch]: every key claimed in one statement, sorted
+// by key; duplicates and key reuses filtered out; the [BatchHandlerFunc]
+// run once, with the transaction, on the fresh messages, which it applies
+// set-based (one UPDATE … FROM unnest(…) for many messages); the outputs
+// stored for duplicates (or written to the outbox with BatchConfig.Outputs)
+// in one more statement; one commit; then every message of the batch is
+// acked, after its outputs were published.
+//
+//	bc, _ := consumer.NewBatchConsumer(store, func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
+//		// one statement for the whole batch; return nil or one slice of outputs per message
+//	}, &consumer.BatchConfig{Scope: "ledger-consumer", MaxSize: 500, Publisher: pub, DeadLetterTopic: "ledger.dlq"})
+//	sub, _ := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: brokers, ConsumerGroup: "ledger"})
+//	err := bc.Subscribe(ctx, sub, "ledger.commands")
+//
+// The Subscriber should deliver several unacked messages per partition in
+// offset order (kafkapubsub.SubscriberConfig.MaxInFlight of at least
+// MaxSize, KeyOrdered off); with one at a time, a batch holds at most one
+// message per partition. BatchConfig.Workers runs several batches at once,
+// each partition on one worker. A message nacked by the per-message path
+// comes back after the Subscriber's back-off, while the window may go on
+// delivering the messages behind it: with MaxInFlight above 1, a partition
+// keeps its order except around a message that failed.
+//
+// A message that cannot be applied in a batch takes the per-message path:
+// the dedupe [Middleware], with the same configuration, wrapped in
+// BatchConfig.PerMessage (by default the PoisonQueue for
+// BatchConfig.DeadLetterTopic, a Retry and a Timeout, as on a router). It
+// is taken by a message with no valid key or a payload that cannot be
+// fingerprinted (the middleware applies Config.MissingKey; the batch is
+// cut around it, so order holds), by a key reused with another payload or
+// held in flight by a lease (after the batch committed; a key reuse is
+// never applied, so its order does not matter), and by the message that
+// makes a batch fail: a batch whose handler fails (or panics) is rolled
+// back and split in halves, applied in order, until the failing message is
+// alone, which then retries, counts towards Config.MaxAttempts and is
+// dead-lettered as poison with its reason (metadata "reason_poisoned").
+// When the per-message path nacks a message, the messages after it in the
+// batch are nacked too, so that they come back after it. A batch that
+// fails because of the infrastructure (a retryable error after
+// pgstore.Config.MaxTxAttempts, a configuration error, shutdown) is nacked
+// whole, never split or dead-lettered.
+//
+// Hooks receive one Event per message on both paths; on the batch path its
+// Duration is the batch's. Duplicates re-publish their stored outputs with
+// their UUIDs, as with the middleware.
+//
+// Without Watermill, [pgstore.Store.DoBatch] is the same protocol on a
+// slice of requests: it answers per request (new, duplicate with its
+// stored result, or the request's own error) and runs the function once on
+// the fresh ones.
+//
 // # Why it is exactly once
 //
 // The handler's writes and the key commit in one Postgres transaction, and

@@ -73,6 +73,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var (
 		url, bs, sch, cmds, events, dlq, group, metricsAddr *string
 		noDedupe, replay, migrate                           *bool
+		batch                                               *int
 		sessionTimeout                                      *time.Duration
 		kflags                                              kafkaflags.Flags
 	)
@@ -82,6 +83,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		loadFlags()
 		replay = fs.Bool("replay", true, "consume the topic a second time with a new group after the first pass")
 		noDedupe = fs.Bool("no-dedupe", false, "run without the dedupe middleware (to measure it, or to watch verify fail)")
+		batch = fs.Int("batch", 500, "consume the topic once more in batch mode, batches of up to this many commands, into a schema of its own, and report both modes (0: per-message mode only)")
 	case "migrate":
 		url, sch = dbURL(), schema()
 	case "worker":
@@ -93,6 +95,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		metricsAddr = fs.String("metrics-addr", "127.0.0.1:9090", "address for /metrics and /healthz (\":9090\" for every interface; \"\" for none)")
 		migrate = fs.Bool("migrate", false, "create or upgrade the tables before consuming (needs DDL rights; production runs `migrate` once instead)")
 		noDedupe = fs.Bool("no-dedupe", false, "run without the dedupe middleware (to measure it, or to watch verify fail)")
+		batch = fs.Int("batch", 0, "batch mode: apply up to this many commands per transaction, set-based (0: one transaction per command)")
 		kflags.Register(fs)
 	case "load":
 		bs, cmds = brokers(), commands()
@@ -134,7 +137,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if cmd == "demo" {
 		fmt.Fprintln(stderr, "ledger demo: producing", load.Commands, "commands over", load.Accounts, "accounts …")
-		sum, err := Demo(ctx, DemoConfig{DatabaseURL: *url, Brokers: brokerList, Load: load, Progress: stderr, NoDedupe: *noDedupe, Replay: *replay, Logger: slog.New(slog.DiscardHandler)})
+		sum, err := Demo(ctx, DemoConfig{DatabaseURL: *url, Brokers: brokerList, Load: load, Progress: stderr, NoDedupe: *noDedupe, Replay: *replay, Batch: *batch, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			return fail(err)
 		}
@@ -200,7 +203,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		w, err := NewWorker(pool, Config{Schema: *sch, Brokers: brokerList, Security: sec, Partitioner: part, Commands: *cmds, Events: *events, DeadLetter: *dlq,
-			Group: *group, SessionTimeout: *sessionTimeout, MetricsAddr: *metricsAddr, CreateTopics: true, NoDedupe: *noDedupe, Logger: logger})
+			Group: *group, SessionTimeout: *sessionTimeout, MetricsAddr: *metricsAddr, CreateTopics: true, NoDedupe: *noDedupe, Batch: *batch, Logger: logger})
 		if err != nil {
 			return fail(err)
 		}

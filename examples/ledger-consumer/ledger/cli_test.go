@@ -36,9 +36,9 @@ func TestHelp(t *testing.T) {
 		t.Errorf("no command: exit %d, stdout %q", code, out)
 	}
 	flags := map[string][]string{
-		"demo":    {"database-url", "brokers", "n", "accounts", "duplicates", "key-reuse", "malformed", "seed", "replay", "no-dedupe"},
+		"demo":    {"database-url", "brokers", "n", "accounts", "duplicates", "key-reuse", "malformed", "seed", "replay", "no-dedupe", "batch"},
 		"migrate": {"database-url", "schema"},
-		"worker":  {"database-url", "brokers", "schema", "commands", "events", "dead-letter", "group", "metrics-addr", "migrate", "no-dedupe"},
+		"worker":  {"database-url", "brokers", "schema", "commands", "events", "dead-letter", "group", "metrics-addr", "migrate", "no-dedupe", "batch"},
 		"load":    {"brokers", "commands", "n", "accounts", "duplicates", "key-reuse", "malformed", "seed"},
 		"verify":  {"database-url", "brokers", "schema", "commands"},
 	}

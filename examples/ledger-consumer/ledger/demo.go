@@ -48,6 +48,11 @@ type DemoConfig struct {
 	// group (same handler scope) after the first pass: every record is then
 	// a redelivery, and the balances must not move.
 	Replay bool
+	// Batch, when above 0, consumes the same topic once more in batch mode
+	// (Config.Batch), into a schema of its own (Schema + "_batch") with its
+	// own events and dead-letter topics, verifies those balances too and
+	// reports both modes' rates. Defaults to 0: per-message mode only.
+	Batch  int
 	Logger *slog.Logger
 }
 
@@ -67,6 +72,14 @@ type Summary struct {
 	// run.
 	Events, DeadLetters TopicCount
 	Broker              string
+	// Batched counts the batch-mode pass (DemoConfig.Batch), BatchElapsed
+	// its duration, BatchVerify its balances, and BatchEvents and
+	// BatchDeadLetters its own events and dead-letter topics.
+	Batched                       Counts
+	BatchSize                     int
+	BatchElapsed                  time.Duration
+	BatchVerify                   Report
+	BatchEvents, BatchDeadLetters TopicCount
 	// Topics are the demo's commands, events and dead-letter topics; on a
 	// real broker they are deleted when the demo ends.
 	Topics []string
@@ -89,7 +102,9 @@ type Counts struct {
 }
 
 // Match reports whether the balances are as expected.
-func (s Summary) Match() bool { return s.Verify.Match() }
+func (s Summary) Match() bool {
+	return s.Verify.Match() && (s.BatchElapsed == 0 || s.BatchVerify.Match())
+}
 
 // Print writes the summary for people.
 func (s Summary) Print(w io.Writer) {
@@ -124,6 +139,23 @@ ledger demo (%s)
 	fmt.Fprintf(w, "  dead-letter topic    %d records, %d with a reason (after %s)\n", s.DeadLetters.Records, s.DeadLetters.WithReason, passes)
 	for _, m := range s.Verify.Mismatches {
 		fmt.Fprintln(w, "  mismatch:", m)
+	}
+	if s.BatchElapsed > 0 {
+		match := "yes"
+		if !s.BatchVerify.Match() {
+			match = "NO"
+		}
+		fmt.Fprintf(w, `
+  per-message mode     %.0f records/s (one transaction per command)
+  batch mode (%d)     %.0f records/s (one transaction per batch, set-based SQL), into a schema of its own:
+                       %d applied, %d duplicates skipped, %d rejected, %d key reuses caught, %d dead-lettered;
+                       balances match %s; events %d distinct; dead letters %d with a reason
+`, float64(s.Verify.Records)/s.Elapsed.Seconds(), s.BatchSize, float64(s.BatchVerify.Records)/s.BatchElapsed.Seconds(),
+			s.Batched.Applied, s.Batched.Duplicates, s.Batched.Rejected, s.Batched.KeyReused, s.Batched.DeadLettered,
+			match, s.BatchEvents.Distinct, s.BatchDeadLetters.WithReason)
+		for _, m := range s.BatchVerify.Mismatches {
+			fmt.Fprintln(w, "  batch mode mismatch:", m)
+		}
 	}
 }
 
@@ -182,7 +214,9 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 	}
 	sum.Topics = []string{wcfg.Commands, wcfg.Events, wcfg.DeadLetter}
 	if realBroker {
-		defer removeDemo(ctx, cfg.Brokers, cfg.Logger, sum.Topics, []string{wcfg.Group, wcfg.Group + "-replay"})
+		defer func() {
+			removeDemo(ctx, cfg.Brokers, cfg.Logger, sum.Topics, []string{wcfg.Group, wcfg.Group + "-replay", wcfg.Group + "-batch"})
+		}()
 	}
 	if sum.Workload, err = Generate(cfg.Load); err != nil {
 		return sum, err
@@ -201,6 +235,11 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 	}
 	if sum.Verify, err = Verify(ctx, pool, cfg.Schema, cfg.Brokers, wcfg.Commands); err != nil {
 		return sum, err
+	}
+	if cfg.Batch > 0 {
+		if err := demoBatch(ctx, pool, cfg, wcfg, &sum); err != nil {
+			return sum, err
+		}
 	}
 	if sum.Events, err = countTopic(ctx, cfg.Brokers, wcfg.Events); err != nil {
 		return sum, err
@@ -434,6 +473,9 @@ func runUntilCaughtUp(ctx context.Context, pool *pgxpool.Pool, wcfg Config, prog
 		return Counts{}, 0, err
 	}
 	elapsed := time.Since(start)
+	if first := worker.Metrics.First(); !first.IsZero() && first.After(start) {
+		elapsed = time.Since(first) // from the first message on: not the group's join
+	}
 	stop()
 	if err := <-done; err != nil {
 		return Counts{}, 0, err
@@ -441,4 +483,44 @@ func runUntilCaughtUp(ctx context.Context, pool *pgxpool.Pool, wcfg Config, prog
 	m := worker.Metrics
 	return Counts{Applied: m.Applied.Load(), Duplicates: m.Duplicates.Load(), KeyReused: m.KeyReused.Load(),
 		DeadLettered: m.DeadLettered.Load(), Rejected: m.Rejected.Load()}, elapsed, nil
+}
+
+// demoBatch consumes the demo's commands topic in batch mode into a schema
+// of its own, with its own group, events and dead-letter topics, and
+// verifies its balances.
+func demoBatch(ctx context.Context, pool *pgxpool.Pool, cfg DemoConfig, wcfg Config, sum *Summary) error {
+	schema := cfg.Schema + "_batch"
+	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		return fmt.Errorf("ledger: reset schema: %w", err)
+	}
+	defer func() {
+		_, _ = pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	}()
+	if err := migrations.Migrate(ctx, pool, &migrations.Config{Schema: schema}); err != nil {
+		return err
+	}
+	if err := Setup(ctx, pool, schema); err != nil {
+		return err
+	}
+	bcfg := wcfg
+	bcfg.Schema, bcfg.Batch = schema, cfg.Batch
+	bcfg.Group = strings.TrimSuffix(wcfg.Group, "-replay") + "-batch"
+	bcfg.Events, bcfg.DeadLetter = wcfg.Events+".batch", wcfg.DeadLetter+".batch"
+	if err := createTopics(ctx, cfg.Brokers, map[string]int{bcfg.Events: 3, bcfg.DeadLetter: 1}); err != nil {
+		return err
+	}
+	sum.Topics = append(sum.Topics, bcfg.Events, bcfg.DeadLetter)
+	var err error
+	sum.BatchSize = cfg.Batch
+	if sum.Batched, sum.BatchElapsed, err = runUntilCaughtUp(ctx, pool, bcfg, cfg.Progress, len(sum.Workload.Records)); err != nil {
+		return err
+	}
+	if sum.BatchVerify, err = Verify(ctx, pool, schema, cfg.Brokers, wcfg.Commands); err != nil {
+		return err
+	}
+	if sum.BatchEvents, err = countTopic(ctx, cfg.Brokers, bcfg.Events); err != nil {
+		return err
+	}
+	sum.BatchDeadLetters, err = countTopic(ctx, cfg.Brokers, bcfg.DeadLetter)
+	return err
 }

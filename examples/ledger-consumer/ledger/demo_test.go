@@ -19,7 +19,9 @@ import (
 	"github.com/exactly-go/exactly/internal/testkit/testenv"
 )
 
-func demo(t *testing.T, noDedupe bool) ledger.Summary {
+func demo(t *testing.T, noDedupe bool) ledger.Summary { return demoWith(t, noDedupe, 0) }
+
+func demoWith(t *testing.T, noDedupe bool, batch int) ledger.Summary {
 	t.Helper()
 	brokers := kafkatest.Brokers(t)
 	url, err := pgtest.URL()
@@ -30,7 +32,7 @@ func demo(t *testing.T, noDedupe bool) ledger.Summary {
 	load := ledger.DefaultLoad()
 	load.Commands, load.Accounts, load.Seed = 1500, 40, 42
 	sum, err := ledger.Demo(context.Background(), ledger.DemoConfig{
-		DatabaseURL: url, Schema: schema, Brokers: brokers, NoDedupe: noDedupe, Replay: !noDedupe, Load: load,
+		DatabaseURL: url, Schema: schema, Brokers: brokers, NoDedupe: noDedupe, Replay: !noDedupe && batch == 0, Load: load, Batch: batch,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -86,6 +88,33 @@ func TestDemoWorkload(t *testing.T) {
 			}
 			return len(sum.Topics) == 3
 		})
+	}
+}
+
+// The demo's workload consumed in batch mode too, into a schema of its
+// own: the same balances, each command applied once, every bad record
+// dead-lettered with its reason, one event per command.
+func TestDemoBatchMode(t *testing.T) {
+	t.Parallel()
+	sum := demoWith(t, false, 200)
+	w, c, v := sum.Workload, sum.Batched, sum.BatchVerify
+	if !sum.Match() || !v.Match() || sum.BatchElapsed == 0 {
+		t.Fatalf("balances differ: per-message %v, batch %v", sum.Verify.Mismatches, v.Mismatches)
+	}
+	if c.Applied != int64(w.Unique) || c.KeyReused != int64(w.KeyReused) ||
+		c.DeadLettered != int64(w.KeyReused+w.Malformed) || c.Duplicates < int64(w.Duplicates) || c.Rejected == 0 {
+		t.Fatalf("batch mode counted %+v; workload %+v", c, w)
+	}
+	if e := sum.BatchEvents; e.Distinct != w.Unique || e.Conflicting != 0 {
+		t.Fatalf("batch mode's events topic: %+v, want %d distinct events", e, w.Unique)
+	}
+	if d, want := sum.BatchDeadLetters, w.KeyReused+w.Malformed; d.Records != want || d.WithReason != want {
+		t.Fatalf("batch mode's dead-letter topic: %+v, want %d records, each with a reason", d, want)
+	}
+	var out strings.Builder
+	sum.Print(&out)
+	if !strings.Contains(out.String(), "batch mode (200)") || !strings.Contains(out.String(), "per-message mode") {
+		t.Fatalf("the summary does not report both modes:\n%s", out.String())
 	}
 }
 

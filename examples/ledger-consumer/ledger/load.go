@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -140,8 +141,21 @@ func Produce(ctx context.Context, brokers []string, topic string, recs []kafka.M
 	defer w.Close()
 	for i := 0; i < len(recs); i += 1000 {
 		end := min(i+1000, len(recs))
-		if err := w.WriteMessages(ctx, recs[i:end]...); err != nil {
-			return fmt.Errorf("ledger: produce to %s: %w", topic, err)
+		// A topic created a moment ago may not be known to every broker
+		// yet: ask again for a while.
+		for wait, deadline := 50*time.Millisecond, time.Now().Add(30*time.Second); ; wait = min(2*wait, time.Second) {
+			err := w.WriteMessages(ctx, recs[i:end]...)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, kafka.UnknownTopicOrPartition) || time.Now().After(deadline) {
+				return fmt.Errorf("ledger: produce to %s: %w", topic, err)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(wait):
+			}
 		}
 	}
 	return nil

@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -22,6 +23,16 @@ type Metrics struct {
 	outboxLag    prometheus.Gauge
 
 	Applied, Duplicates, KeyReused, DeadLettered, Rejected, Failed, Published atomic.Int64
+	// first is when the first message was handled (Unix nanoseconds).
+	first atomic.Int64
+}
+
+// First returns when the worker handled its first message; zero before.
+func (m *Metrics) First() time.Time {
+	if n := m.first.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
 }
 
 // NewMetrics registers the worker's metrics with reg.
@@ -46,6 +57,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 
 // OnMessage implements consumer.Hooks.
 func (m *Metrics) OnMessage(_ context.Context, ev consumer.Event) {
+	if m.first.Load() == 0 {
+		m.first.CompareAndSwap(0, time.Now().Add(-ev.Duration).UnixNano())
+	}
 	m.messages.WithLabelValues(string(ev.Outcome)).Inc()
 	m.latency.Observe(ev.Duration.Seconds())
 	switch ev.Outcome {

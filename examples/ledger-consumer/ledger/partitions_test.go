@@ -41,6 +41,17 @@ func record(t *testing.T, partition int, c ledger.Command) kafka.Message {
 // by two accounts at once.
 func TestCommandsOfOneAccountOnTwoPartitions(t *testing.T) {
 	t.Parallel()
+	commandsOnTwoPartitions(t, 0)
+}
+
+// The same in batch mode: the two partitions' batches run at once, lock
+// overlapping accounts and race for the shared holds.
+func TestCommandsOfOneAccountOnTwoPartitionsBatch(t *testing.T) {
+	t.Parallel()
+	commandsOnTwoPartitions(t, 50)
+}
+
+func commandsOnTwoPartitions(t *testing.T, batch int) {
 	brokers := kafkatest.Brokers(t)
 	db := pgtest.New(t)
 	ctx := context.Background()
@@ -50,7 +61,7 @@ func TestCommandsOfOneAccountOnTwoPartitions(t *testing.T) {
 	commands := kafkatest.Topic(t, 2)
 	group := kafkatest.Name("g")
 	w, err := ledger.NewWorker(db.Pool, ledger.Config{Schema: db.Schema, Brokers: brokers, Commands: commands,
-		Events: kafkatest.Topic(t, 1), DeadLetter: kafkatest.Topic(t, 1), Group: group, Logger: slog.New(slog.DiscardHandler)})
+		Events: kafkatest.Topic(t, 1), DeadLetter: kafkatest.Topic(t, 1), Group: group, Batch: batch, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -94,12 +95,26 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, schema string, brokers []st
 // end, each in offset order.
 func readTopic(ctx context.Context, brokers []string, topic string) ([][]kafka.Message, error) {
 	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
-	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
-	if err != nil {
-		return nil, fmt.Errorf("ledger: metadata of %s: %w", topic, err)
-	}
-	if len(md.Topics) != 1 || md.Topics[0].Error != nil {
-		return nil, fmt.Errorf("ledger: topic %s: %v", topic, md.Topics)
+	var md *kafka.MetadataResponse
+	var err error
+	// A topic created a moment ago may not be known to the broker yet: ask
+	// again for a while.
+	for wait, deadline := 50*time.Millisecond, time.Now().Add(10*time.Second); ; wait = min(2*wait, time.Second) {
+		md, err = c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+		if err != nil {
+			return nil, fmt.Errorf("ledger: metadata of %s: %w", topic, err)
+		}
+		if len(md.Topics) == 1 && md.Topics[0].Error == nil {
+			break
+		}
+		if len(md.Topics) != 1 || !errors.Is(md.Topics[0].Error, kafka.UnknownTopicOrPartition) || time.Now().After(deadline) {
+			return nil, fmt.Errorf("ledger: topic %s: %v", topic, md.Topics)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
 	}
 	n := len(md.Topics[0].Partitions)
 	end, err := kafkaadmin.EndOffsets(ctx, c, topic, n)

@@ -63,6 +63,12 @@ type Config struct {
 	// transaction of its own with no key, as a naive consumer would. Only
 	// for measurements and for proving that the replay tool catches it.
 	NoDedupe bool
+	// Batch, when above 0, consumes in batch mode: up to Batch commands at
+	// a time, each batch claimed, applied set-based and committed in one
+	// transaction (consumer.BatchConsumer, handleBatch), on a Subscriber
+	// that keeps up to Batch messages of a partition in flight. Defaults to
+	// 0: one transaction per command, through a Watermill router.
+	Batch int
 	// MetricsAddr serves /metrics and /healthz when set. The command line
 	// binds 127.0.0.1:9090 unless told otherwise: the metrics and the
 	// health of a worker are for its operators, not for every host that can
@@ -120,6 +126,8 @@ type Worker struct {
 	writer  *outbox.Writer
 	Metrics *Metrics
 	running chan struct{}
+	// batching is set while the batch consumer runs (batch mode has no router).
+	batching atomic.Bool
 	// down lists the dependencies found unavailable at start-up, until the
 	// router runs.
 	down atomic.Pointer[[]string]
@@ -226,7 +234,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			rt := router
 			routerMu.Unlock()
 			var down []string
-			if rt == nil || !rt.IsRunning() {
+			if (rt == nil || !rt.IsRunning()) && !w.batching.Load() {
 				down = *w.down.Load()
 			} else {
 				cctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
@@ -269,49 +277,18 @@ func (w *Worker) consume(ctx context.Context, setRouter func(*message.Router)) e
 	}
 	defer pub.Close()
 	sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: w.cfg.Brokers, Security: w.cfg.Security, ConsumerGroup: w.cfg.Group, Logger: log,
-		SessionTimeout: w.cfg.SessionTimeout, HeartbeatInterval: w.cfg.SessionTimeout / 10})
+		SessionTimeout: w.cfg.SessionTimeout, HeartbeatInterval: w.cfg.SessionTimeout / 10, MaxInFlight: max(w.cfg.Batch, 1)})
 	if err != nil {
 		return err
 	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NewSlogLogger(log))
-	if err != nil {
-		return err
-	}
-	poison, err := middleware.PoisonQueueWithFilter(pub, w.cfg.DeadLetter, dedupe.IsPermanent)
-	if err != nil {
-		return err
-	}
-	retry := middleware.Retry{MaxRetries: 3, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second, Multiplier: 2, ShouldRetry: consumer.ShouldRetry, ResetContextOnRetry: true}
-	router.AddMiddleware(poison, retry.Middleware, middleware.Timeout(30*time.Second))
-	if w.cfg.NoDedupe {
-		log.Warn("ledger: the dedupe middleware is OFF: redeliveries will be applied again")
-		router.AddConsumerHandler(Scope, w.cfg.Commands, sub, func(msg *message.Message) error { _, err := w.naive(msg); return err })
-		router.AddMiddleware(func(next message.HandlerFunc) message.HandlerFunc {
-			return func(msg *message.Message) ([]*message.Message, error) {
-				start := time.Now()
-				outs, err := next(msg)
-				outcome := consumer.OutcomeApplied
-				if err != nil {
-					outcome = consumer.OutcomeFailed
-				}
-				w.Metrics.OnMessage(msg.Context(), consumer.Event{Outcome: outcome, Duration: time.Since(start), Err: err})
-				return outs, err
-			}
-		}, middleware.Recoverer)
-	} else {
-		mw, err := consumer.NewMiddleware(w.store, &consumer.Config{
-			Scope: Scope, KeyFunc: w.cfg.KeyFunc, FingerprintFunc: w.cfg.FingerprintFunc,
-			Outputs: w.writer.Outputs(w.cfg.Events), Hooks: w.Metrics, Logger: log,
-		})
-		if err != nil {
+	var router *message.Router
+	var batch *consumer.BatchConsumer
+	if w.cfg.Batch > 0 {
+		if batch, err = w.batchConsumer(pub); err != nil {
 			return err
 		}
-		router.AddMiddleware(mw.Middleware, middleware.Recoverer)
-		// A handler with outputs (AddHandler, not AddConsumerHandler, which
-		// drops them before the middleware sees them). The middleware
-		// writes them to the outbox in the command's transaction and
-		// returns nothing for the router to publish.
-		router.AddHandler(Scope, w.cfg.Commands, sub, w.cfg.Events, pub, consumer.TxHandler(w.handle))
+	} else if router, err = w.router(sub, pub); err != nil {
+		return err
 	}
 	if err := kafkapubsub.CheckTTL(ctx, w.cfg.Brokers, w.cfg.Security, w.cfg.Commands, w.store.Config().TTL); err != nil {
 		log.Warn("ledger: key retention", "err", err)
@@ -335,18 +312,38 @@ func (w *Worker) consume(ctx context.Context, setRouter func(*message.Router)) e
 	go func() { defer wg.Done(); _ = relay.Run(relayCtx) }()
 	go func() { defer wg.Done(); _ = w.store.RunCleanup(relayCtx, time.Minute, nil) }()
 
-	setRouter(router)
-	go func() {
-		<-router.Running()
+	if batch != nil {
+		defer sub.Close()
+		w.batching.Store(true)
 		close(w.running)
-	}()
-	err = router.Run(ctx)
+		start := time.Now()
+		err = batch.Subscribe(ctx, sub, w.cfg.Commands)
+		w.batching.Store(false)
+		n := w.Metrics.Applied.Load() + w.Metrics.Duplicates.Load()
+		log.Info("ledger: batch mode stopped", "messages", n, "elapsed", time.Since(start).Round(time.Millisecond),
+			"messages_per_s", int(float64(n)/time.Since(start).Seconds()))
+	} else {
+		setRouter(router)
+		go func() {
+			<-router.Running()
+			close(w.running)
+		}()
+		err = router.Run(ctx)
+	}
 	stopRelay()
 	wg.Wait()
-	// Publish what the last handlers wrote before the relay stopped.
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	if _, ferr := relay.RunOnce(fctx); ferr != nil {
-		log.Warn("ledger: final outbox flush failed; the next run publishes it", "err", ferr)
+	// Publish what the last handlers wrote before the relay stopped (a
+	// batch commits hundreds of events at once: the relay may be behind).
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	for {
+		n, ferr := relay.RunOnce(fctx)
+		if ferr != nil {
+			log.Warn("ledger: final outbox flush failed; the next run publishes it", "err", ferr)
+			break
+		}
+		if n == 0 {
+			break
+		}
 	}
 	cancel()
 	return err
@@ -430,3 +427,67 @@ func pingKafka(ctx context.Context, brokers []string, sec kafkapubsub.Security, 
 	}
 	return nil
 }
+
+// router is the per-message mode: a Watermill router with the dedupe
+// middleware (or none, with NoDedupe).
+func (w *Worker) router(sub *kafkapubsub.Subscriber, pub *kafkapubsub.Publisher) (*message.Router, error) {
+	log := w.cfg.Logger
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NewSlogLogger(log))
+	if err != nil {
+		return nil, err
+	}
+	poison, err := middleware.PoisonQueueWithFilter(pub, w.cfg.DeadLetter, dedupe.IsPermanent)
+	if err != nil {
+		return nil, err
+	}
+	retry := middleware.Retry{MaxRetries: 3, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second, Multiplier: 2, ShouldRetry: consumer.ShouldRetry, ResetContextOnRetry: true}
+	router.AddMiddleware(poison, retry.Middleware, middleware.Timeout(30*time.Second))
+	if w.cfg.NoDedupe {
+		log.Warn("ledger: the dedupe middleware is OFF: redeliveries will be applied again")
+		router.AddConsumerHandler(Scope, w.cfg.Commands, sub, func(msg *message.Message) error { _, err := w.naive(msg); return err })
+		router.AddMiddleware(func(next message.HandlerFunc) message.HandlerFunc {
+			return func(msg *message.Message) ([]*message.Message, error) {
+				start := time.Now()
+				outs, err := next(msg)
+				outcome := consumer.OutcomeApplied
+				if err != nil {
+					outcome = consumer.OutcomeFailed
+				}
+				w.Metrics.OnMessage(msg.Context(), consumer.Event{Outcome: outcome, Duration: time.Since(start), Err: err})
+				return outs, err
+			}
+		}, middleware.Recoverer)
+	} else {
+		mw, err := consumer.NewMiddleware(w.store, &consumer.Config{
+			Scope: Scope, KeyFunc: w.cfg.KeyFunc, FingerprintFunc: w.cfg.FingerprintFunc,
+			Outputs: w.writer.Outputs(w.cfg.Events), Hooks: w.Metrics, Logger: log,
+		})
+		if err != nil {
+			return nil, err
+		}
+		router.AddMiddleware(mw.Middleware, middleware.Recoverer)
+		// A handler with outputs (AddHandler, not AddConsumerHandler, which
+		// drops them before the middleware sees them). The middleware
+		// writes them to the outbox in the command's transaction and
+		// returns nothing for the router to publish.
+		router.AddHandler(Scope, w.cfg.Commands, sub, w.cfg.Events, pub, consumer.TxHandler(w.handle))
+	}
+	return router, nil
+}
+
+// batchConsumer is the batch mode: a consumer.BatchConsumer with the set-based
+// handler, the outbox for events and the dead-letter topic.
+func (w *Worker) batchConsumer(pub *kafkapubsub.Publisher) (*consumer.BatchConsumer, error) {
+	if w.cfg.NoDedupe {
+		w.cfg.Logger.Warn("ledger: batch mode WITHOUT deduplication: redeliveries will be applied again")
+	}
+	return consumer.NewBatchConsumer(w.store, w.handleBatch, &consumer.BatchConfig{
+		Scope: Scope, KeyFunc: w.cfg.KeyFunc, FingerprintFunc: w.cfg.FingerprintFunc,
+		Outputs: w.writer.Outputs(w.cfg.Events), Hooks: w.Metrics, Logger: w.cfg.Logger,
+		MaxSize: w.cfg.Batch, Workers: batchWorkers, Publisher: pub, DeadLetterTopic: w.cfg.DeadLetter, NoDedupe: w.cfg.NoDedupe,
+	})
+}
+
+// batchWorkers is how many batches of the worker run at once (its
+// partitions spread over them).
+const batchWorkers = 3

@@ -1,0 +1,449 @@
+package pgstore
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/backoff"
+	"github.com/exactly-go/exactly/internal/pgtx"
+)
+
+// BatchFunc is the work that DoBatch runs once for a batch, in the
+// transaction that holds the batch's claims. fresh lists the indexes (into
+// DoBatch's reqs, ascending) of the requests whose handler must run: the
+// new keys and the expired leases taken over. It returns nil, or one result
+// per fresh request (results[i] for reqs[fresh[i]]; nil stores nothing),
+// stored with the keys for their duplicates.
+type BatchFunc func(ctx context.Context, tx pgx.Tx, fresh []int) (results [][]byte, err error)
+
+// BatchClaim is DoBatch's answer for one request.
+type BatchClaim struct {
+	// Claim is the claim's decision and the key's record: OutcomeNew or
+	// OutcomeTakeover when fn ran for it (Record.Result is then fn's
+	// result), DecisionDuplicate with the stored result otherwise. Zero when
+	// Err is set.
+	dedupe.Claim
+	// Err is the request's own failure, which neither ran fn for it nor
+	// failed the batch: an *dedupe.InvalidKeyError, a *dedupe.KeyReusedError
+	// (permanent: for the dead-letter topic) or a *dedupe.InFlightError (a
+	// lease-mode claim holds the key: try again later).
+	Err error
+}
+
+// DoBatch is Do for many keys in one transaction: it begins a transaction,
+// claims every valid key of reqs in one statement (the keys that conflict
+// with stored ones are then read in one more, waiting for any transaction
+// that holds them), decides each with [dedupe.Decide], runs fn once with the
+// transaction and the indexes of the fresh requests (none: fn does not run),
+// stores fn's results in one statement and commits. The answer has one
+// BatchClaim per request, in reqs' order.
+//
+// Duplicates carry their stored result; key reuses, invalid keys and keys
+// in flight carry their error in BatchClaim.Err and are not handed to fn.
+// A key that appears more than once in reqs is claimed by its first
+// occurrence; the later ones are decided against it as if it had been
+// stored before them: duplicates of it with its result when their
+// fingerprint is the same, key reuses when it differs.
+//
+// Keys are claimed in (scope, id) order, so concurrent batches over
+// overlapping keys wait for each other instead of deadlocking; a batch that
+// waited on another's uncommitted key finds it completed (a duplicate) or,
+// if that batch rolled back, claims it itself.
+//
+// An error from fn rolls everything back, every key included, and is
+// returned as is with a nil answer: the next delivery runs fn again. A
+// batch-wide failure (serialisation failure, deadlock, lost connection)
+// retries the whole transaction as Do does, up to Config.MaxTxAttempts
+// times. A COMMIT whose answer never arrived is settled as in Do: the keys
+// found completed by the unanswered transaction itself keep their first
+// decision.
+func (s *Store) DoBatch(ctx context.Context, reqs []dedupe.Request, fn BatchFunc) ([]BatchClaim, error) {
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	wait := backoff.New(s.cfg.RetryBackoff, time.Second)
+	var unanswered []BatchClaim // the answer of a transaction whose COMMIT got no answer
+	for attempt := 1; ; attempt++ {
+		out, committing, err := s.doBatchTx(ctx, reqs, fn)
+		if err == nil && unanswered != nil {
+			for i := range out {
+				u := unanswered[i]
+				if u.Err == nil && u.Decision.Run() && out[i].Err == nil && out[i].Decision == dedupe.DecisionDuplicate &&
+					out[i].Record.CompletedAt.Equal(u.Record.CompletedAt) && out[i].Record.Fingerprint == reqs[i].Fingerprint {
+					out[i].Decision = u.Decision // our own write, committed after all
+				}
+			}
+		}
+		ambiguous := committing && !isServerError(err)
+		if ambiguous {
+			unanswered = out
+		}
+		if err == nil || (!ambiguous && !retryTx(err)) || attempt >= s.cfg.MaxTxAttempts {
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		}
+		s.cfg.Logger.DebugContext(ctx, "pgstore: retrying batch transaction", "keys", len(reqs), "attempt", attempt, "err", err)
+		if err := wait.SleepJittered(ctx); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// doBatchTx is one attempt of DoBatch; committing reports that err came
+// from the COMMIT itself (out is then the answer that was committing).
+func (s *Store) doBatchTx(ctx context.Context, reqs []dedupe.Request, fn BatchFunc) (out []BatchClaim, committing bool, err error) {
+	// BEGIN goes in one round trip with the claim statement.
+	pc, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, false, classify("begin", err)
+	}
+	tx := &connTx{pc: pc, conn: pc.Conn()}
+	defer pgtx.Rollback(ctx, tx)
+	out, err = s.claimBatchTx(ctx, tx, reqs, true)
+	if err != nil {
+		return nil, false, err
+	}
+	var fresh []int
+	for i, c := range out {
+		if c.Err == nil && c.Decision.Run() {
+			fresh = append(fresh, i)
+		}
+	}
+	if len(fresh) > 0 {
+		results, err := fn(ctx, tx, fresh)
+		if err != nil {
+			return nil, false, err
+		}
+		if results != nil && len(results) != len(fresh) {
+			return nil, false, fmt.Errorf("pgstore: DoBatch: fn returned %d results for %d fresh requests: return nil or one per fresh request",
+				len(results), len(fresh))
+		}
+		if err := s.CompleteBatchTx(ctx, tx, out, fresh, results); err != nil {
+			return nil, false, err
+		}
+		// Later copies of a fresh key are duplicates of it: they get its result.
+		ran := make(map[dedupe.Key]int, len(fresh))
+		for _, i := range fresh {
+			ran[reqs[i].Key] = i
+		}
+		for i := range out {
+			if f, ok := ran[reqs[i].Key]; ok && f != i && out[i].Err == nil && out[i].Decision == dedupe.DecisionDuplicate {
+				out[i].Record.Result = out[f].Record.Result
+			}
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return out, true, classify(fmt.Sprintf("commit a batch of %d keys", len(reqs)), err)
+	}
+	return out, false, nil
+}
+
+// ClaimBatchTx claims every key of reqs in the caller's transaction, as
+// DoBatch does, and returns one BatchClaim per request: run the handler in
+// tx for those whose Outcome.Run() and whose Err is nil, then
+// CompleteBatchTx and commit. Keys are written COMPLETED at once, as by
+// ClaimTx.
+func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request) ([]BatchClaim, error) {
+	if tx == nil {
+		return nil, errors.New("pgstore: ClaimBatchTx: tx is nil")
+	}
+	return s.claimBatchTx(ctx, tx, reqs, false)
+}
+
+// claimBatchTx is ClaimBatchTx; with begin, tx is a connTx whose
+// BEGIN is still to be sent, with the claim statement.
+func (s *Store) claimBatchTx(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request, begin bool) ([]BatchClaim, error) {
+	out := make([]BatchClaim, len(reqs))
+	// first maps a key to the index of its first valid request; order lists
+	// those indexes sorted by key, the order in which keys are claimed.
+	first := make(map[dedupe.Key]int, len(reqs))
+	order := make([]int, 0, len(reqs))
+	for i, r := range reqs {
+		if err := r.Validate(); err != nil {
+			out[i].Err = err
+			continue
+		}
+		if _, seen := first[r.Key]; !seen {
+			first[r.Key] = i
+			order = append(order, i)
+		}
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		return cmp.Or(strings.Compare(reqs[a].Key.Scope, reqs[b].Key.Scope), strings.Compare(reqs[a].Key.ID, reqs[b].Key.ID))
+	})
+	if len(order) > 0 {
+		if err := s.claimBatch(ctx, tx, reqs, order, out, begin); err != nil {
+			return nil, err
+		}
+	} else if begin {
+		if _, err := tx.Exec(ctx, s.beginSQL); err != nil {
+			return nil, classify("begin", err)
+		}
+	}
+	// Later copies of a key are decided against its first request, as if
+	// that one had been stored before them.
+	for i, r := range reqs {
+		f, ok := first[r.Key]
+		if !ok || f == i || out[i].Err != nil {
+			continue
+		}
+		rec, err := batchRecord(out[f], reqs[f])
+		if err != nil {
+			out[i].Err = err // in flight, like its first copy
+			continue
+		}
+		decision, err := dedupe.Decide(rec, r.Fingerprint, rec.CompletedAt)
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		out[i].Claim = dedupe.Claim{Decision: decision, Record: rec, TTL: r.TTL}
+	}
+	return out, nil
+}
+
+// batchRecord is the record that a later copy of a key is decided
+// against: the stored one, or the one its first request is writing.
+func batchRecord(c BatchClaim, req dedupe.Request) (dedupe.Record, error) {
+	var inflight *dedupe.InFlightError
+	switch {
+	case errors.As(c.Err, &inflight):
+		return dedupe.Record{}, c.Err
+	case c.Err != nil: // key reused: decide against what is stored
+		var reused *dedupe.KeyReusedError
+		if errors.As(c.Err, &reused) {
+			return dedupe.Record{Key: req.Key, Fingerprint: reused.Stored, Status: dedupe.StatusCompleted}, nil
+		}
+		return dedupe.Record{}, c.Err
+	}
+	return c.Record, nil
+}
+
+// claimBatch claims the keys of reqs at order (sorted, distinct, valid)
+// and writes their answers into out.
+func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request, order []int, out []BatchClaim, begin bool) error {
+	n := len(order)
+	scopes, ids, fps := make([]string, n), make([]string, n), make([]string, n)
+	topics, parts, offsets, ttls := make([]*string, n), make([]*int32, n), make([]*int64, n), make([]float64, n)
+	at := make(map[dedupe.Key]int, n)
+	for j, i := range order {
+		r := reqs[i]
+		scopes[j], ids[j], fps[j], ttls[j] = r.Key.Scope, r.Key.ID, string(r.Fingerprint), micros(s.ttl(r))
+		if r.Source != (dedupe.Source{}) {
+			src := r.Source
+			topics[j], parts[j], offsets[j] = &src.Topic, &src.Partition, &src.Offset
+		}
+		at[r.Key] = i
+	}
+	op := fmt.Sprintf("claim a batch of %d keys", n)
+	var rows pgx.Rows
+	var err error
+	var br pgx.BatchResults
+	if begin {
+		b := &pgx.Batch{}
+		b.Queue(s.beginSQL)
+		b.Queue(s.sql(batchClaimSQL), scopes, ids, fps, topics, parts, offsets, ttls, n)
+		br = tx.SendBatch(ctx, b)
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return classify("begin", err)
+		}
+		rows, err = br.Query()
+	} else {
+		rows, err = tx.Query(ctx, s.sql(batchClaimSQL), scopes, ids, fps, topics, parts, offsets, ttls, n)
+	}
+	if err != nil {
+		if br != nil {
+			_ = br.Close()
+		}
+		return classify(op, err)
+	}
+	found := make(map[dedupe.Key]bool, n)
+	for rows.Next() {
+		kr, err := scanKeyRow(rows)
+		if err != nil {
+			rows.Close()
+			return classify(op, err)
+		}
+		rec, inserted, now := kr.rec, kr.inserted, kr.now
+		i, ok := at[rec.Key]
+		if !ok || found[rec.Key] {
+			continue
+		}
+		found[rec.Key] = true
+		if inserted {
+			out[i].Claim = dedupe.Claim{Decision: dedupe.DecisionNew, Record: rec, TTL: reqs[i].TTL}
+			continue
+		}
+		s.decide(&out[i], reqs[i], rec, now)
+	}
+	if err := rows.Err(); err != nil {
+		if br != nil {
+			_ = br.Close()
+		}
+		return classify(op, err)
+	}
+	if br != nil {
+		if err := br.Close(); err != nil {
+			return classify(op, err)
+		}
+	}
+	// The keys that conflicted with a row that the claim's snapshot did not
+	// show: a transaction it waited for committed them. Read them locked.
+	var lockScopes, lockIDs []string
+	for j, i := range order {
+		if !found[reqs[i].Key] {
+			lockScopes, lockIDs = append(lockScopes, scopes[j]), append(lockIDs, ids[j])
+		}
+	}
+	if len(lockIDs) > 0 {
+		rows, err := tx.Query(ctx, s.sql(batchLockSQL), lockScopes, lockIDs)
+		if err != nil {
+			return classify(op, err)
+		}
+		for rows.Next() {
+			kr, err := scanKeyRow(rows)
+			if err != nil {
+				rows.Close()
+				return classify(op, err)
+			}
+			rec, now := kr.rec, kr.now
+			if i, ok := at[rec.Key]; ok && !found[rec.Key] {
+				found[rec.Key] = true
+				s.decide(&out[i], reqs[i], rec, now)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return classify(op, err)
+		}
+	}
+	// What is left needs the one-key protocol: expired leases to take over
+	// (fenced, so a race with another worker is decided again) and keys
+	// that cleanup deleted between the two statements.
+	for _, i := range order {
+		c := &out[i]
+		if found[reqs[i].Key] && (c.Err != nil || c.Decision != dedupe.DecisionTakeover) {
+			continue
+		}
+		claim, err := s.claim(ctx, tx, reqs[i], dedupe.StatusCompleted, 0)
+		switch {
+		case err == nil:
+			c.Claim, c.Err = claim, nil
+		case isPerRequest(err):
+			c.Claim, c.Err = dedupe.Claim{}, err
+		default:
+			return err
+		}
+	}
+	return nil
+}
+
+// decide applies the decision table to a conflicting row; a takeover is
+// only marked here (claimBatch carries it out).
+func (s *Store) decide(c *BatchClaim, req dedupe.Request, rec dedupe.Record, now time.Time) {
+	decision, err := dedupe.Decide(rec, req.Fingerprint, now)
+	if err != nil {
+		c.Err = err
+		return
+	}
+	c.Claim = dedupe.Claim{Decision: decision, Record: rec, TTL: req.TTL}
+}
+
+// isPerRequest reports whether a claim's error belongs to its request
+// rather than to the batch.
+func isPerRequest(err error) bool {
+	return errors.Is(err, dedupe.ErrKeyReused) || errors.Is(err, dedupe.ErrInFlight) || errors.Is(err, dedupe.ErrInvalidKey)
+}
+
+// CompleteBatchTx stores the results of the fresh claims of a batch
+// (claims[fresh[i]] gets results[i]) in one statement; nil results, or a
+// nil slice, cost nothing, since the keys were written COMPLETED when they
+// were claimed. On return, each fresh claim's Record.Result is its result.
+func (s *Store) CompleteBatchTx(ctx context.Context, tx pgx.Tx, claims []BatchClaim, fresh []int, results [][]byte) error {
+	if results == nil {
+		return nil
+	}
+	if len(results) != len(fresh) {
+		return fmt.Errorf("pgstore: CompleteBatchTx: %d results for %d fresh claims", len(results), len(fresh))
+	}
+	var scopes, ids []string
+	var blobs [][]byte
+	for j, i := range fresh {
+		c := &claims[i]
+		if c.Err != nil || !c.Decision.Run() {
+			return fmt.Errorf("pgstore: CompleteBatchTx of %s: the claim's decision is %v, not one that runs the handler", c.Record.Key, c.Decision)
+		}
+		if results[j] == nil {
+			continue
+		}
+		if err := s.checkResult(results[j]); err != nil {
+			return fmt.Errorf("pgstore: result of %s: %w", c.Record.Key, err)
+		}
+		scopes, ids, blobs = append(scopes, c.Record.Key.Scope), append(ids, c.Record.Key.ID), append(blobs, results[j])
+	}
+	if len(ids) > 0 {
+		tag, err := tx.Exec(ctx, s.sql(batchResultSQL), scopes, ids, blobs)
+		if err != nil {
+			return classify(fmt.Sprintf("complete a batch of %d keys", len(ids)), err)
+		}
+		if tag.RowsAffected() != int64(len(ids)) {
+			return fmt.Errorf("pgstore: complete a batch: %d of %d keys were not claimed in this transaction", int64(len(ids))-tag.RowsAffected(), len(ids))
+		}
+	}
+	for j, i := range fresh {
+		claims[i].Record.Result = results[j]
+	}
+	return nil
+}
+
+// sql returns one of the batch statements for the store's table.
+func (s *Store) sql(stmt string) string { return strings.ReplaceAll(stmt, "{T}", s.table) }
+
+// The batch statements, with {T} standing for the schema-qualified table.
+const (
+	// batchClaimSQL inserts every key from arrays, sorted by key, and
+	// reports the stored rows of those that conflicted, when its snapshot
+	// shows them: the multi-key claimSQL. The second branch runs only when
+	// some key was not inserted ($8 is the number of keys).
+	batchClaimSQL = `WITH ins AS (
+    INSERT INTO {T} AS k (scope, key, fingerprint, status, attempts, source_topic, source_partition,
+                        source_offset, created_at, completed_at, locked_until, expires_at)
+    SELECT u.scope, u.key, u.fp, 'COMPLETED', 1, u.topic, u.part, u.off, now(), now(), NULL,
+           now() + u.ttl * interval '1 microsecond'
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::bigint[], $7::float8[])
+         AS u(scope, key, fp, topic, part, off, ttl)
+    ORDER BY u.scope COLLATE "C", u.key COLLATE "C"
+    ON CONFLICT (scope, key) DO NOTHING
+    RETURNING true AS inserted, ` + cols + `
+)
+SELECT *, clock_timestamp() FROM ins
+UNION ALL
+SELECT false, ` + prefixedCols + `, clock_timestamp()
+FROM {T} k JOIN unnest($1::text[], $2::text[]) AS u(scope, key) ON k.scope = u.scope AND k.key = u.key
+WHERE (SELECT count(*) FROM ins) < $8::int`
+
+	// batchLockSQL reads conflicting rows that batchClaimSQL's snapshot
+	// did not show, locked, in key order.
+	batchLockSQL = `SELECT false, ` + prefixedCols + `, clock_timestamp()
+FROM {T} k JOIN unnest($1::text[], $2::text[]) AS u(scope, key) ON k.scope = u.scope AND k.key = u.key
+ORDER BY k.scope COLLATE "C", k.key COLLATE "C"
+FOR UPDATE OF k`
+
+	// batchResultSQL stores the results of keys claimed in the same transaction.
+	batchResultSQL = `UPDATE {T} AS k SET result = u.result
+FROM unnest($1::text[], $2::text[], $3::bytea[]) AS u(scope, key, result)
+WHERE k.scope = u.scope AND k.key = u.key AND k.status = 'COMPLETED'`
+
+	prefixedCols = `k.scope, k.key, k.fingerprint, k.status, k.result, k.attempts, k.source_topic, k.source_partition,
+       k.source_offset, k.created_at, k.completed_at, k.locked_until, k.expires_at`
+)

@@ -1,0 +1,385 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/dedupe/dedupetest"
+	"github.com/exactly-go/exactly/internal/testkit/pgtest"
+	"github.com/exactly-go/exactly/pgstore"
+)
+
+// applyBatch applies the fresh requests' ids in one statement and returns
+// "r:<id>" as each one's result.
+func applyBatch(db *pgtest.DB, reqs []dedupe.Request, calls *atomic.Int64) pgstore.BatchFunc {
+	return func(ctx context.Context, tx pgx.Tx, fresh []int) ([][]byte, error) {
+		if calls != nil {
+			calls.Add(1)
+		}
+		ids := make([]string, len(fresh))
+		results := make([][]byte, len(fresh))
+		for j, i := range fresh {
+			ids[j] = reqs[i].Key.ID
+			results[j] = []byte("r:" + reqs[i].Key.ID)
+		}
+		t := db.Table("applied")
+		_, err := tx.Exec(ctx, "INSERT INTO "+t+" (id, n) SELECT id, count(*) FROM unnest($1::text[]) AS id GROUP BY id ORDER BY id "+
+			"ON CONFLICT (id) DO UPDATE SET n = "+t+".n + excluded.n", ids)
+		return results, err
+	}
+}
+
+func reqsOf(scope string, ids ...string) []dedupe.Request {
+	out := make([]dedupe.Request, len(ids))
+	for i, id := range ids {
+		out[i] = dedupetest.Req(scope, id, "payload of "+id)
+	}
+	return out
+}
+
+func wantApplied(t *testing.T, db *pgtest.DB, want map[string]int) {
+	t.Helper()
+	for id, n := range want {
+		if got, err := applied(context.Background(), db, id); err != nil || got != n {
+			t.Errorf("%s applied %d times (%v), want %d", id, got, err, n)
+		}
+	}
+}
+
+func TestDoBatchFreshThenDuplicates(t *testing.T) {
+	t.Parallel()
+	s, db := newStore(t, nil)
+	ctx := context.Background()
+	reqs := reqsOf("s", "c", "a", "b")
+	out, err := s.DoBatch(ctx, reqs, applyBatch(db, reqs, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range out {
+		if c.Err != nil || c.Decision != dedupe.DecisionNew || string(c.Record.Result) != "r:"+reqs[i].Key.ID {
+			t.Errorf("%d: %v %q %v, want new with its result", i, c.Decision, c.Record.Result, c.Err)
+		}
+	}
+	// Redelivered with a new key among them: only the new one runs; the
+	// others come back as duplicates with their stored results.
+	again := append(reqsOf("s", "b", "d"), reqs[0], reqs[1])
+	var fresh []int
+	out, err = s.DoBatch(ctx, again, func(ctx context.Context, tx pgx.Tx, f []int) ([][]byte, error) {
+		fresh = f
+		return applyBatch(db, again, nil)(ctx, tx, f)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(fresh, []int{1}) {
+		t.Fatalf("fn got %v, want [1] (d alone)", fresh)
+	}
+	for i, c := range out {
+		want := dedupe.DecisionDuplicate
+		if i == 1 {
+			want = dedupe.DecisionNew
+		}
+		if c.Err != nil || c.Decision != want || string(c.Record.Result) != "r:"+again[i].Key.ID {
+			t.Errorf("%s: %v %q %v, want %v with its result", again[i].Key.ID, c.Decision, c.Record.Result, c.Err, want)
+		}
+	}
+	// All duplicates: fn does not run.
+	out, err = s.DoBatch(ctx, reqs, func(context.Context, pgx.Tx, []int) ([][]byte, error) {
+		t.Error("fn ran for a batch of duplicates")
+		return nil, nil
+	})
+	if err != nil || out[0].Decision != dedupe.DecisionDuplicate {
+		t.Fatalf("all duplicates: %v %v", out, err)
+	}
+	wantApplied(t, db, map[string]int{"a": 1, "b": 1, "c": 1, "d": 1})
+}
+
+// A key reused with another payload, an invalid key and a key held under a
+// lease are answered per request; the rest of the batch applies.
+func TestDoBatchPerRequestErrors(t *testing.T) {
+	t.Parallel()
+	s, db := newStore(t, nil)
+	ctx := context.Background()
+	if _, err := s.DoBatch(ctx, reqsOf("s", "old"), applyBatch(db, reqsOf("s", "old"), nil)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Acquire(ctx, dedupetest.Req("s", "leased", "payload of leased"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	reqs := []dedupe.Request{
+		dedupetest.Req("s", "old", "another payload"),
+		dedupetest.Req("s", "", "no id"),
+		dedupetest.Req("s", "leased", "payload of leased"),
+		dedupetest.Req("s", "new", "payload of new"),
+	}
+	var fresh []int
+	out, err := s.DoBatch(ctx, reqs, func(ctx context.Context, tx pgx.Tx, f []int) ([][]byte, error) {
+		fresh = f
+		return applyBatch(db, reqs, nil)(ctx, tx, f)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reused *dedupe.KeyReusedError
+	var inflight *dedupe.InFlightError
+	switch {
+	case !errors.As(out[0].Err, &reused) || reused.Stored != dedupetest.Req("s", "old", "payload of old").Fingerprint:
+		t.Errorf("reused key: %v", out[0].Err)
+	case !errors.Is(out[1].Err, dedupe.ErrInvalidKey) || !dedupe.IsPermanent(out[1].Err):
+		t.Errorf("invalid key: %v", out[1].Err)
+	case !errors.As(out[2].Err, &inflight) || !dedupe.IsRetryable(out[2].Err):
+		t.Errorf("leased key: %v", out[2].Err)
+	case out[3].Err != nil || out[3].Decision != dedupe.DecisionNew:
+		t.Errorf("new key: %v %v", out[3].Decision, out[3].Err)
+	case !slices.Equal(fresh, []int{3}):
+		t.Errorf("fn got %v, want [3]", fresh)
+	}
+	wantApplied(t, db, map[string]int{"old": 1, "leased": 0, "new": 1})
+	if rec, err := s.Get(ctx, dedupe.Key{Scope: "s", ID: "old"}); err != nil || rec.Fingerprint != reused.Stored {
+		t.Errorf("the reused key's record changed: %v %v", rec.Fingerprint, err)
+	}
+}
+
+// A lease that expired (a lease-mode worker crashed) is taken over by the
+// batch, fenced, with Attempts+1.
+func TestDoBatchTakesOverExpiredLease(t *testing.T) {
+	t.Parallel()
+	s, db := newStore(t, nil)
+	ctx := context.Background()
+	req := dedupetest.Req("s", "crashed", "payload of crashed")
+	if _, err := db.Pool.Exec(ctx, "INSERT INTO "+db.Table("exactly_keys")+` (scope, key, fingerprint, status, attempts, locked_until, expires_at)
+		VALUES ($1, $2, $3, 'PROCESSING', 1, now() - interval '1 second', now() + interval '1 hour')`,
+		req.Key.Scope, req.Key.ID, string(req.Fingerprint)); err != nil {
+		t.Fatal(err)
+	}
+	reqs := []dedupe.Request{req, dedupetest.Req("s", "other", "payload of other")}
+	out, err := s.DoBatch(ctx, reqs, applyBatch(db, reqs, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out[0].Err != nil || out[0].Decision != dedupe.DecisionTakeover || out[0].Record.Attempts != 2 || out[1].Decision != dedupe.DecisionNew {
+		t.Fatalf("got %+v / %+v, want a takeover at attempt 2 and a new key", out[0], out[1])
+	}
+	rec, err := s.Get(ctx, req.Key)
+	if err != nil || rec.Status != dedupe.StatusCompleted || string(rec.Result) != "r:crashed" {
+		t.Fatalf("record after takeover: %+v %v", rec, err)
+	}
+	wantApplied(t, db, map[string]int{"crashed": 1, "other": 1})
+}
+
+// The same key twice or more in one batch: the first claims it, the later
+// copies are its duplicates (same payload, with its result) or key reuses.
+func TestDoBatchSameKeyTwice(t *testing.T) {
+	t.Parallel()
+	s, db := newStore(t, nil)
+	ctx := context.Background()
+	reqs := []dedupe.Request{
+		dedupetest.Req("s", "k", "payload of k"),
+		dedupetest.Req("s", "x", "payload of x"),
+		dedupetest.Req("s", "k", "payload of k"),
+		dedupetest.Req("s", "k", "another payload"),
+	}
+	var fresh []int
+	out, err := s.DoBatch(ctx, reqs, func(ctx context.Context, tx pgx.Tx, f []int) ([][]byte, error) {
+		fresh = f
+		return applyBatch(db, reqs, nil)(ctx, tx, f)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(fresh, []int{0, 1}) {
+		t.Fatalf("fn got %v, want [0 1]", fresh)
+	}
+	if out[2].Err != nil || out[2].Decision != dedupe.DecisionDuplicate || string(out[2].Record.Result) != "r:k" {
+		t.Errorf("second copy: %v %q %v, want a duplicate with the first's result", out[2].Decision, out[2].Record.Result, out[2].Err)
+	}
+	if !errors.Is(out[3].Err, dedupe.ErrKeyReused) {
+		t.Errorf("copy with another payload: %v, want key reused", out[3].Err)
+	}
+	wantApplied(t, db, map[string]int{"k": 1, "x": 1})
+
+	// Stored already: a copy with the stored payload after one that reuses
+	// the key is still a duplicate.
+	reqs = []dedupe.Request{dedupetest.Req("s", "k", "another payload"), dedupetest.Req("s", "k", "payload of k")}
+	out, err = s.DoBatch(ctx, reqs, applyBatch(db, reqs, nil))
+	if err != nil || !errors.Is(out[0].Err, dedupe.ErrKeyReused) || out[1].Err != nil || out[1].Decision != dedupe.DecisionDuplicate {
+		t.Fatalf("got %+v %v, want key reused then a duplicate", out, err)
+	}
+	wantApplied(t, db, map[string]int{"k": 1})
+}
+
+// A failing fn rolls back the whole batch, keys included.
+func TestDoBatchFnErrorRollsBack(t *testing.T) {
+	t.Parallel()
+	s, db := newStore(t, nil)
+	ctx := context.Background()
+	reqs := reqsOf("s", "a", "b")
+	boom := errors.New("boom")
+	if _, err := s.DoBatch(ctx, reqs, func(ctx context.Context, tx pgx.Tx, f []int) ([][]byte, error) {
+		if _, err := applyBatch(db, reqs, nil)(ctx, tx, f); err != nil {
+			return nil, err
+		}
+		return nil, boom
+	}); !errors.Is(err, boom) {
+		t.Fatalf("err = %v, want fn's", err)
+	}
+	for _, r := range reqs {
+		if _, err := s.Get(ctx, r.Key); !errors.Is(err, dedupe.ErrNotFound) {
+			t.Errorf("%s stored after a rollback: %v", r.Key, err)
+		}
+	}
+	out, err := s.DoBatch(ctx, reqs, applyBatch(db, reqs, nil))
+	if err != nil || out[0].Decision != dedupe.DecisionNew || out[1].Decision != dedupe.DecisionNew {
+		t.Fatalf("redelivery: %+v %v", out, err)
+	}
+	wantApplied(t, db, map[string]int{"a": 1, "b": 1})
+}
+
+// The connection dies after fn wrote and before COMMIT: nothing is stored;
+// the whole transaction runs again, and every message applies once.
+func TestDoBatchConnectionKilledBeforeCommit(t *testing.T) {
+	t.Parallel()
+	for _, attempts := range []int{1, 5} {
+		t.Run(fmt.Sprintf("MaxTxAttempts=%d", attempts), func(t *testing.T) {
+			t.Parallel()
+			s, db := newStore(t, &pgstore.Config{MaxTxAttempts: attempts, RetryBackoff: time.Millisecond})
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			reqs := reqsOf("s", "a", "b", "c")
+			var calls atomic.Int64
+			kill := func(ctx context.Context, tx pgx.Tx, f []int) ([][]byte, error) {
+				res, err := applyBatch(db, reqs, &calls)(ctx, tx, f)
+				if err != nil || calls.Load() > 1 {
+					return res, err
+				}
+				var pid int
+				if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+					return nil, err
+				}
+				_, err = db.Pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid)
+				return res, err
+			}
+			out, err := s.DoBatch(ctx, reqs, kill)
+			if attempts == 1 {
+				if err == nil || !dedupe.IsRetryable(err) {
+					t.Fatalf("err = %v, want a retryable error", err)
+				}
+				for _, r := range reqs {
+					if _, err := s.Get(ctx, r.Key); !errors.Is(err, dedupe.ErrNotFound) {
+						t.Errorf("%s stored by a transaction that never committed: %v", r.Key, err)
+					}
+				}
+				wantApplied(t, db, map[string]int{"a": 0, "b": 0, "c": 0})
+				out, err = s.DoBatch(ctx, reqs, kill) // the redelivery
+			}
+			if err != nil || calls.Load() != 2 {
+				t.Fatalf("err = %v after %d runs of fn, want success after 2", err, calls.Load())
+			}
+			for _, c := range out {
+				if c.Decision != dedupe.DecisionNew {
+					t.Errorf("%s: %v, want new", c.Record.Key, c.Decision)
+				}
+			}
+			wantApplied(t, db, map[string]int{"a": 1, "b": 1, "c": 1})
+		})
+	}
+}
+
+// The COMMIT's answer is lost: DoBatch runs the transaction again, finds
+// the keys that its own unanswered COMMIT wrote, and reports them as new.
+func TestDoBatchCommitAnswerLost(t *testing.T) {
+	t.Parallel()
+	_, db := newStore(t, nil)
+	d := pgtest.NewCommitDropper(t)
+	s, err := pgstore.New(d.Pool(t), &pgstore.Config{Schema: db.Schema, RetryBackoff: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reqs := reqsOf("s", "a", "b")
+	var calls atomic.Int64
+	d.Arm()
+	out, err := s.DoBatch(ctx, reqs, applyBatch(db, reqs, &calls))
+	if d.Dropped() != 1 {
+		t.Fatalf("the COMMIT's answer was dropped %d times, want 1", d.Dropped())
+	}
+	if err != nil || calls.Load() != 1 {
+		t.Fatalf("err = %v, fn ran %d times; want success, once", err, calls.Load())
+	}
+	for _, c := range out {
+		if c.Decision != dedupe.DecisionNew || string(c.Record.Result) != "r:"+c.Record.Key.ID {
+			t.Errorf("%s: %v %q, want new with its result", c.Record.Key, c.Decision, c.Record.Result)
+		}
+	}
+	wantApplied(t, db, map[string]int{"a": 1, "b": 1})
+}
+
+// Batches over overlapping keys, in different orders, at once: every key
+// is applied once, and no batch fails (claims are sorted by key, so they
+// wait for each other instead of deadlocking).
+func TestDoBatchConcurrentOverlapping(t *testing.T) {
+	t.Parallel()
+	s, db := newStore(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const keys, workers, rounds = 200, 6, 8
+	var all []dedupe.Request
+	for i := range keys {
+		all = append(all, dedupetest.Req("s", fmt.Sprintf("k%03d", i), fmt.Sprintf("payload %d", i)))
+	}
+	var wg sync.WaitGroup
+	var appliedByUs, dups atomic.Int64
+	errs := make(chan error, workers*rounds)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rnd := rand.New(rand.NewPCG(uint64(w), 7))
+			for range rounds {
+				batch := slices.Clone(all)
+				rnd.Shuffle(len(batch), func(i, j int) { batch[i], batch[j] = batch[j], batch[i] })
+				batch = batch[:100]
+				out, err := s.DoBatch(ctx, batch, applyBatch(db, batch, nil))
+				if err != nil {
+					errs <- err
+					return
+				}
+				for _, c := range out {
+					switch {
+					case c.Err != nil:
+						errs <- c.Err
+					case c.Decision == dedupe.DecisionNew:
+						appliedByUs.Add(1)
+					case c.Decision == dedupe.DecisionDuplicate:
+						dups.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	var rows, total, over int
+	if err := db.Pool.QueryRow(ctx, "SELECT count(*), coalesce(sum(n), 0), count(*) FILTER (WHERE n > 1) FROM "+db.Table("applied")).
+		Scan(&rows, &total, &over); err != nil {
+		t.Fatal(err)
+	}
+	if over != 0 || int64(total) != appliedByUs.Load() || appliedByUs.Load()+dups.Load() != workers*rounds*100 {
+		t.Fatalf("%d ids applied %d times in all, %d of them more than once; batches reported %d new, %d duplicates",
+			rows, total, over, appliedByUs.Load(), dups.Load())
+	}
+}
