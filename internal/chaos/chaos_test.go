@@ -41,6 +41,10 @@ type options struct {
 	txns        bool // transactional producers, which commit some transactions and abort others
 	cross       bool // a producer with another partitioner writes B accounts' top-ups and copies
 	startupWait bool // a worker started while the broker is down must wait for it
+	// batch: the workers with an odd id run in batch mode, batches of up to
+	// this many commands (--batch), alongside per-message ones in one
+	// group; 0 runs every worker per message.
+	batch int
 }
 
 func envBool(k string, def bool) bool {
@@ -56,6 +60,10 @@ func loadOptions() options {
 		cross: envBool("CHAOS_CROSS_PARTITION", true), startupWait: envBool("CHAOS_STARTUP_WAIT", true)}
 	if s, err := strconv.ParseUint(os.Getenv("CHAOS_SEED"), 10, 64); err == nil {
 		o.seed = s
+	}
+	o.batch = 200
+	if b, err := strconv.Atoi(os.Getenv("CHAOS_BATCH")); err == nil && b >= 0 {
+		o.batch = b
 	}
 	return o
 }
@@ -75,6 +83,9 @@ func (o options) repro() string {
 	}
 	if !o.startupWait {
 		env += " CHAOS_STARTUP_WAIT=0"
+	}
+	if o.batch != 200 {
+		env += fmt.Sprintf(" CHAOS_BATCH=%d", o.batch)
 	}
 	return env + " go test -race -count=1 -timeout 20m -run 'TestChaos$' -v ./internal/chaos/"
 }
@@ -202,11 +213,11 @@ func TestChaos(t *testing.T) {
 		t.Fatalf("ledger migrate: %v\n%s", err, out)
 	}
 	var n counts
-	ws := &workers{restarts: &n.workerRestarts, bin: bin, dir: base, args: []string{"worker", "--database-url", pg.URL(), "--brokers", br.Addr(),
+	ws := &workers{restarts: &n.workerRestarts, bin: bin, dir: base, batch: o.batch, args: []string{"worker", "--database-url", pg.URL(), "--brokers", br.Addr(),
 		"--schema", "ledger", "--commands", commandsTopic, "--metrics-addr", "127.0.0.1:0",
 		"--session-timeout", sessionTimeout.String()}}
 	for i := 0; i < sc.workers; i++ {
-		w := &worker{id: i}
+		w := &worker{id: i, extra: ws.modeArgs(i)}
 		ws.all = append(ws.all, w)
 		if err := ws.start(w); err != nil {
 			t.Fatal(err)
@@ -354,8 +365,8 @@ func TestChaos(t *testing.T) {
 		f.fail("startup", "%s", e)
 	}
 	rec := fmt.Sprintf("%v (%d not measured; under chaos: %s)", roundAll(recTimes), recSkipped, mon.recoveries())
-	t.Logf("chaos: seed=%d commands=%d duplicates=%d txn-committed=%d aborted=%d kills=%d (mid-transaction %d) restarts=%d (workers %d, postgres %d, broker %d) pauses=%d (sigstop %d) self-exits=%d lost=%d (%d) doubled=%d (%d) wrong=%d unapplied=%d phantom=%d aborted-applied=%d missing-events=%d extra-events=%d stray-events=%d dead-lettered=%d (missing %d, unexpected %d) faults=%s drain=%s recovery=%s",
-		o.seed, f.commands, f.copies, f.committedTxnRecs, f.abortedRecs, n.kills.Load(), n.killsMidTx.Load(),
+	t.Logf("chaos: seed=%d modes=%s commands=%d duplicates=%d txn-committed=%d aborted=%d kills=%d (mid-transaction %d) restarts=%d (workers %d, postgres %d, broker %d) pauses=%d (sigstop %d) self-exits=%d lost=%d (%d) doubled=%d (%d) wrong=%d unapplied=%d phantom=%d aborted-applied=%d missing-events=%d extra-events=%d stray-events=%d dead-lettered=%d (missing %d, unexpected %d) faults=%s drain=%s recovery=%s",
+		o.seed, ws.modes(), f.commands, f.copies, f.committedTxnRecs, f.abortedRecs, n.kills.Load(), n.killsMidTx.Load(),
 		n.workerRestarts.Load()+n.pgRestarts.Load()+n.brokerRestarts.Load(), n.workerRestarts.Load(), n.pgRestarts.Load(), n.brokerRestarts.Load(),
 		n.pauses.Load(), n.workerStops.Load(), len(exits), f.lostAccounts, f.lostAmount, f.doubledAccounts, f.doubledAmount, f.wrongAccounts,
 		f.unapplied, f.phantom, f.abortedApplied, f.missingEvents, f.extraEvents, f.strayEvents, f.deadLettered, f.dlqMissing, f.dlqUnexpected,

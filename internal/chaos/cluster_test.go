@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -277,10 +278,11 @@ func (b *broker) pause(d time.Duration) {
 // worker is one ledger worker process slot: the supervisor starts it again
 // after every exit, as a service manager would.
 type worker struct {
-	id   int
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	id    int
+	extra []string // arguments of this worker's own (its mode)
+	mu    sync.Mutex
+	cmd   *exec.Cmd
+	done  chan struct{}
 	// killed is set before the suite kills the process, so its exit is not
 	// counted as one of its own.
 	killed bool
@@ -294,6 +296,7 @@ type worker struct {
 type workers struct {
 	bin, dir string
 	args     []string
+	batch    int // see options.batch
 	mu       sync.Mutex
 	all      []*worker
 	// exits are the exits that nobody asked for, with their log tails.
@@ -330,7 +333,7 @@ func (ws *workers) start(w *worker) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(ws.bin, ws.args...)
+	cmd := exec.Command(ws.bin, append(slices.Clone(ws.args), w.extra...)...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -468,4 +471,21 @@ func tcpPorts(pid int) map[int]bool {
 		f.Close()
 	}
 	return ports
+}
+
+// modeArgs returns the mode arguments of worker id: batch mode for odd ids
+// when the run has batches, so both modes share the group.
+func (ws *workers) modeArgs(id int) []string {
+	if ws.batch > 0 && id%2 == 1 {
+		return []string{"--batch", strconv.Itoa(ws.batch)}
+	}
+	return nil
+}
+
+// modes describes the workers' modes for the summary line.
+func (ws *workers) modes() string {
+	if ws.batch == 0 {
+		return "per-message"
+	}
+	return fmt.Sprintf("per-message+batch(%d)", ws.batch)
 }

@@ -18,6 +18,8 @@
 // CHAOS_TRANSACTIONS=0 leaves out the transactional producers (their
 // aborted transactions, and the transaction markers that commits leave in
 // the log too), CHAOS_CROSS_PARTITION=0 the producer with another
-// partitioner, CHAOS_STARTUP_WAIT=0 the check that a worker started while the
+// partitioner, CHAOS_BATCH=N sets the batch size of the workers with an odd
+// id, which run in batch mode beside per-message ones in the same group
+// (200 by default; 0 runs every worker per message), CHAOS_STARTUP_WAIT=0 the check that a worker started while the
 // broker is down waits for it instead of exiting.
 package chaos

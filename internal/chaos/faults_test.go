@@ -175,7 +175,7 @@ func (c *chaosRun) brokerCrash() {
 		return
 	}
 	c.ws.mu.Lock()
-	w := &worker{id: len(c.ws.all)}
+	w := &worker{id: len(c.ws.all), extra: c.ws.modeArgs(len(c.ws.all))}
 	c.ws.all = append(c.ws.all, w)
 	err := c.ws.start(w)
 	c.ws.mu.Unlock()
