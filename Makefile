@@ -5,7 +5,7 @@ GO ?= go
 # internal/embedpg, internal/kafkabench, internal/testkit/testservices).
 PKGS ?= $(shell GO="$(GO)" scripts/packages.sh)
 
-.PHONY: demo test test-short chaos chaos-short bench lint services services-stop up down images test-docker compose-test
+.PHONY: throughput demo test test-short chaos chaos-short bench lint services services-stop up down images test-docker compose-test
 
 # The ledger demo: Postgres at DATABASE_URL, else at localhost, else a
 # throwaway server for the demo's lifetime; Kafka in-process unless
@@ -32,6 +32,12 @@ chaos:
 # The short chaos run (1.5 to 3 minutes).
 chaos-short:
 	CHAOS=1 $(GO) test -race -count=1 -timeout 20m -run 'TestChaos$$' -v ./internal/chaos/
+
+# The throughput benchmarks of every module (per-message-dedupe,
+# batch-dedupe, batch-plain, keyed-concurrency, partition-sequential); see
+# README "Performance". ./... would stop at the nested modules.
+throughput:
+	$(GO) test -run '^$$' -bench Throughput -benchtime 3x $(PKGS)
 
 # Side-by-side benchmarks; see README "Performance".
 bench:
