@@ -43,6 +43,9 @@ export TESTCONTAINERS_RYUK_DISABLED=true CI=${CI:-true}
 # The fault tests start brokers of their own (scripts/kafka.sh); next to the
 # containers, on a loaded machine, they need longer than its default 60 s.
 export KAFKA_START_TIMEOUT=${KAFKA_START_TIMEOUT:-180}
+# The chaos suite runs its own Postgres cluster and broker, never services
+# from the kit: make test has run it already.
+export CHAOS=${CHAOS:-0}
 go build -o "$bin/testservices" ./internal/testkit/testservices
 export EXACTLY_TESTSERVICES=$bin/testservices
 # shellcheck disable=SC2046 # one pattern per module
