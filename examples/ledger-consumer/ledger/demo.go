@@ -385,13 +385,13 @@ func createTopicsWith(ctx context.Context, brokers []string, sec kafkapubsub.Sec
 	}
 }
 
-// topicsReady reports whether md lists every topic with at least its
-// partition count, each with a leader.
+// topicsReady reports whether md lists every topic with partitions, each
+// with a leader. A topic that existed before keeps its partition count,
+// whatever was asked for.
 func topicsReady(md *kafka.MetadataResponse, topics map[string]int) bool {
 	ready := 0
 	for _, t := range md.Topics {
-		n, ok := topics[t.Name]
-		if !ok || t.Error != nil || len(t.Partitions) < n {
+		if _, ok := topics[t.Name]; !ok || t.Error != nil || len(t.Partitions) == 0 {
 			continue
 		}
 		led := true
