@@ -267,9 +267,39 @@ func (c *BatchConsumer) Run(ctx context.Context, msgs <-chan *message.Message) e
 }
 
 // loop forms batches from msgs and applies them, one at a time.
+//
+// A nacked message holds its partition back: the Subscriber's window may
+// already have delivered later messages of that partition, and applying
+// them before the nacked one comes back would break its key's order. So
+// until the lowest nacked offset of a partition is delivered again, every
+// later message of that partition is nacked unapplied (the window then
+// delivers them again in offset order, after it). A hold that outlives
+// holdTimeout is dropped: the partition has moved to another member, which
+// went past the nacked message, and came back.
 func (c *BatchConsumer) loop(ctx context.Context, msgs <-chan *message.Message) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	type hold struct {
+		offset int64 // the lowest nacked offset, not yet back
+		since  time.Time
+	}
+	held := map[int32]hold{}
+	admit := func(m *message.Message) bool {
+		src, ok := c.source(m)
+		if !ok {
+			return true
+		}
+		h, isHeld := held[src.Partition]
+		switch {
+		case !isHeld || src.Offset < h.offset:
+			return true
+		case src.Offset == h.offset || time.Since(h.since) > holdTimeout:
+			delete(held, src.Partition)
+			return true
+		}
+		m.Nack()
+		return false
+	}
 	for {
 		var batch []*message.Message
 		select {
@@ -279,7 +309,12 @@ func (c *BatchConsumer) loop(ctx context.Context, msgs <-chan *message.Message) 
 			if !ok {
 				return
 			}
-			batch = append(batch, m)
+			if admit(m) {
+				batch = append(batch, m)
+			}
+		}
+		if len(batch) == 0 {
+			continue
 		}
 		timer.Reset(c.cfg.MaxWait)
 		open := true
@@ -291,7 +326,9 @@ func (c *BatchConsumer) loop(ctx context.Context, msgs <-chan *message.Message) 
 					open = false
 					break fill
 				}
-				batch = append(batch, m)
+				if admit(m) {
+					batch = append(batch, m)
+				}
 			case <-timer.C:
 				break fill
 			case <-ctx.Done():
@@ -300,11 +337,27 @@ func (c *BatchConsumer) loop(ctx context.Context, msgs <-chan *message.Message) 
 		}
 		timer.Stop()
 		c.process(ctx, batch)
+		for _, m := range batch {
+			select {
+			case <-m.Nacked():
+			default:
+				continue
+			}
+			if src, ok := c.source(m); ok {
+				if h, isHeld := held[src.Partition]; !isHeld || src.Offset < h.offset {
+					held[src.Partition] = hold{offset: src.Offset, since: time.Now()}
+				}
+			}
+		}
 		if !open {
 			return
 		}
 	}
 }
+
+// holdTimeout bounds how long a nacked message holds its partition back
+// (see loop): far above the Subscriber's longest nack back-off.
+const holdTimeout = time.Minute
 
 // item is one message of a batch with its claim request.
 type item struct {

@@ -466,3 +466,45 @@ func TestBatchMessageErrorNotPermanentCuts(t *testing.T) {
 		t.Errorf("the handler ran %d times, want 4", calls.Load())
 	}
 }
+
+// A batch nacked whole for an infrastructure error holds its partition
+// back: the later records of the same key, which the Subscriber's window
+// has already delivered, are not applied before it, and everything is
+// applied once, in offset order.
+func TestBatchNackKeepsKeyOrder(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	var recs []kafka.Message
+	for i := range 20 {
+		recs = append(recs, record(fmt.Sprintf("m-%02d", i), "acc-1", 1))
+	}
+	w.produce(recs...)
+	var mu sync.Mutex
+	var order []string
+	var calls atomic.Int64
+	inner := w.batchHandler(nil, nil)
+	h := func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
+		if calls.Add(1) <= 5 {
+			return nil, dedupe.Retryable(errors.New("a dependency is down"))
+		}
+		outs, err := inner(ctx, tx, msgs)
+		if err == nil {
+			mu.Lock()
+			for _, m := range msgs {
+				order = append(order, m.UUID)
+			}
+			mu.Unlock()
+		}
+		return outs, err
+	}
+	stop := w.startBatch(kafkatest.Name("g"), h, consumer.BatchConfig{MaxSize: 5, MaxWait: 50 * time.Millisecond})
+	defer stop()
+	testenv.WaitFor(t, time.Minute, "all applied", func() bool { return w.applied() == 20 })
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 1; i < len(order); i++ {
+		if order[i] <= order[i-1] {
+			t.Fatalf("one key's records applied out of offset order: %v", order)
+		}
+	}
+}

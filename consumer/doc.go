@@ -120,10 +120,14 @@
 // offset order (kafkapubsub.SubscriberConfig.MaxInFlight of at least
 // MaxSize, KeyOrdered off); with one at a time, a batch holds at most one
 // message per partition. BatchConfig.Workers runs several batches at once,
-// each partition on one worker. A message nacked by the per-message path
-// comes back after the Subscriber's back-off, while the window may go on
-// delivering the messages behind it: with MaxInFlight above 1, a partition
-// keeps its order except around a message that failed.
+// each partition on one worker. A nacked message (a batch that failed for
+// the infrastructure, a message the per-message path gives back) holds its
+// partition: the later messages of that partition that the window has
+// already delivered are nacked unapplied until the nacked one is delivered
+// again, and the window then delivers them again in offset order, so a
+// partition's order, and so every key's, holds across failures. (A hold
+// whose message never comes back, because the partition moved to another
+// member meanwhile, is dropped after a minute.)
 //
 // A message that cannot be applied in a batch takes the per-message path:
 // the dedupe [Middleware], with the same configuration, wrapped in

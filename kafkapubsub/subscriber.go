@@ -53,7 +53,11 @@ type SubscriberConfig struct {
 	// order; acks may come in any order, and the committed offset is the
 	// contiguous acked watermark: the lowest offset not acked yet. A nacked
 	// message keeps its place in the window and is delivered again (same
-	// offset, after NackBackoff) while the others go on. A partition's
+	// offset, after NackBackoff). Without KeyOrdered a nack rewinds the
+	// partition as a seek would: nothing new is delivered while nacked
+	// messages wait, and they go out again lowest offset first (messages
+	// already delivered behind a nacked one are the consumer's to nack, as
+	// consumer.BatchConsumer does); with KeyOrdered the other keys go on. A partition's
 	// window holds at most 4 × MaxInFlight records from the watermark on,
 	// acked ones included: a message that stays unacked at the bottom
 	// stops new deliveries of its partition once the window is full. A

@@ -63,7 +63,10 @@ type window struct {
 	entries        []*entry
 	inFlight       int
 	ready          int // entries in state ready
-	busy           map[recordKey]bool
+	// nacks counts the entries nacked and not yet delivered again
+	// (backingOff or ready).
+	nacks int
+	busy  map[recordKey]bool
 	// firstWaiting is the index of the first waiting entry, or len(entries):
 	// no entry below it is waiting.
 	firstWaiting int
@@ -102,6 +105,20 @@ func (w *window) watermark() int64 {
 // flight, the lowest waiting record — with keyed, the lowest whose key has
 // nothing in flight.
 func (w *window) next() *entry {
+	if !w.keyed && w.nacks > 0 {
+		// In offset order, a nack rewinds the partition as a seek would:
+		// the nacked records go again lowest first, each only once every
+		// lower nacked one is out again, and nothing new goes before them.
+		for _, e := range w.entries {
+			switch e.state {
+			case ready:
+				return e
+			case backingOff:
+				return nil
+			}
+		}
+		return nil
+	}
 	if w.ready > 0 {
 		for _, e := range w.entries {
 			if e.state == ready {
@@ -121,7 +138,10 @@ func (w *window) next() *entry {
 }
 
 // nacked puts e in its back-off; it keeps its slot and its key.
-func (w *window) nacked(e *entry) { e.state = backingOff }
+func (w *window) nacked(e *entry) {
+	e.state = backingOff
+	w.nacks++
+}
 
 // retry makes e, whose back-off is over, the next to deliver.
 func (w *window) retry(e *entry) {
@@ -139,6 +159,7 @@ func (w *window) sent(e *entry) {
 		w.busy[e.key] = true
 	case ready:
 		w.ready--
+		w.nacks--
 	}
 	e.state = delivered
 	for w.firstWaiting < len(w.entries) && w.entries[w.firstWaiting].state != waiting {

@@ -135,3 +135,24 @@ func TestWindowLookahead(t *testing.T) {
 		t.Fatalf("full %v watermark %d after the held ack, want an empty window at %d", w.full(), w.watermark(), off)
 	}
 }
+
+// In offset order (not keyed), a nack rewinds the partition: nothing new
+// goes out while nacked records wait, and they go out again lowest first,
+// whatever order their back-offs end in.
+func TestWindowNackRewindsInOffsetOrder(t *testing.T) {
+	w := newWindow(4, false, 0)
+	for off := range int64(6) {
+		w.add(keyedRec(off, "k"), time.Millisecond)
+	}
+	first := takeAll(w)
+	sameOffsets(t, "first deliveries", first, 0, 1, 2, 3)
+	w.nacked(first[2])
+	w.nacked(first[0])
+	w.acked(first[1])
+	w.acked(first[3])
+	sameOffsets(t, "while both back off", takeAll(w))
+	w.retry(first[2])
+	sameOffsets(t, "offset 2's back-off over, 0's not", takeAll(w))
+	w.retry(first[0])
+	sameOffsets(t, "both over: the nacked ones first, then the new ones", takeAll(w), 0, 2, 4, 5)
+}

@@ -212,19 +212,25 @@ func (s *Store) claimBatchTx(ctx context.Context, tx pgx.Tx, reqs []dedupe.Reque
 	return out, nil
 }
 
+// ErrClaimAlone is the Err of a later copy of a key in a batch whose first
+// copy could not be claimed (it reused the key with another payload, say):
+// what the later copy gets depends on the stored key alone (a duplicate
+// with its stored result, a takeover of an expired lease, in flight, a key
+// reuse), so claim it on its own, with Store.Do, after the batch. Nothing
+// was written for it.
+var ErrClaimAlone = errors.New("pgstore: an earlier copy of this key in the batch could not be claimed: claim this request on its own")
+
 // batchRecord is the record that a later copy of a key is decided
-// against: the stored one, or the one its first request is writing.
+// against: the one its first request is writing. When the first request
+// could not be claimed, the later copy is not decided here: in flight like
+// the first, or ErrClaimAlone.
 func batchRecord(c BatchClaim, req dedupe.Request) (dedupe.Record, error) {
 	var inflight *dedupe.InFlightError
 	switch {
 	case errors.As(c.Err, &inflight):
 		return dedupe.Record{}, c.Err
-	case c.Err != nil: // key reused: decide against what is stored
-		var reused *dedupe.KeyReusedError
-		if errors.As(c.Err, &reused) {
-			return dedupe.Record{Key: req.Key, Fingerprint: reused.Stored, Status: dedupe.StatusCompleted}, nil
-		}
-		return dedupe.Record{}, c.Err
+	case c.Err != nil:
+		return dedupe.Record{}, ErrClaimAlone
 	}
 	return c.Record, nil
 }

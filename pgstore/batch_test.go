@@ -212,10 +212,53 @@ func TestDoBatchSameKeyTwice(t *testing.T) {
 	// the key is still a duplicate.
 	reqs = []dedupe.Request{dedupetest.Req("s", "k", "another payload"), dedupetest.Req("s", "k", "payload of k")}
 	out, err = s.DoBatch(ctx, reqs, applyBatch(db, reqs, nil))
-	if err != nil || !errors.Is(out[0].Err, dedupe.ErrKeyReused) || out[1].Err != nil || out[1].Decision != dedupe.DecisionDuplicate {
-		t.Fatalf("got %+v %v, want key reused then a duplicate", out, err)
+	if err != nil || !errors.Is(out[0].Err, dedupe.ErrKeyReused) || !errors.Is(out[1].Err, pgstore.ErrClaimAlone) {
+		t.Fatalf("got %+v %v, want key reused, then a copy to claim alone", out, err)
 	}
 	wantApplied(t, db, map[string]int{"k": 1})
+	alone, err := s.DoBatch(ctx, reqs[1:], applyBatch(db, reqs[1:], nil))
+	if err != nil || alone[0].Err != nil || alone[0].Decision != dedupe.DecisionDuplicate || string(alone[0].Record.Result) != "r:k" {
+		t.Fatalf("claimed alone: %+v %v, want a duplicate with the stored result", alone, err)
+	}
+}
+
+// A copy of a key after one that reuses it is decided against the stored
+// key alone, never against a record made up for it: under a valid lease it
+// is in flight, after an expired lease it takes the key over and applies.
+func TestDoBatchCopyAfterReuseOfLeasedKey(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		lease time.Duration
+		want  func(pgstore.BatchClaim) bool
+		n     int
+	}{
+		{"valid lease", time.Minute, func(c pgstore.BatchClaim) bool { return errors.Is(c.Err, dedupe.ErrInFlight) }, 0},
+		{"expired lease", time.Millisecond, func(c pgstore.BatchClaim) bool { return c.Err == nil && c.Decision == dedupe.DecisionTakeover }, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, db := newStore(t, nil)
+			ctx := context.Background()
+			acquired := time.Now()
+			if _, err := s.Acquire(ctx, dedupetest.Req("s", "k", "payload of k"), tc.lease); err != nil {
+				t.Fatal(err)
+			}
+			for tc.lease < time.Second && time.Since(acquired) < 20*tc.lease {
+				time.Sleep(time.Millisecond) // the lease runs out
+			}
+			reqs := []dedupe.Request{dedupetest.Req("s", "k", "another payload"), dedupetest.Req("s", "k", "payload of k")}
+			out, err := s.DoBatch(ctx, reqs, applyBatch(db, reqs, nil))
+			if err != nil || !errors.Is(out[0].Err, dedupe.ErrKeyReused) || !errors.Is(out[1].Err, pgstore.ErrClaimAlone) {
+				t.Fatalf("got %+v %v, want key reused, then a copy to claim alone", out, err)
+			}
+			wantApplied(t, db, map[string]int{"k": 0})
+			alone, err := s.DoBatch(ctx, reqs[1:], applyBatch(db, reqs[1:], nil))
+			if err != nil || !tc.want(alone[0]) {
+				t.Fatalf("claimed alone: %+v %v", alone, err)
+			}
+			wantApplied(t, db, map[string]int{"k": tc.n})
+		})
+	}
 }
 
 // A failing fn rolls back the whole batch, keys included.
