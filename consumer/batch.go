@@ -190,7 +190,7 @@ func NewBatchConsumer(store *pgstore.Store, handler BatchHandlerFunc, cfg *Batch
 	}
 	bc := &BatchConsumer{store: store, handler: handler, cfg: c}
 	one := TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
-		outs, err := handler(ctx, tx, []*message.Message{msg})
+		outs, err := bc.call(ctx, tx, []*message.Message{msg})
 		if err != nil || len(outs) == 0 {
 			return nil, err
 		}
