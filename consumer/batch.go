@@ -120,6 +120,9 @@ type BatchConsumer struct {
 	store   *pgstore.Store
 	handler BatchHandlerFunc
 	cfg     BatchConfig
+	// mw is the dedupe Middleware of the per-message path; the batch path
+	// takes its keys, fingerprints and coordinates as it does.
+	mw *Middleware
 	// single is the per-message path: the PerMessage middleware around the
 	// dedupe Middleware around the handler on one message.
 	single message.HandlerFunc
@@ -137,15 +140,6 @@ func NewBatchConsumer(store *pgstore.Store, handler BatchHandlerFunc, cfg *Batch
 	var c BatchConfig
 	if cfg != nil {
 		c = *cfg
-	}
-	if c.KeyFunc == nil {
-		c.KeyFunc = KeyFromUUID
-	}
-	if c.FingerprintFunc == nil {
-		c.FingerprintFunc = dedupe.RawFingerprint
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
 	}
 	if c.MaxSize == 0 {
 		c.MaxSize = 100
@@ -176,6 +170,8 @@ func NewBatchConsumer(store *pgstore.Store, handler BatchHandlerFunc, cfg *Batch
 	if err != nil {
 		return nil, err
 	}
+	// The middleware's defaults are the batch path's too.
+	c.KeyFunc, c.FingerprintFunc, c.Logger = mw.cfg.KeyFunc, mw.cfg.FingerprintFunc, mw.cfg.Logger
 	if c.PerMessage == nil {
 		if c.DeadLetterTopic != "" {
 			poison, err := middleware.PoisonQueueWithFilter(c.Publisher, c.DeadLetterTopic, dedupe.IsPermanent)
@@ -188,7 +184,7 @@ func NewBatchConsumer(store *pgstore.Store, handler BatchHandlerFunc, cfg *Batch
 			ShouldRetry: ShouldRetry, ResetContextOnRetry: true}
 		c.PerMessage = append(c.PerMessage, retry.Middleware, middleware.Timeout(30*time.Second))
 	}
-	bc := &BatchConsumer{store: store, handler: handler, cfg: c}
+	bc := &BatchConsumer{store: store, handler: handler, cfg: c, mw: mw}
 	one := TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
 		outs, err := bc.call(ctx, tx, []*message.Message{msg})
 		if err != nil || len(outs) == 0 {
@@ -406,17 +402,7 @@ func (c *BatchConsumer) prepare(msg *message.Message) (item, bool) {
 	if c.cfg.NoDedupe {
 		return it, true
 	}
-	id, err := c.cfg.KeyFunc(msg)
-	key := dedupe.Key{Scope: c.cfg.Scope, ID: id}
-	if err == nil {
-		err = key.Validate()
-	}
-	if err != nil && c.cfg.MissingKey == Derive {
-		if id, derr := KeyFromOffset(msg); derr == nil {
-			key.ID = id
-			err = key.Validate()
-		}
-	}
+	key, err := c.mw.keyOf(msg, c.cfg.Scope)
 	if err != nil {
 		return it, false
 	}
@@ -429,12 +415,7 @@ func (c *BatchConsumer) prepare(msg *message.Message) (item, bool) {
 	return it, true
 }
 
-func (c *BatchConsumer) source(msg *message.Message) (dedupe.Source, bool) {
-	if c.cfg.Source != nil {
-		return c.cfg.Source(msg)
-	}
-	return dedupe.SourceFromContext(msg.Context())
-}
+func (c *BatchConsumer) source(msg *message.Message) (dedupe.Source, bool) { return c.mw.source(msg) }
 
 // apply applies items as one batch, splitting it in halves when it fails
 // because of its messages, until the failing one is alone and takes the

@@ -108,6 +108,24 @@ type Middleware struct {
 	messages map[string]*msgState // failing messages, by identity
 }
 
+// keyOf returns msg's key in scope: Config.KeyFunc's, validated, or with
+// MissingKey Derive its coordinates when that fails. The error says why
+// there is no valid key.
+func (m *Middleware) keyOf(msg *message.Message, scope string) (dedupe.Key, error) {
+	id, err := m.cfg.KeyFunc(msg)
+	key := dedupe.Key{Scope: scope, ID: id}
+	if err == nil {
+		err = key.Validate()
+	}
+	if err != nil && m.cfg.MissingKey == Derive {
+		if id, derr := KeyFromOffset(msg); derr == nil {
+			key.ID = id
+			err = key.Validate()
+		}
+	}
+	return key, err
+}
+
 // source returns msg's Kafka coordinates, from Config.Source or else from
 // its context.
 func (m *Middleware) source(msg *message.Message) (dedupe.Source, bool) {
@@ -380,31 +398,19 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 	if err := m.checkScope(ctx, ev); err != nil {
 		return nil, err
 	}
-	id, keyErr := m.cfg.KeyFunc(msg)
-	key := dedupe.Key{Scope: ev.Scope, ID: id}
-	if keyErr == nil {
-		keyErr = key.Validate()
-	}
+	key, keyErr := m.keyOf(msg, ev.Scope)
 	if keyErr != nil {
-		switch m.cfg.MissingKey {
-		case Skip:
+		if m.cfg.MissingKey == Skip {
 			m.cfg.Logger.WarnContext(ctx, "consumer: message without a valid key handled WITHOUT deduplication",
 				"scope", ev.Scope, "uuid", msg.UUID, "topic", ev.Topic, "partition", ev.Partition, "offset", ev.Offset, "reason", keyErr)
 			ev.Outcome = OutcomeSkipped
 			return m.runUnprotected(msg, h)
-		case Derive:
-			if id, err := KeyFromOffset(msg); err == nil {
-				key.ID = id
-				keyErr = key.Validate()
-			}
 		}
-		if keyErr != nil {
-			var ik *dedupe.InvalidKeyError
-			if !errors.As(keyErr, &ik) {
-				keyErr = &dedupe.InvalidKeyError{Key: key, Reason: keyErr.Error()}
-			}
-			return nil, m.permanent(msg, ev, keyErr)
+		var ik *dedupe.InvalidKeyError
+		if !errors.As(keyErr, &ik) {
+			keyErr = &dedupe.InvalidKeyError{Key: key, Reason: keyErr.Error()}
 		}
+		return nil, m.permanent(msg, ev, keyErr)
 	}
 	ev.Key = key.ID
 	fp, err := m.cfg.FingerprintFunc(msg.Payload)

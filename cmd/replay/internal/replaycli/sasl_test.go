@@ -5,11 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +14,7 @@ import (
 
 	"github.com/exactly-go/exactly/cmd/replay/internal/replaycli"
 	"github.com/exactly-go/exactly/internal/kafkaflags"
-	"github.com/exactly-go/exactly/internal/testkit/testenv"
+	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
@@ -27,53 +22,17 @@ import (
 // takes SASL/PLAIN, with user alice (password alice-secret).
 func saslBroker(t *testing.T) string {
 	t.Helper()
-	for _, tool := range []string{"java", "mvn"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			testenv.Missing(t, "%s is not installed: the SASL test runs a broker of its own", tool)
-		}
-	}
-	script, err := filepath.Abs("../../../../scripts/kafka.sh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port, cport := freePort(t), freePort(t)
-	props := strings.Join([]string{
-		fmt.Sprintf("listeners=SASL_PLAINTEXT://127.0.0.1:%s,CONTROLLER://127.0.0.1:%s", port, cport),
-		"advertised.listeners=SASL_PLAINTEXT://127.0.0.1:" + port,
-		"inter.broker.listener.name=SASL_PLAINTEXT",
-		"listener.security.protocol.map=CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
-		"sasl.enabled.mechanisms=PLAIN",
-		"sasl.mechanism.inter.broker.protocol=PLAIN",
-		`listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" password="admin-secret" user_admin="admin-secret" user_alice="alice-secret";`,
-	}, "\n")
-	run := filepath.Join(t.TempDir(), "kafka")
-	env := append(os.Environ(), "KAFKA_PORT="+port, "KAFKA_CONTROLLER_PORT="+cport, "KAFKA_RUN_DIR="+run, "KAFKA_HEAP=384m", "KAFKA_PROPERTIES="+props)
-	start := exec.Command("bash", script, "start")
-	start.Env = env
-	out, err := start.Output()
-	if err != nil {
-		var stderr string
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = string(ee.Stderr)
-		}
-		testenv.Missing(t, "could not start a SASL Kafka broker: %v\n%s", err, stderr)
-	}
-	t.Cleanup(func() {
-		stop := exec.Command("bash", script, "stop")
-		stop.Env = env
-		_ = stop.Run()
-	})
-	return strings.TrimSpace(string(out))
-}
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	return kafkatest.StartOwn(t, func(port, cport int) string {
+		return strings.Join([]string{
+			fmt.Sprintf("listeners=SASL_PLAINTEXT://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d", port, cport),
+			fmt.Sprintf("advertised.listeners=SASL_PLAINTEXT://127.0.0.1:%d", port),
+			"inter.broker.listener.name=SASL_PLAINTEXT",
+			"listener.security.protocol.map=CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+			"sasl.enabled.mechanisms=PLAIN",
+			"sasl.mechanism.inter.broker.protocol=PLAIN",
+			`listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" password="admin-secret" user_admin="admin-secret" user_alice="alice-secret";`,
+		}, "\n")
+	}).Addr
 }
 
 // The CLI's --kafka-sasl flags reach every connection it makes: on a broker
