@@ -279,18 +279,23 @@ func (c *BatchConsumer) loop(ctx context.Context, msgs <-chan *message.Message) 
 		offset int64 // the lowest nacked offset, not yet back
 		since  time.Time
 	}
-	held := map[int32]hold{}
+	type partition struct {
+		topic string
+		n     int32
+	}
+	held := map[partition]hold{}
 	admit := func(m *message.Message) bool {
 		src, ok := c.source(m)
 		if !ok {
 			return true
 		}
-		h, isHeld := held[src.Partition]
+		p := partition{src.Topic, src.Partition}
+		h, isHeld := held[p]
 		switch {
 		case !isHeld || src.Offset < h.offset:
 			return true
 		case src.Offset == h.offset || time.Since(h.since) > holdTimeout:
-			delete(held, src.Partition)
+			delete(held, p)
 			return true
 		}
 		m.Nack()
@@ -340,8 +345,9 @@ func (c *BatchConsumer) loop(ctx context.Context, msgs <-chan *message.Message) 
 				continue
 			}
 			if src, ok := c.source(m); ok {
-				if h, isHeld := held[src.Partition]; !isHeld || src.Offset < h.offset {
-					held[src.Partition] = hold{offset: src.Offset, since: time.Now()}
+				p := partition{src.Topic, src.Partition}
+				if h, isHeld := held[p]; !isHeld || src.Offset < h.offset {
+					held[p] = hold{offset: src.Offset, since: time.Now()}
 				}
 			}
 		}

@@ -22,9 +22,11 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
+	"github.com/exactly-go/exactly/internal/testkit/pgtest"
 	"github.com/exactly-go/exactly/internal/testkit/testenv"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/outbox"
+	"github.com/exactly-go/exactly/pgstore"
 )
 
 // batchHandler applies a batch set-based: one statement for the balances,
@@ -506,5 +508,55 @@ func TestBatchNackKeepsKeyOrder(t *testing.T) {
 		if order[i] <= order[i-1] {
 			t.Fatalf("one key's records applied out of offset order: %v", order)
 		}
+	}
+}
+
+// A nack holds back its own topic's partition only: a message of another
+// topic with the same partition number goes on and is applied.
+func TestBatchHoldIsPerTopic(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	store, err := pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := func(_ context.Context, _ pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
+		if msgs[0].UUID == "a-5" {
+			return nil, dedupe.Retryable(errors.New("a dependency is down"))
+		}
+		return nil, nil
+	}
+	bc, err := consumer.NewBatchConsumer(store, h, &consumer.BatchConfig{Scope: "s", MaxSize: 1, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	msgs := make(chan *message.Message)
+	go func() { _ = bc.Run(ctx, msgs) }()
+	send := func(uuid, topic string, offset int64) *message.Message {
+		m := message.NewMessage(uuid, []byte("p"))
+		m.SetContext(dedupe.ContextWithSource(ctx, dedupe.Source{Topic: topic, Partition: 0, Offset: offset}))
+		msgs <- m
+		return m
+	}
+	a := send("a-5", "a", 5)
+	select {
+	case <-a.Nacked():
+	case <-a.Acked():
+		t.Fatal("a-5 acked, want nacked")
+	case <-ctx.Done():
+		t.Fatal("a-5 neither acked nor nacked")
+	}
+	b := send("b-7", "b", 7)
+	select {
+	case <-b.Acked():
+	case <-b.Nacked():
+		t.Fatal("b-7 of another topic nacked: held back by a-5's partition")
+	case <-ctx.Done():
+		t.Fatal("b-7 neither acked nor nacked")
+	}
+	if _, err := store.Get(ctx, dedupe.Key{Scope: "s", ID: "b-7"}); err != nil {
+		t.Fatalf("b-7 has no key: %v", err)
 	}
 }
