@@ -26,9 +26,9 @@ import (
 )
 
 // docBlocks returns the SQL blocks of the "Roles and grants" section of the
-// package doc (indented lines) or of the README (```sql fences), one slice
-// of statements per block.
-func docBlocks(t *testing.T, path, heading string, readme bool) [][]string {
+// package doc (indented lines) or of a Markdown page (```sql fences), one
+// slice of statements per block.
+func docBlocks(t *testing.T, path, heading string, markdown bool) [][]string {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
@@ -40,7 +40,7 @@ func docBlocks(t *testing.T, path, heading string, readme bool) [][]string {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		line := sc.Text()
-		if !readme {
+		if !markdown {
 			line = strings.TrimPrefix(strings.TrimPrefix(line, "//"), " ")
 		}
 		switch {
@@ -55,7 +55,7 @@ func docBlocks(t *testing.T, path, heading string, readme bool) [][]string {
 		}
 		var stmt string
 		var isCode bool
-		if readme {
+		if markdown {
 			switch line {
 			case "```sql":
 				inBlock = true
@@ -87,7 +87,7 @@ func docBlocks(t *testing.T, path, heading string, readme bool) [][]string {
 }
 
 // TestDocumentedGrants runs the statements of the "Roles and grants"
-// sections (README and package doc, which must agree) with names of its own,
+// sections (docs/grants.md and the package doc, which must agree) with names of its own,
 // then: migrates as the migrator; as the consumer claims and completes keys
 // (Do, a duplicate, ClaimTx and CompleteTx, DoLease, a failing DoLease,
 // Cleanup, Stats) and writes to the outbox in the same transactions; as the relay publishes through a
@@ -99,8 +99,8 @@ func TestDocumentedGrants(t *testing.T) {
 	adm := admin(t)
 	ctx := context.Background()
 	blocks := docBlocks(t, "doc.go", "# Roles and grants", false)
-	if readme := docBlocks(t, "../README.md", "## Roles and grants", true); !slices.EqualFunc(blocks, readme, slices.Equal) {
-		t.Fatalf("README and package doc disagree:\n%q\n%q", readme, blocks)
+	if page := docBlocks(t, "../docs/grants.md", "## Roles and grants", true); !slices.EqualFunc(blocks, page, slices.Equal) {
+		t.Fatalf("docs/grants.md and the package doc disagree:\n%q\n%q", page, blocks)
 	}
 
 	schema := randomName("t_")
