@@ -35,8 +35,8 @@
 //   - PoisonQueue outermost, built with middleware.PoisonQueueWithFilter
 //     and dedupe.IsPermanent as its filter: a key reused with another
 //     payload, a missing key (policy Reject), a payload that cannot be
-//     fingerprinted, a result over the store's limit and a poison message
-//     are dead-lettered with their reason (metadata "reason_poisoned") and
+//     fingerprinted, a result over the store's limit, a poison message and
+//     an error the handler marked with dedupe.Permanent are dead-lettered with their reason (metadata "reason_poisoned") and
 //     acked; nothing else is, so an outage never empties a topic into the
 //     dead-letter one.
 //   - Retry next, with ShouldRetry: consumer.ShouldRetry (permanent and
@@ -67,6 +67,10 @@
 // A failed attempt is the message's fault, or the infrastructure's, or the
 // deployment's, and only the first may ever dead-letter it:
 //
+//   - A permanent error is the message's own: the claim's (key reused,
+//     invalid key or payload, result too large) or the handler's, marked
+//     with dedupe.Permanent (a command that fails validation). It is
+//     dead-lettered at once, with its reason, never retried.
 //   - Configuration errors wrap dedupe.ErrMisconfigured: a table that is not
 //     there (SQLSTATE class 42, 3F, 3D or 28, from the store or from the
 //     handler's own SQL: run the migrations, or schema-qualify the name), a
@@ -89,10 +93,11 @@
 //     logged at ERROR with the fix, and the message is held, never dropped.
 //
 // Each message gets one Outcome, passed to Hooks, and one log line at its
-// level with its key, scope, topic, partition and offset: applied (DEBUG),
-// duplicate and in flight (INFO); key reused, invalid key, invalid payload,
-// result too large, failed and unavailable (WARN); poisoned and
-// misconfigured (ERROR).
+// level with its key, scope, topic, partition and offset: applied and
+// duplicate (DEBUG: a replay redelivers whole topics; Config.LogDuplicates
+// logs duplicates at INFO), in flight (INFO); key reused, invalid key,
+// invalid payload, rejected, result too large, failed and unavailable
+// (WARN); poisoned and misconfigured (ERROR).
 //
 // # Batch mode
 //

@@ -68,6 +68,10 @@ type Config struct {
 	MaxAttempts int
 	// Hooks receives an Event per message. Defaults to none.
 	Hooks Hooks
+	// LogDuplicates logs each duplicate at INFO. A replay redelivers whole
+	// topics, so duplicates are many and expected; Hooks count them.
+	// Defaults to false: duplicates are logged at DEBUG.
+	LogDuplicates bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Source returns the Kafka coordinates of a message, recorded with its
@@ -95,8 +99,9 @@ type OutputsWriter interface {
 // A duplicate does not run the handler: the stored outputs are returned, so
 // the router re-publishes them with their original UUIDs. A key reused with
 // another payload, an invalid key (policy Reject), an invalid payload and a
-// poison message (Config.MaxAttempts) are permanent errors
-// (dedupe.IsPermanent) for a PoisonQueue to dead-letter. A handler error
+// poison message (Config.MaxAttempts) and an error the handler marked with
+// dedupe.Permanent are permanent errors (dedupe.IsPermanent) for a
+// PoisonQueue to dead-letter. A handler error
 // rolls back the handler's writes and the key: the router nacks and the
 // message is applied on a later delivery, once. A panic in the handler is
 // recovered into an error, inside the transaction.
@@ -310,6 +315,8 @@ func outcomeOf(err error) Outcome {
 		return OutcomeResultTooLarge
 	case errors.Is(err, dedupe.ErrPoisonMessage):
 		return OutcomePoisoned
+	case dedupe.IsPermanent(err):
+		return OutcomeRejected
 	}
 	return OutcomeFailed
 }
@@ -319,7 +326,10 @@ func (m *Middleware) log(ctx context.Context, msg *message.Message, ev Event) {
 	level, text := slog.LevelDebug, "consumer: message applied"
 	switch ev.Outcome {
 	case OutcomeDuplicate:
-		level, text = slog.LevelInfo, "consumer: duplicate: the handler did not run again"
+		level, text = slog.LevelDebug, "consumer: duplicate: the handler did not run again"
+		if m.cfg.LogDuplicates {
+			level = slog.LevelInfo
+		}
 	case OutcomeInFlight:
 		level, text = slog.LevelInfo, "consumer: key in flight on another worker: the message will be delivered again"
 	case OutcomeKeyReused:
@@ -328,6 +338,8 @@ func (m *Middleware) log(ctx context.Context, msg *message.Message, ev Event) {
 		level, text = slog.LevelWarn, "consumer: invalid key: not applied, for the dead-letter topic"
 	case OutcomeInvalidPayload:
 		level, text = slog.LevelWarn, "consumer: invalid payload: not applied, for the dead-letter topic"
+	case OutcomeRejected:
+		level, text = slog.LevelWarn, "consumer: rejected by the handler (dedupe.Permanent): rolled back, for the dead-letter topic"
 	case OutcomeResultTooLarge:
 		level, text = slog.LevelWarn, "consumer: result over the store's limit: rolled back, for the dead-letter topic"
 	case OutcomePoisoned:
