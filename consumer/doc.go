@@ -57,6 +57,13 @@
 //   - Recoverer innermost, so that a panic rolls the transaction back like
 //     any error. The middleware also recovers panics itself.
 //
+// Register the handler with router.AddHandler. router.AddConsumerHandler
+// drops a handler's outputs before any middleware sees them: with
+// Config.Outputs set, a TxHandler's outputs that never reach the middleware
+// fail the message with an error wrapping dedupe.ErrMisconfigured that
+// names AddHandler, logged at ERROR; its writes roll back and nothing is
+// acked, rather than commit the command without its events.
+//
 // With the scope left to the handler's name, one router-level middleware
 // serves every handler; with a fixed Config.Scope, it serves one handler
 // per topic, and a second handler on the same topic is refused (see
@@ -74,9 +81,10 @@
 //   - Configuration errors wrap dedupe.ErrMisconfigured: a table that is not
 //     there (SQLSTATE class 42, 3F, 3D or 28, from the store or from the
 //     handler's own SQL: run the migrations, or schema-qualify the name), a
-//     shared scope, a misordered chain. They are logged at ERROR with the
-//     fix and retried, never dead-lettered. Middleware.Check and
-//     CheckTopics find the missing table and dead-letter topic at start-up.
+//     shared scope, a misordered chain, outputs dropped before the outbox.
+//     They are logged at ERROR with the fix and retried, never
+//     dead-lettered. Middleware.Check and CheckTopics find the missing table
+//     and dead-letter topic at start-up.
 //   - Infrastructure failures are retried, never counted and never
 //     dead-lettered, and logged at WARN (OutcomeUnavailable): transient
 //     Postgres errors and lost connections (pgstore.IsRetryableError, SQLSTATE

@@ -4,16 +4,131 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/consumer/consumertest"
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
+	"github.com/exactly-go/exactly/kafkapubsub"
+	"github.com/exactly-go/exactly/outbox"
 )
+
+// runOwnRouter runs a router on the world's topic with the chain mws
+// (outermost first) and the handler that register adds; it returns a stop
+// function.
+func (w *world) runOwnRouter(group string, mws []message.HandlerMiddleware,
+	register func(r *message.Router, sub message.Subscriber)) (stop func()) {
+	t := w.t
+	t.Helper()
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 20 * time.Second}, watermill.NewSlogLogger(quietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{
+		Brokers: w.brokers, ConsumerGroup: group, NackBackoff: 20 * time.Millisecond, MaxNackBackoff: 200 * time.Millisecond,
+		SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second, DrainTimeout: 5 * time.Second, Logger: quietLogger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.AddMiddleware(mws...)
+	register(r, sub)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := r.Run(ctx); err != nil {
+			t.Errorf("router: %v", err)
+		}
+	}()
+	select {
+	case <-r.Running():
+	case <-time.After(30 * time.Second):
+		t.Fatal("router did not start")
+	}
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done; _ = sub.Close() }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// acked sums the group's committed offsets over the world's topic.
+func (w *world) acked(group string) int64 {
+	var n int64
+	for _, o := range kafkatest.CommittedOffsetsOn(w.t, w.brokers, group, w.topic, w.partitions) {
+		n += max(o, 0)
+	}
+	return n
+}
+
+// A TxHandler registered with router.AddConsumerHandler while
+// Config.Outputs is set: the router's adapter drops the events before the
+// middleware sees them. Nothing may commit without them: no balance, no
+// key, no offset, and nothing dead-lettered; registered with AddHandler,
+// every command is then applied once with its event in the outbox.
+func TestOutputsDroppedBeforeTheOutboxAreRefused(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	wr, err := outbox.NewWriter(&outbox.Config{Schema: w.db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp, recs := commands(5)
+	w.produce(recs...)
+	hooks := &countingHooks{}
+	newMiddleware := func() *consumer.Middleware {
+		mw, err := consumer.NewMiddleware(w.store, &consumer.Config{Scope: "ledger", Outputs: wr.Outputs("events"),
+			Hooks: hooks, Logger: quietLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mw
+	}
+	chainFor := func(mw *consumer.Middleware) []message.HandlerMiddleware {
+		poison, err := middleware.PoisonQueueWithFilter(w.pub, w.dlq, dedupe.IsPermanent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		retry := middleware.Retry{MaxRetries: 2, InitialInterval: 5 * time.Millisecond, ShouldRetry: consumer.ShouldRetry, ResetContextOnRetry: true}
+		return []message.HandlerMiddleware{poison, retry.Middleware, middleware.Timeout(5 * time.Second), mw.Middleware, middleware.Recoverer}
+	}
+	group := kafkatest.Name("g")
+	h := w.handler(nil) // applies the command and returns one event
+	stop := w.runOwnRouter(group, chainFor(newMiddleware()), func(r *message.Router, sub message.Subscriber) {
+		r.AddConsumerHandler("ledger", w.topic, sub, func(msg *message.Message) error { _, err := h(msg); return err })
+	})
+	testenv.WaitFor(t, 2*time.Minute, "the refusals (or, without the check, the commands applied)", func() bool {
+		return hooks.get(consumer.OutcomeMisconfigured) >= 5 || w.applied() > 0
+	})
+	stop()
+	outboxRows := func() int { return w.count("SELECT count(*) FROM " + w.db.Table("exactly_outbox")) }
+	keys := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys"))
+	if a, o, k, off := w.applied(), outboxRows(), keys, w.acked(group); a != 0 || o != 0 || k != 0 || off != 0 {
+		t.Fatalf("with the outputs dropped: %d commands applied, %d outbox rows, %d keys, %d offsets committed; want all 0", a, o, k, off)
+	}
+	if dead := w.readTopic(w.dlq); len(dead) != 0 {
+		t.Fatalf("%d records dead-lettered for a configuration error", len(dead))
+	}
+
+	// The fix: the same group, the handler registered with AddHandler.
+	w.runOwnRouter(group, chainFor(newMiddleware()), func(r *message.Router, sub message.Subscriber) {
+		r.AddHandler("ledger", w.topic, sub, w.out, w.pub, h)
+	})
+	w.waitCaughtUp(group, 2*time.Minute)
+	w.assertExactlyOnce(exp)
+	if n := outboxRows(); n != len(exp) {
+		t.Fatalf("%d outbox rows, want one event per command (%d)", n, len(exp))
+	}
+}
 
 // Duplicates are logged at DEBUG, so that a replay of a whole topic does
 // not print a line per record at INFO; Config.LogDuplicates logs them at

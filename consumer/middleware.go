@@ -53,8 +53,12 @@ type Config struct {
 	// publishing them; duplicates then return nothing to publish, since the
 	// first run's outputs are already in the outbox. Transactional mode only.
 	// Register the handler with router.AddHandler: AddConsumerHandler
-	// discards a handler's outputs before any middleware sees them.
-	// Defaults to nil: outputs go back to the router.
+	// discards a handler's outputs before any middleware sees them, and a
+	// TxHandler whose outputs do not reach the middleware fails its message
+	// with an error wrapping dedupe.ErrMisconfigured (its writes rolled
+	// back, the message held) rather than commit it without them; a
+	// handler that takes its transaction with TxFromContext is not
+	// checked. Defaults to nil: outputs go back to the router.
 	Outputs OutputsWriter
 	// MaxAttempts bounds how often a message may fail because of itself
 	// (its handler returns an error or panics while the database answers)
@@ -198,11 +202,42 @@ func (m *Middleware) Check(ctx context.Context) error { return m.store.Check(ctx
 type txKey struct{}
 
 // txSlot is the message's transaction as handed to its handler: it serves
-// one TxHandler call, and remembers that call's failure.
+// one TxHandler call, and remembers that call's failure or outputs.
 type txSlot struct {
 	tx     pgx.Tx
 	calls  atomic.Int32
 	failed atomic.Bool
+	outs   atomic.Pointer[[]*message.Message]
+}
+
+// dropped returns how many of the outputs that the TxHandler returned on
+// slot are not among got, the outputs that reached the middleware.
+func (slot *txSlot) dropped(got []*message.Message) int {
+	p := slot.outs.Load()
+	if p == nil || len(*p) == 0 {
+		return 0
+	}
+	seen := make(map[string]bool, len(got))
+	for _, m := range got {
+		if m != nil {
+			seen[m.UUID] = true
+		}
+	}
+	n := 0
+	for _, m := range *p {
+		if m != nil && !seen[m.UUID] {
+			n++
+		}
+	}
+	return n
+}
+
+// errDropped is the error for outputs that did not reach Config.Outputs.
+func errDropped(msg *message.Message, n int) error {
+	return fmt.Errorf("consumer: %w: the handler of message %s returned %d output messages that never reached the "+
+		"dedupe middleware, so Config.Outputs cannot write them to the outbox; nothing is committed: register the "+
+		"handler with router.AddHandler (router.AddConsumerHandler discards a handler's outputs), and let no "+
+		"middleware between the dedupe middleware and the handler drop them", dedupe.ErrMisconfigured, msg.UUID, n)
 }
 
 // TxFromContext returns the transaction the middleware opened for the
@@ -234,7 +269,10 @@ const chainOrder = "add middleware in the order PoisonQueue, Retry (with ResetCo
 // its error into success (PoisonQueue) would apply the first attempt's
 // writes with the second's, so the second call fails, and a swallowed
 // error rolls the transaction back, with an error wrapping
-// dedupe.ErrMisconfigured that names the right order.
+// dedupe.ErrMisconfigured that names the right order. It also tells the
+// middleware what fn returned, so that outputs dropped on their way to
+// Config.Outputs (a registration with router.AddConsumerHandler) fail the
+// message instead of committing it without them.
 func TxHandler(fn TxHandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		slot, ok := msg.Context().Value(txKey{}).(*txSlot)
@@ -249,6 +287,8 @@ func TxHandler(fn TxHandlerFunc) message.HandlerFunc {
 		outs, err := fn(msg.Context(), slot.tx, msg)
 		if err != nil {
 			slot.failed.Store(true)
+		} else {
+			slot.outs.Store(&outs)
 		}
 		return outs, err
 	}
@@ -468,6 +508,9 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 				return nil, err
 			}
 			if m.cfg.Outputs != nil {
+				if n := slot.dropped(o); n > 0 {
+					return nil, errDropped(msg, n)
+				}
 				// The outputs leave through the outbox with this transaction;
 				// the router has nothing to publish, now or for duplicates.
 				return nil, m.cfg.Outputs.WriteOutputsTx(ctx, tx, o)
@@ -612,12 +655,16 @@ func (m *Middleware) runUnprotected(msg *message.Message, h message.HandlerFunc)
 	}
 	defer pgtx.Rollback(ctx, tx)
 	orig := msg.Context()
-	msg.SetContext(context.WithValue(orig, txKey{}, &txSlot{tx: tx}))
+	slot := &txSlot{tx: tx}
+	msg.SetContext(context.WithValue(orig, txKey{}, slot))
 	defer msg.SetContext(orig)
 	if outs, err = run(h, msg); err != nil {
 		return nil, err
 	}
 	if m.cfg.Outputs != nil {
+		if n := slot.dropped(outs); n > 0 {
+			return nil, errDropped(msg, n)
+		}
 		if err := m.cfg.Outputs.WriteOutputsTx(ctx, tx, outs); err != nil {
 			return nil, err
 		}
