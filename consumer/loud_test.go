@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
@@ -127,6 +128,52 @@ func TestOutputsDroppedBeforeTheOutboxAreRefused(t *testing.T) {
 	w.assertExactlyOnce(exp)
 	if n := outboxRows(); n != len(exp) {
 		t.Fatalf("%d outbox rows, want one event per command (%d)", n, len(exp))
+	}
+}
+
+// A Postgres outage far longer than Retry's attempts under Watermill's
+// usual middleware.PoisonQueue, which dead-letters every error it sees:
+// nothing is dead-lettered or acked unapplied, and once the outage ends
+// every command is applied once. With and without a Retry.
+func TestOutageUnderPoisonQueueWithoutFilter(t *testing.T) {
+	t.Parallel()
+	for _, withRetry := range []bool{true, false} {
+		t.Run(fmt.Sprint("Retry=", withRetry), func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t, 2)
+			pool, px := proxiedPool(t)
+			w.useStore(pool)
+			exp, recs := commands(200)
+			hooks := &countingHooks{}
+			group := kafkatest.Name("g")
+			slow := func(*message.Message) error { time.Sleep(5 * time.Millisecond); return nil }
+			w.startRouter(routerOpts{group: group, hooks: hooks, handler: w.handler(slow),
+				cfg: &consumer.Config{Scope: "ledger", MaxAttempts: 3},
+				chain: func(c chain) []message.HandlerMiddleware {
+					poison, err := middleware.PoisonQueue(w.pub, w.dlq) // no filter: every error it sees goes to the DLQ
+					if err != nil {
+						t.Fatal(err)
+					}
+					if withRetry {
+						return []message.HandlerMiddleware{poison, c.retry, c.timeout, c.dedupe, c.recoverer}
+					}
+					return []message.HandlerMiddleware{poison, c.timeout, c.dedupe, c.recoverer}
+				}})
+			w.produce(recs...)
+			testenv.WaitFor(t, 2*time.Minute, "the first applications", func() bool { return w.applied() >= 20 })
+			px.setDown(true)
+			// Each message that fails gets 3 attempts from the Retry: 30
+			// failed attempts are several messages past their last retry.
+			testenv.WaitFor(t, 2*time.Minute, "many failed attempts during the outage", func() bool {
+				return hooks.get(consumer.OutcomeUnavailable) >= 30
+			})
+			px.setDown(false)
+			w.waitCaughtUp(group, 3*time.Minute)
+			if dead := w.readTopic(w.dlq); len(dead) != 0 {
+				t.Errorf("%d commands dead-lettered with the outage's error", len(dead))
+			}
+			w.assertExactlyOnce(exp)
+		})
 	}
 }
 

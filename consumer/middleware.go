@@ -102,13 +102,17 @@ type OutputsWriter interface {
 //
 // A duplicate does not run the handler: the stored outputs are returned, so
 // the router re-publishes them with their original UUIDs. A key reused with
-// another payload, an invalid key (policy Reject), an invalid payload and a
+// another payload, an invalid key (policy Reject), an invalid payload, a
 // poison message (Config.MaxAttempts) and an error the handler marked with
-// dedupe.Permanent are permanent errors (dedupe.IsPermanent) for a
-// PoisonQueue to dead-letter. A handler error
-// rolls back the handler's writes and the key: the router nacks and the
-// message is applied on a later delivery, once. A panic in the handler is
-// recovered into an error, inside the transaction.
+// dedupe.Permanent are permanent errors (dedupe.IsPermanent), returned for
+// a PoisonQueue to dead-letter. Any other failure (the handler's, the
+// database's, the deployment's) rolls back the handler's writes and the
+// key, and the message is applied on a later delivery, once: under a
+// Watermill router the middleware nacks the message itself and returns no
+// error, so that nothing outside it (a PoisonQueue without the
+// dedupe.IsPermanent filter, a Retry) can dead-letter it or have it acked;
+// called by other code, it returns the error, for the caller to nack. A
+// panic in the handler is recovered into an error, inside the transaction.
 type Middleware struct {
 	store Store
 	cfg   Config
@@ -261,7 +265,8 @@ type TxHandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([
 var ErrNoTx = errors.New("consumer: no transaction in the message context: add the exactly middleware in transactional mode")
 
 // chainOrder names the order that fixes every chain trap.
-const chainOrder = "add middleware in the order PoisonQueue, Retry (with ResetContextOnRetry), Timeout, the dedupe middleware, Recoverer"
+const chainOrder = "add middleware in the order PoisonQueue, Retry if any (with ShouldRetry and ResetContextOnRetry), " +
+	"Timeout, the dedupe middleware, Recoverer"
 
 // TxHandler adapts fn to a Watermill handler; the middleware must wrap it.
 // The transaction serves one call: a middleware between the dedupe
@@ -323,6 +328,7 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		} else {
 			ev.Topic = message.SubscribeTopicFromCtx(ctx)
 		}
+		nested := ctx.Value(activeKey{}) != nil
 		outs, err := m.handle(msg, h, &ev)
 		// Leave a mark: a later attempt that finds it on a cancelled context
 		// was handed this attempt's context again.
@@ -334,6 +340,14 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		m.log(ctx, msg, ev)
 		if m.cfg.Hooks != nil {
 			m.cfg.Hooks.OnMessage(ctx, ev)
+		}
+		if err != nil && !nested && !dedupe.IsPermanent(err) && message.HandlerNameFromCtx(ctx) != "" {
+			// Under a router, the middleware gives the message back to the
+			// Subscriber itself: nacked, the router's Ack is refused, and
+			// with no error nothing outside (a PoisonQueue without the
+			// dedupe.IsPermanent filter, a Retry) can dead-letter it.
+			msg.Nack()
+			return nil, nil
 		}
 		return outs, err
 	}
