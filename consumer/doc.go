@@ -50,12 +50,15 @@
 //   - A Retry adds nothing under a router, since no error that a retry
 //     could fix reaches it; it may be left out. Kept, it needs
 //     ShouldRetry: consumer.ShouldRetry, or it retries permanent errors,
-//     which no retry can fix. Called by code of its own (not a router),
-//     the middleware returns every error, for the caller to nack, and a
-//     Retry there also needs ResetContextOnRetry: true; without it, Retry
-//     hands every attempt after the first the context that Timeout
-//     cancelled when the first ended, and the middleware refuses such an
-//     attempt with an error wrapping dedupe.ErrMisconfigured that says so.
+//     which no retry can fix: the middleware then answers each retry at
+//     once with the same error (the handler does not run again), names
+//     ShouldRetry in it and logs it at ERROR. Called by code of its own
+//     (not a router), the middleware returns every error, for the caller
+//     to nack, and a Retry there also needs ResetContextOnRetry: true;
+//     without it, Retry hands every attempt after the first the context
+//     that Timeout cancelled when the first ended, and the middleware
+//     refuses such an attempt with an error wrapping
+//     dedupe.ErrMisconfigured that says so.
 //   - Timeout outside the dedupe middleware, so that it bounds each attempt
 //     (claim, handler and commit) and a cancelled attempt rolls back.
 //   - The dedupe middleware inside all of them, so that every attempt is a

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/consumer/consumertest"
@@ -174,6 +176,45 @@ func TestOutageUnderPoisonQueueWithoutFilter(t *testing.T) {
 			}
 			w.assertExactlyOnce(exp)
 		})
+	}
+}
+
+// A Retry without ShouldRetry retries a permanent error that no retry can
+// fix: the handler runs once, not once per retry, and the dead letter's
+// reason names ShouldRetry as the fix, besides the handler's own reason.
+// The other commands are applied once.
+func TestRetryWithoutShouldRetryNamesIt(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	exp, recs := commands(10)
+	bad := watermill.NewUUID()
+	w.produce(append([]kafka.Message{record(bad, "acc-x", -5)}, recs...)...)
+	var calls counter
+	group := kafkatest.Name("g")
+	w.startRouter(routerOpts{group: group,
+		chain: func(c chain) []message.HandlerMiddleware {
+			retry := middleware.Retry{MaxRetries: 3, InitialInterval: 5 * time.Millisecond, ResetContextOnRetry: true} // no ShouldRetry
+			return []message.HandlerMiddleware{c.poison, retry.Middleware, c.timeout, c.dedupe, c.recoverer}
+		},
+		handler: w.handler(func(msg *message.Message) error {
+			calls.inc(msg.UUID)
+			if msg.UUID == bad {
+				return dedupe.Permanent(errors.New("amount -5: want > 0"))
+			}
+			return nil
+		})})
+	w.waitCaughtUp(group, 2*time.Minute)
+	w.assertExactlyOnce(exp)
+	dead := w.readTopic(w.dlq)
+	if len(dead) != 1 || header(dead[0], kafkapubsub.UUIDHeader) != bad {
+		t.Fatalf("%d dead letters, want the one rejected command", len(dead))
+	}
+	reason := header(dead[0], middleware.ReasonForPoisonedKey)
+	if !strings.Contains(reason, "ShouldRetry") || !strings.Contains(reason, "amount -5") {
+		t.Errorf("dead letter's reason %q: want the handler's and the fix, ShouldRetry", reason)
+	}
+	if n := calls.get(bad); n != 1 {
+		t.Errorf("the rejecting handler ran %d times, want 1: a permanent error is not retried", n)
 	}
 }
 

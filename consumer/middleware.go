@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
@@ -152,6 +153,11 @@ func (m *Middleware) source(msg *message.Message) (dedupe.Source, bool) {
 type msgState struct {
 	failures  int // attempts that failed because of the message
 	permanent int // permanent errors returned for it
+	// last is the delivery that got the last permanent error, lastErr;
+	// retried counts the times that delivery came back.
+	last    weak.Pointer[message.Message]
+	lastErr error
+	retried int
 }
 
 // maxTracked bounds the failing messages remembered; each partition has
@@ -453,10 +459,6 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		return nil, fmt.Errorf("consumer: %w: the dedupe middleware wraps itself (router-level and handler-level?): "+
 			"the inner claim would wait for the outer one; add it once", dedupe.ErrMisconfigured)
 	}
-	if ctx.Value(attemptKey{}) != nil && ctx.Err() != nil {
-		return nil, fmt.Errorf("consumer: %w: message %s came back with the cancelled context of an earlier attempt (%v): "+
-			"set middleware.Retry{ResetContextOnRetry: true}; %s", dedupe.ErrMisconfigured, msg.UUID, ctx.Err(), chainOrder)
-	}
 	if ev.Scope == "" {
 		return nil, fmt.Errorf("consumer: %w: no scope for message %s: Config.Scope is empty and the message does not come "+
 			"from a Watermill router handler: set Config.Scope to the handler's stable name", dedupe.ErrMisconfigured, msg.UUID)
@@ -465,6 +467,16 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		return nil, err
 	}
 	key, keyErr := m.keyOf(msg, ev.Scope)
+	if keyErr == nil {
+		ev.Key = key.ID
+	}
+	if err := m.retriedPermanent(msg, ev); err != nil {
+		return nil, err
+	}
+	if ctx.Value(attemptKey{}) != nil && ctx.Err() != nil {
+		return nil, fmt.Errorf("consumer: %w: message %s came back with the cancelled context of an earlier attempt (%v): "+
+			"set middleware.Retry{ResetContextOnRetry: true}; %s", dedupe.ErrMisconfigured, msg.UUID, ctx.Err(), chainOrder)
+	}
 	if keyErr != nil {
 		if m.cfg.MissingKey == Skip {
 			m.cfg.Logger.WarnContext(ctx, "consumer: message without a valid key handled WITHOUT deduplication",
@@ -478,7 +490,6 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		}
 		return nil, m.permanent(msg, ev, keyErr)
 	}
-	ev.Key = key.ID
 	fp, err := m.cfg.FingerprintFunc(msg.Payload)
 	if err != nil {
 		if !errors.Is(err, dedupe.ErrInvalidPayload) {
@@ -587,6 +598,7 @@ func (m *Middleware) permanent(msg *message.Message, ev *Event, err error) error
 	st := m.state(identity(msg, ev))
 	st.permanent++
 	n := st.permanent
+	st.last, st.lastErr, st.retried = weak.Make(msg), err, 0
 	m.mu.Unlock()
 	if n > 1 {
 		m.cfg.Logger.ErrorContext(msg.Context(), "consumer: a message with a permanent error came back: it was not dead-lettered; "+
@@ -595,6 +607,33 @@ func (m *Middleware) permanent(msg *message.Message, ev *Event, err error) error
 			"offset", ev.Offset, "uuid", msg.UUID, "times", n, "err", err)
 	}
 	return err
+}
+
+// retriedPermanent answers a delivery that comes back to the middleware
+// after a permanent error, the same *message.Message, so in process: a
+// middleware.Retry without ShouldRetry retries every error. No retry can
+// fix a permanent error, so it is returned again at once (neither the
+// claim nor the handler run again), with the fix, for the PoisonQueue to
+// dead-letter after the Retry gives up; the first time it is logged at
+// ERROR with the fix. It returns nil for any other attempt.
+func (m *Middleware) retriedPermanent(msg *message.Message, ev *Event) error {
+	m.mu.Lock()
+	st := m.messages[identity(msg, ev)]
+	if st == nil || st.lastErr == nil || st.last.Value() != msg {
+		m.mu.Unlock()
+		return nil
+	}
+	st.retried++
+	n, last := st.retried, st.lastErr
+	m.mu.Unlock()
+	if n == 1 {
+		m.cfg.Logger.ErrorContext(msg.Context(), "consumer: a permanent error was retried in process: "+
+			"the middleware.Retry has no ShouldRetry; set middleware.Retry{ShouldRetry: consumer.ShouldRetry} "+
+			"(the message is dead-lettered once the Retry gives up)", "key", ev.Key, "scope", ev.Scope,
+			"topic", ev.Topic, "partition", ev.Partition, "offset", ev.Offset, "uuid", msg.UUID, "err", last)
+	}
+	return fmt.Errorf("consumer: message %s was retried in process after a permanent error, which no retry can fix "+
+		"(set middleware.Retry{ShouldRetry: consumer.ShouldRetry}): %w", msg.UUID, last)
 }
 
 // failed classifies a failed attempt. A configuration error and a failure
