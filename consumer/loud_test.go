@@ -179,6 +179,43 @@ func TestOutageUnderPoisonQueueWithoutFilter(t *testing.T) {
 	}
 }
 
+// A handler whose downstream call fails on more attempts than Retry makes,
+// under Watermill's usual middleware.PoisonQueue: each command is delivered
+// again until it succeeds, below Config.MaxAttempts, and applied once;
+// none is dead-lettered.
+func TestHandlerFailuresPastRetryUnderPoisonQueueWithoutFilter(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 2)
+	exp, recs := commands(20)
+	w.produce(recs...)
+	var calls counter
+	group := kafkatest.Name("g")
+	w.startRouter(routerOpts{group: group, cfg: &consumer.Config{Scope: "ledger", MaxAttempts: 10},
+		chain: func(c chain) []message.HandlerMiddleware {
+			poison, err := middleware.PoisonQueue(w.pub, w.dlq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return []message.HandlerMiddleware{poison, c.retry, c.timeout, c.dedupe, c.recoverer}
+		},
+		handler: w.handler(func(msg *message.Message) error {
+			if calls.inc(msg.UUID) <= 4 { // Retry makes 3 attempts
+				return errors.New("downstream timed out")
+			}
+			return nil
+		})})
+	w.waitCaughtUp(group, 2*time.Minute)
+	if dead := w.readTopic(w.dlq); len(dead) != 0 {
+		t.Errorf("%d commands dead-lettered with a failure that was not permanent", len(dead))
+	}
+	w.assertExactlyOnce(exp)
+	for u := range exp {
+		if n := calls.get(u); n != 5 {
+			t.Errorf("%s: handler ran %d times, want 5 (4 failures, then applied)", u, n)
+		}
+	}
+}
+
 // A Retry without ShouldRetry retries a permanent error that no retry can
 // fix: the handler runs once, not once per retry, and the dead letter's
 // reason names ShouldRetry as the fix, besides the handler's own reason.
