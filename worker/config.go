@@ -102,12 +102,9 @@ type Config struct {
 	MissingKey      consumer.MissingKeyPolicy
 	TTL             time.Duration
 	MaxAttempts     int
-	// MaxRetries is how often a failed attempt is retried in process
-	// before the message is nacked and delivered again by the Subscriber
-	// (middleware.Retry, from RetryInterval, doubling up to 1s). Defaults
-	// to 3 and 50ms.
-	MaxRetries    int
-	RetryInterval time.Duration
+	// LogDuplicates logs each duplicate at INFO. Defaults to false: at
+	// DEBUG (a replay of a million records prints no million lines).
+	LogDuplicates bool
 	// Timeout bounds one attempt: claim, handler and commit. Defaults to 30s.
 	Timeout time.Duration
 
@@ -191,12 +188,6 @@ func withDefaults(cfg *Config) (Config, error) {
 	}
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = 1
-	}
-	if c.MaxRetries == 0 {
-		c.MaxRetries = 3
-	}
-	if c.RetryInterval <= 0 {
-		c.RetryInterval = 50 * time.Millisecond
 	}
 	if c.Timeout <= 0 {
 		c.Timeout = 30 * time.Second

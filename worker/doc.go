@@ -6,9 +6,9 @@
 //
 //   - the Watermill router with the middleware chain in its one correct
 //     order: a PoisonQueue that dead-letters only permanent errors
-//     (dedupe.IsPermanent), a Retry with consumer.ShouldRetry and
-//     ResetContextOnRetry, a Timeout per attempt, the dedupe middleware and
-//     a Recoverer (package consumer explains the order);
+//     (dedupe.IsPermanent), a Timeout per attempt, the dedupe middleware
+//     and a Recoverer (package consumer explains the order); every other
+//     failure is nacked and delivered again after a back-off;
 //   - the handler's registration, so that its outputs can never be dropped:
 //     they go to Config.OutputTopic through the transactional outbox, in the
 //     handler's transaction, and a handler that returns outputs with no

@@ -28,7 +28,7 @@ func reserve(schema string) consumer.TxHandlerFunc {
 			Qty int64  `json:"qty"`
 		}
 		if err := json.Unmarshal(msg.Payload, &cmd); err != nil || cmd.SKU == "" || cmd.Qty <= 0 {
-			return nil, fmt.Errorf("%w: want {\"sku\": …, \"qty\": > 0}", dedupe.ErrInvalidPayload)
+			return nil, dedupe.Permanent(fmt.Errorf("want {\"sku\": …, \"qty\": > 0}, got %q", msg.Payload))
 		}
 		outcome := "reserved"
 		tag, err := tx.Exec(ctx, "UPDATE "+stock+" SET available = available - $2 WHERE sku = $1 AND available >= $2", cmd.SKU, cmd.Qty)

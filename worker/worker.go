@@ -161,9 +161,10 @@ func (w *Worker) runRouter(ctx context.Context, sub message.Subscriber, pub mess
 		_ = sub.Close()
 		return err
 	}
-	retry := middleware.Retry{MaxRetries: w.cfg.MaxRetries, InitialInterval: w.cfg.RetryInterval, MaxInterval: time.Second,
-		Multiplier: 2, ShouldRetry: consumer.ShouldRetry, ResetContextOnRetry: true}
-	router.AddMiddleware(poison, retry.Middleware, middleware.Timeout(w.cfg.Timeout))
+	// No Retry: under a router the dedupe middleware nacks every failure
+	// that is not permanent, and the Subscriber delivers it again after a
+	// back-off; only permanent errors reach the PoisonQueue.
+	router.AddMiddleware(poison, middleware.Timeout(w.cfg.Timeout))
 	var handler message.HandlerFunc
 	if w.cfg.NoDedupe {
 		router.AddMiddleware(w.naiveHooks, middleware.Recoverer)
@@ -204,7 +205,7 @@ func (w *Worker) runBatch(ctx context.Context, sub message.Subscriber, pub messa
 		Publisher: pub, DeadLetterTopic: w.cfg.DeadLetterTopic, NoDedupe: w.cfg.NoDedupe,
 		PerMessage: []message.HandlerMiddleware{
 			mustPoison(pub, w.cfg.DeadLetterTopic),
-			middleware.Retry{MaxRetries: w.cfg.MaxRetries, InitialInterval: w.cfg.RetryInterval, MaxInterval: time.Second,
+			middleware.Retry{MaxRetries: 3, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second,
 				Multiplier: 2, ShouldRetry: consumer.ShouldRetry, ResetContextOnRetry: true}.Middleware,
 			middleware.Timeout(w.cfg.Timeout),
 		},
@@ -231,6 +232,7 @@ func (w *Worker) middlewareConfig() *consumer.Config {
 	return &consumer.Config{
 		Scope: w.cfg.Scope, KeyFunc: w.cfg.KeyFunc, FingerprintFunc: w.cfg.FingerprintFunc, MissingKey: w.cfg.MissingKey,
 		TTL: w.cfg.TTL, Outputs: w.outputs, MaxAttempts: w.cfg.MaxAttempts, Hooks: w.cfg.Hooks, Logger: w.cfg.Logger,
+		LogDuplicates: w.cfg.LogDuplicates,
 	}
 }
 

@@ -55,7 +55,7 @@ func (w *world) handler(ctx context.Context, tx pgx.Tx, msg *message.Message) ([
 func (w *world) config(mod func(*worker.Config)) *worker.Config {
 	c := &worker.Config{Scope: "test", Schema: w.db.Schema, Brokers: w.brokers, Topic: w.commands, OutputTopic: w.events,
 		DeadLetterTopic: w.dlq, Group: kafkatest.Name("g"), Handler: w.handler, Tables: []string{"applied"},
-		Logger: quiet(), RetryInterval: 10 * time.Millisecond, StartupBackoff: 200 * time.Millisecond}
+		Logger: quiet(), StartupBackoff: 200 * time.Millisecond}
 	if mod != nil {
 		mod(c)
 	}

@@ -33,7 +33,7 @@ func topUp(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Mes
 		Amount  int64  `json:"amount"`
 	}
 	if err := json.Unmarshal(msg.Payload, &cmd); err != nil || cmd.Account == "" || cmd.Amount <= 0 {
-		return nil, fmt.Errorf("%w: want {\"account\": …, \"amount\": > 0}, got %q", dedupe.ErrInvalidPayload, msg.Payload)
+		return nil, dedupe.Permanent(fmt.Errorf("want {\"account\": …, \"amount\": > 0}, got %q", msg.Payload))
 	}
 	var balance int64
 	if err := tx.QueryRow(ctx, "INSERT INTO accounts AS a VALUES ($1, $2) ON CONFLICT (id) DO UPDATE "+
