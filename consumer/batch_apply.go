@@ -1,0 +1,285 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"runtime/debug"
+	"slices"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/pgstore"
+)
+
+// item is one message of a batch with its claim request.
+type item struct {
+	msg *message.Message
+	req dedupe.Request
+	ev  Event
+	// outs are the outputs to publish after the commit.
+	outs []*message.Message
+}
+
+// process applies a batch. A message with no valid key or fingerprint
+// splits it: the messages before it go first, then it alone on the
+// per-message path, then the rest, so each partition's order holds.
+func (c *BatchConsumer) process(ctx context.Context, batch []*message.Message) {
+	start := time.Now()
+	items := make([]item, 0, len(batch))
+	for i, msg := range batch {
+		it, ok := c.prepare(msg)
+		if ok {
+			items = append(items, it)
+			continue
+		}
+		if c.apply(ctx, items, start) {
+			nackAll(batch[i:])
+			return
+		}
+		items = nil
+		if !c.one(msg) {
+			nackAll(batch[i+1:])
+			return
+		}
+	}
+	c.apply(ctx, items, start)
+}
+
+// prepare computes a message's key and fingerprint; false when it must
+// take the per-message path (no valid key, or a payload that cannot be
+// fingerprinted), where the middleware applies Config.MissingKey.
+func (c *BatchConsumer) prepare(msg *message.Message) (item, bool) {
+	it := item{msg: msg, ev: Event{Scope: c.cfg.Scope, Offset: -1}}
+	src, hasSrc := c.source(msg)
+	if hasSrc {
+		it.ev.Topic, it.ev.Partition, it.ev.Offset = src.Topic, src.Partition, src.Offset
+		it.req.Source = src
+	}
+	if c.cfg.NoDedupe {
+		return it, true
+	}
+	key, err := c.mw.keyOf(msg, c.cfg.Scope)
+	if err != nil {
+		return it, false
+	}
+	fp, err := c.cfg.FingerprintFunc(msg.Payload)
+	if err != nil {
+		return it, false
+	}
+	it.ev.Key = key.ID
+	it.req.Key, it.req.Fingerprint, it.req.TTL = key, fp, c.cfg.TTL
+	return it, true
+}
+
+func (c *BatchConsumer) source(msg *message.Message) (dedupe.Source, bool) { return c.mw.source(msg) }
+
+// apply applies items as one batch, splitting it in halves when it fails
+// because of its messages, until the failing one is alone and takes the
+// per-message path. It reports whether it stopped: a message was nacked,
+// and so were the messages after it (they come back after it, in order).
+func (c *BatchConsumer) apply(ctx context.Context, items []item, start time.Time) (stopped bool) {
+	if len(items) == 0 {
+		return false
+	}
+	answers, err := c.runBatch(ctx, items)
+	if err == nil {
+		return c.finish(ctx, items, answers, start)
+	}
+	if ctx.Err() != nil || errors.Is(err, dedupe.ErrMisconfigured) || pgstore.IsConfigurationError(err) ||
+		dedupe.IsRetryable(err) || pgstore.IsRetryableError(err) {
+		// Not the messages' fault: they all come back.
+		level := slog.LevelWarn
+		if errors.Is(err, dedupe.ErrMisconfigured) {
+			level = slog.LevelError
+		}
+		c.cfg.Logger.Log(ctx, level, "consumer: batch failed; its messages will be delivered again", "messages", len(items), "err", err)
+		nackItems(items)
+		return true
+	}
+	if len(items) == 1 {
+		return !c.one(items[0].msg)
+	}
+	bad := messageErrors(err, len(items))
+	if len(bad) > 0 && allPermanent(bad) {
+		// The messages at fault can never be applied, so their order does
+		// not matter: the others go again as one batch without them, and
+		// they take the per-message path (to the dead-letter topic).
+		c.cfg.Logger.DebugContext(ctx, "consumer: batch failed because of messages that cannot be applied; applying it without them",
+			"messages", len(items), "failed", len(bad), "err", err)
+		var rest []item
+		var out []*message.Message
+		for i, it := range items {
+			if _, ok := bad[i]; ok {
+				out = append(out, it.msg)
+			} else {
+				rest = append(rest, it)
+			}
+		}
+		stopped := c.apply(ctx, rest, time.Now())
+		c.many(out)
+		return stopped
+	}
+	if len(bad) > 0 {
+		i := slices.Min(slices.Collect(maps.Keys(bad)))
+		c.cfg.Logger.DebugContext(ctx, "consumer: batch failed because of one message; cutting it there", "messages", len(items), "err", err)
+		if c.apply(ctx, items[:i], time.Now()) {
+			nackItems(items[i:])
+			return true
+		}
+		if !c.one(items[i].msg) {
+			nackItems(items[i+1:])
+			return true
+		}
+		return c.apply(ctx, items[i+1:], time.Now())
+	}
+	c.cfg.Logger.DebugContext(ctx, "consumer: batch failed; splitting it", "messages", len(items), "err", err)
+	mid := len(items) / 2
+	if c.apply(ctx, items[:mid], time.Now()) {
+		nackItems(items[mid:])
+		return true
+	}
+	return c.apply(ctx, items[mid:], time.Now())
+}
+
+// runBatch runs one batch transaction: DoBatch, or a plain transaction
+// with NoDedupe.
+func (c *BatchConsumer) runBatch(ctx context.Context, items []item) (answers []pgstore.BatchClaim, err error) {
+	msgs := make([]*message.Message, len(items))
+	for i, it := range items {
+		msgs[i] = it.msg
+	}
+	outputs := make([][]*message.Message, len(items))
+	if c.cfg.NoDedupe {
+		err = c.plain(ctx, func(tx pgx.Tx) error {
+			outs, err := c.call(ctx, tx, msgs)
+			if err == nil {
+				err = c.writeOutputs(ctx, tx, outs)
+			}
+			copy(outputs, outs)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		answers = make([]pgstore.BatchClaim, len(items))
+		for i := range answers {
+			answers[i].Decision = dedupe.DecisionNew
+		}
+		c.keep(items, answers, outputs)
+		return answers, nil
+	}
+	reqs := make([]dedupe.Request, len(items))
+	for i, it := range items {
+		reqs[i] = it.req
+	}
+	answers, err = c.store.DoBatch(ctx, reqs, func(ctx context.Context, tx pgx.Tx, fresh []int) ([][]byte, error) {
+		in := make([]*message.Message, len(fresh))
+		for j, i := range fresh {
+			in[j] = msgs[i]
+		}
+		outs, err := c.call(ctx, tx, in)
+		if bad := messageErrors(err, len(fresh)); len(bad) > 0 {
+			// Index the batch's items, not the handler's fresh messages.
+			errs := make([]error, 0, len(bad))
+			for _, j := range slices.Sorted(maps.Keys(bad)) {
+				errs = append(errs, &MessageError{Index: fresh[j], Err: bad[j]})
+			}
+			return nil, errors.Join(errs...)
+		}
+		if err != nil {
+			return nil, err
+		}
+		clear(outputs)
+		for j, i := range fresh {
+			if j < len(outs) {
+				outputs[i] = outs[j]
+			}
+		}
+		if c.cfg.Outputs != nil {
+			// The outputs leave through the outbox with this transaction;
+			// nothing is stored for duplicates, which publish nothing.
+			return nil, c.writeOutputs(ctx, tx, outs)
+		}
+		results := make([][]byte, len(fresh))
+		for j := range fresh {
+			if j < len(outs) {
+				if results[j], err = encodeOutputs(outs[j]); err != nil {
+					return nil, err
+				}
+			}
+		}
+		return results, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.keep(items, answers, outputs)
+	return answers, nil
+}
+
+// keep remembers the outputs of the messages that ran, for finish.
+func (c *BatchConsumer) keep(items []item, answers []pgstore.BatchClaim, outputs [][]*message.Message) {
+	for i := range items {
+		items[i].outs = nil
+		if answers[i].Err == nil && answers[i].Decision.Run() && c.cfg.Outputs == nil {
+			items[i].outs = outputs[i]
+		}
+	}
+}
+
+// call runs the handler on msgs, recovering a panic into an error, and
+// checks the number of outputs.
+func (c *BatchConsumer) call(ctx context.Context, tx pgx.Tx, msgs []*message.Message) (outs [][]*message.Message, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("consumer: batch handler panicked: %v\n%s", r, debug.Stack())
+		}
+	}()
+	outs, err = c.handler(ctx, tx, msgs)
+	if err == nil && outs != nil && len(outs) != len(msgs) {
+		err = fmt.Errorf("consumer: the batch handler returned %d output slices for %d messages: return nil or one per message", len(outs), len(msgs))
+	}
+	return outs, err
+}
+
+// messageErrors collects the MessageErrors in err's tree (errors.Join of
+// several, or one) whose Index is below n, by index.
+func messageErrors(err error, n int) map[int]error {
+	var found map[int]error
+	var walk func(error)
+	walk = func(err error) {
+		switch e := err.(type) {
+		case nil:
+		case *MessageError:
+			if e.Index >= 0 && e.Index < n {
+				if found == nil {
+					found = map[int]error{}
+				}
+				found[e.Index] = e.Err
+			}
+		case interface{ Unwrap() []error }:
+			for _, e := range e.Unwrap() {
+				walk(e)
+			}
+		case interface{ Unwrap() error }:
+			walk(e.Unwrap())
+		}
+	}
+	walk(err)
+	return found
+}
+
+func allPermanent(errs map[int]error) bool {
+	for _, err := range errs {
+		if !dedupe.IsPermanent(err) {
+			return false
+		}
+	}
+	return true
+}
