@@ -59,20 +59,22 @@ func (c *BatchConsumer) finish(ctx context.Context, items []item, answers []pgst
 			// publishes the stored outputs again.
 			c.cfg.Logger.WarnContext(ctx, "consumer: publishing outputs failed; the message will be delivered again", "key", it.ev.Key, "err", err)
 			it.ev.Err = err
-			c.hook(ctx, it)
+			c.hook(it)
 			it.msg.Nack()
 			nackItems(items[i+1:])
 			return true
 		}
-		c.hook(ctx, it)
+		c.hook(it)
 		it.msg.Ack()
 	}
 	return false
 }
 
-func (c *BatchConsumer) hook(ctx context.Context, it *item) {
+// hook reports the item's Event with the message's own context, as the
+// Middleware does: a tracer finds the message's trace there.
+func (c *BatchConsumer) hook(it *item) {
 	if c.cfg.Hooks != nil {
-		c.cfg.Hooks.OnMessage(ctx, it.ev)
+		c.cfg.Hooks.OnMessage(it.msg.Context(), it.ev)
 	}
 }
 
