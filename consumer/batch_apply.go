@@ -91,14 +91,20 @@ func (c *BatchConsumer) apply(ctx context.Context, items []item, start time.Time
 	if err == nil {
 		return c.finish(ctx, items, answers, start)
 	}
-	if ctx.Err() != nil || errors.Is(err, dedupe.ErrMisconfigured) || pgstore.IsConfigurationError(err) ||
-		dedupe.IsRetryable(err) || pgstore.IsRetryableError(err) {
-		// Not the messages' fault: they all come back.
+	if outcome, ok := c.notTheirs(ctx, err); ok {
+		// Not the messages' fault: they all come back, the batch whole.
 		level := slog.LevelWarn
-		if errors.Is(err, dedupe.ErrMisconfigured) {
+		if outcome == OutcomeMisconfigured {
 			level = slog.LevelError
 		}
-		c.cfg.Logger.Log(ctx, level, "consumer: batch failed; its messages will be delivered again", "messages", len(items), "err", err)
+		c.cfg.Logger.Log(ctx, level, "consumer: batch failed; its messages will be delivered again", "messages", len(items),
+			"outcome", string(outcome), "err", err)
+		d := time.Since(start)
+		for i := range items {
+			it := &items[i]
+			it.ev.Outcome, it.ev.Err, it.ev.Duration = outcome, err, d
+			c.hook(it)
+		}
 		nackItems(items)
 		return true
 	}
@@ -145,6 +151,22 @@ func (c *BatchConsumer) apply(ctx context.Context, items []item, start time.Time
 		return true
 	}
 	return c.apply(ctx, items[mid:], time.Now())
+}
+
+// notTheirs classifies a batch's failure as the Middleware classifies a
+// message's: a configuration error, or a failure of the infrastructure (a
+// transient database error, a lost or refused connection, a shutdown, an
+// error the handler marked with dedupe.Retryable, or a database that does
+// not answer a ping now). Such a failure is no message's fault: the batch
+// is not split for it.
+func (c *BatchConsumer) notTheirs(ctx context.Context, err error) (Outcome, bool) {
+	switch {
+	case errors.Is(err, dedupe.ErrMisconfigured) || pgstore.IsConfigurationError(err):
+		return OutcomeMisconfigured, true
+	case ctx.Err() != nil || c.mw.unavailable(ctx, err):
+		return OutcomeUnavailable, true
+	}
+	return "", false
 }
 
 // runBatch runs one batch transaction: DoBatch, or a plain transaction
