@@ -29,12 +29,14 @@ type BatchHandlerFunc func(ctx context.Context, tx pgx.Tx, msgs []*message.Messa
 // MessageError is what a BatchHandlerFunc returns when it knows which
 // message of the batch is at fault (a payload it cannot parse, say), or
 // several of them joined with errors.Join. When every such Err is permanent
-// ([dedupe.IsPermanent]), the batch runs again without those messages and
-// they take the per-message path at once (to the dead-letter topic: they
-// are never applied, so their order does not matter). Otherwise the batch
-// is cut at the first instead of split in halves: the messages before it
-// are applied as a batch, it takes the per-message path alone (retried,
-// counted towards MaxAttempts), then the messages after it are applied.
+// ([dedupe.IsPermanent]), the batch is cut at each of them: the messages
+// between them are applied as batches, and each takes the per-message path
+// alone in its place (to the dead-letter topic), so that it is decided as
+// one message at a time would decide it (before a later copy of its key is
+// stored, say). Otherwise the batch is cut at the first only: the messages
+// before it are applied as a batch, it takes the per-message path alone
+// (retried, counted towards MaxAttempts), then the messages after it are
+// applied.
 type MessageError struct {
 	// Index is the message's index in the handler's msgs.
 	Index int

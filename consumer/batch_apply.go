@@ -91,6 +91,14 @@ func (c *BatchConsumer) apply(ctx context.Context, items []item, start time.Time
 	if err == nil {
 		return c.finish(ctx, items, answers, start)
 	}
+	var held *heldError
+	if errors.As(err, &held) {
+		// A key in flight before fresh messages: one at a time would wait
+		// for it there, so the batch is cut there.
+		c.cfg.Logger.DebugContext(ctx, "consumer: a key of the batch is claimed elsewhere; cutting the batch there",
+			"messages", len(items), "key", items[held.index].ev.Key, "err", held.err)
+		return c.cut(ctx, items, []int{held.index})
+	}
 	if outcome, ok := c.notTheirs(ctx, err); ok {
 		// Not the messages' fault: they all come back, the batch whole.
 		level := slog.LevelWarn
@@ -113,36 +121,21 @@ func (c *BatchConsumer) apply(ctx context.Context, items []item, start time.Time
 	}
 	bad := messageErrors(err, len(items))
 	if len(bad) > 0 && allPermanent(bad) {
-		// The messages at fault can never be applied, so their order does
-		// not matter: the others go again as one batch without them, and
-		// they take the per-message path (to the dead-letter topic).
-		c.cfg.Logger.DebugContext(ctx, "consumer: batch failed because of messages that cannot be applied; applying it without them",
+		// The messages at fault are decided where they are, as one at a
+		// time would decide them: each alone on the per-message path (to
+		// the dead-letter topic) after the messages before it and before
+		// the messages after it, which go as batches between them. A later
+		// copy of a key stored first would make its earlier copy a key
+		// reuse instead of the invalid payload it is.
+		c.cfg.Logger.DebugContext(ctx, "consumer: batch failed because of messages that cannot be applied; cutting it at each",
 			"messages", len(items), "failed", len(bad), "err", err)
-		var rest []item
-		var out []*message.Message
-		for i, it := range items {
-			if _, ok := bad[i]; ok {
-				out = append(out, it.msg)
-			} else {
-				rest = append(rest, it)
-			}
-		}
-		stopped := c.apply(ctx, rest, time.Now())
-		c.many(out)
-		return stopped
+		return c.cut(ctx, items, slices.Sorted(maps.Keys(bad)))
 	}
 	if len(bad) > 0 {
-		i := slices.Min(slices.Collect(maps.Keys(bad)))
+		// Cut at the first: it may still succeed alone, and the messages
+		// after it run again as a batch.
 		c.cfg.Logger.DebugContext(ctx, "consumer: batch failed because of one message; cutting it there", "messages", len(items), "err", err)
-		if c.apply(ctx, items[:i], time.Now()) {
-			nackItems(items[i:])
-			return true
-		}
-		if !c.one(items[i].msg) {
-			nackItems(items[i+1:])
-			return true
-		}
-		return c.apply(ctx, items[i+1:], time.Now())
+		return c.cut(ctx, items, []int{slices.Min(slices.Collect(maps.Keys(bad)))})
 	}
 	c.cfg.Logger.DebugContext(ctx, "consumer: batch failed; splitting it", "messages", len(items), "err", err)
 	mid := len(items) / 2
@@ -151,6 +144,55 @@ func (c *BatchConsumer) apply(ctx context.Context, items []item, start time.Time
 		return true
 	}
 	return c.apply(ctx, items[mid:], time.Now())
+}
+
+// cut applies items in offset order with each message at (ascending
+// indexes) alone on the per-message path: the messages before the first
+// as a batch, the first alone, the messages up to the next as a batch, and
+// so on. It stops at the first nack, nacking everything after it.
+func (c *BatchConsumer) cut(ctx context.Context, items []item, at []int) (stopped bool) {
+	from := 0
+	for _, i := range at {
+		if c.apply(ctx, items[from:i], time.Now()) {
+			nackItems(items[i:])
+			return true
+		}
+		if !c.one(items[i].msg) {
+			nackItems(items[i+1:])
+			return true
+		}
+		from = i + 1
+	}
+	return c.apply(ctx, items[from:], time.Now())
+}
+
+// heldError stops a batch transaction before its handler runs: the claim
+// of the message at index found its key claimed elsewhere (a lease in
+// flight), or could not be decided in the batch, and fresh messages come
+// after it.
+type heldError struct {
+	index int
+	err   error
+}
+
+func (e *heldError) Error() string {
+	return fmt.Sprintf("consumer: message %d of the batch waits for its key: %v", e.index, e.err)
+}
+
+// heldAt returns the first claim that must be decided alone (its key in
+// flight, or ErrClaimAlone) when a fresh message comes after it: applying
+// that one first would overtake it.
+func heldAt(claims []pgstore.BatchClaim, fresh []int) (*heldError, bool) {
+	if len(fresh) == 0 {
+		return nil, false
+	}
+	last := fresh[len(fresh)-1]
+	for i := 0; i < last && i < len(claims); i++ {
+		if err := claims[i].Err; err != nil && !dedupe.IsPermanent(err) {
+			return &heldError{index: i, err: err}, true
+		}
+	}
+	return nil, false
 }
 
 // notTheirs classifies a batch's failure as the Middleware classifies a
@@ -201,6 +243,11 @@ func (c *BatchConsumer) runBatch(ctx context.Context, items []item) (answers []p
 		reqs[i] = it.req
 	}
 	answers, err = c.store.DoBatch(ctx, reqs, func(ctx context.Context, tx pgx.Tx, fresh []int) ([][]byte, error) {
+		if claims, ok := pgstore.BatchClaimsFromContext(ctx); ok {
+			if held, ok := heldAt(claims, fresh); ok {
+				return nil, held
+			}
+		}
 		in := make([]*message.Message, len(fresh))
 		for j, i := range fresh {
 			in[j] = msgs[i]

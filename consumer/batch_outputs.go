@@ -29,16 +29,35 @@ func (c *BatchConsumer) writeOutputs(ctx context.Context, tx pgx.Tx, outs [][]*m
 // claim failed on its own (key reused, in flight) takes the per-message
 // path, which dead-letters or retries it. It reports whether it stopped
 // at a nacked message (the rest nacked too).
-func (c *BatchConsumer) finish(ctx context.Context, items []item, answers []pgstore.BatchClaim, start time.Time) bool {
+func (c *BatchConsumer) finish(ctx context.Context, items []item, answers []pgstore.BatchClaim, start time.Time) (stopped bool) {
 	d := time.Since(start)
 	// The messages whose claim failed on its own were not applied: they
-	// take the per-message path, all at once, once the others are done.
-	var own []*message.Message
-	defer func() { c.many(own) }()
+	// take the per-message path once the others are done. Those that can
+	// never be applied (key reused) go all at once; those that wait for
+	// their key (in flight) go one after the other, in order (no fresh
+	// message came after them: see heldAt), and a nack among them stops
+	// the batch there.
+	var never, waiting []*message.Message
+	defer func() {
+		c.many(never)
+		for i, m := range waiting {
+			if stopped {
+				m.Nack()
+			} else if !c.one(m) {
+				nackAll(waiting[i+1:])
+				stopped = true
+				return
+			}
+		}
+	}()
 	for i := range items {
 		it, a := &items[i], answers[i]
 		if a.Err != nil {
-			own = append(own, it.msg)
+			if dedupe.IsPermanent(a.Err) {
+				never = append(never, it.msg)
+			} else {
+				waiting = append(waiting, it.msg)
+			}
 			continue
 		}
 		outs := it.outs
