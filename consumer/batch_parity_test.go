@@ -182,7 +182,7 @@ func TestBatchInFlightKeyKeepsOrder(t *testing.T) {
 	}
 	// Another worker claims m-001 in lease mode and dies: its lease
 	// expires while the per-message path retries.
-	if _, err := w.store.Acquire(ctx, dedupe.Request{Key: dedupe.Key{Scope: "ledger", ID: held.UUID}, Fingerprint: fp}, time.Second); err != nil {
+	if _, err := w.store.Acquire(ctx, dedupe.Request{Key: dedupe.Key{Scope: "ledger", ID: held.UUID}, Fingerprint: fp}, 3*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	inner := w.batchHandler(nil, nil)
@@ -195,7 +195,7 @@ func TestBatchInFlightKeyKeepsOrder(t *testing.T) {
 		return inner(ctx, tx, msgs)
 	}
 	hooks := &eventLog{}
-	retry := middleware.Retry{MaxRetries: 50, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond,
+	retry := middleware.Retry{MaxRetries: 100, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond,
 		Multiplier: 2, ShouldRetry: consumer.ShouldRetry, ResetContextOnRetry: true}
 	c, err := consumer.NewBatchConsumer(w.store, h, &consumer.BatchConfig{
 		Scope: "ledger", MaxSize: 4, MaxWait: time.Second, Hooks: hooks, Logger: quietLogger(),
