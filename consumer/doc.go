@@ -166,21 +166,27 @@
 // BatchConfig.DeadLetterTopic, a Retry and a Timeout, as on a router). It
 // is taken by a message with no valid key or a payload that cannot be
 // fingerprinted (the middleware applies Config.MissingKey; the batch is
-// cut around it, so order holds), by a key reused with another payload or
-// held in flight by a lease (after the batch committed; a key reuse is
-// never applied, so its order does not matter), and by the message that
-// makes a batch fail: a batch whose handler fails (or panics) is rolled
-// back and split in halves, applied in order, until the failing message is
-// alone, which then retries, counts towards Config.MaxAttempts and is
-// dead-lettered as poison with its reason (metadata "reason_poisoned").
-// When the per-message path nacks a message, the messages after it in the
-// batch are nacked too, so that they come back after it. A batch that
-// fails because of the infrastructure (a retryable error after
-// pgstore.Config.MaxTxAttempts, a configuration error, shutdown) is nacked
-// whole, never split or dead-lettered.
+// cut around it, so order holds), by a key reused with another payload
+// (after the batch committed: a key reuse is never applied, so its order
+// does not matter), by a key held in flight by a lease (the batch is cut
+// there when fresh messages come after it, so none overtakes it), by a
+// message that the handler names with a permanent MessageError (the batch
+// is cut around it, so it is decided where it is, as one message at a time
+// would decide it), and by the message that makes a batch fail: a batch
+// whose handler fails (or panics) is rolled back and split in halves,
+// applied in order, until the failing message is alone, which then
+// retries, counts towards Config.MaxAttempts and is dead-lettered as poison
+// with its reason (metadata "reason_poisoned"). When the per-message path
+// nacks a message, the messages after it in the batch are nacked too, so
+// that they come back after it. A batch that fails because of the
+// infrastructure is classified as the Middleware classifies a message (a
+// retryable error after pgstore.Config.MaxTxAttempts, a lost or refused
+// connection, a database that does not answer a ping, shutdown: outcome
+// unavailable; a configuration error: misconfigured) and nacked whole,
+// never split or dead-lettered.
 //
-// Hooks receive one Event per message on both paths; on the batch path its
-// Duration is the batch's. Duplicates re-publish their stored outputs with
+// Hooks receive one Event per message on both paths, with the message's own
+// context (msg.Context()); on the batch path its Duration is the batch's. Duplicates re-publish their stored outputs with
 // their UUIDs, as with the middleware.
 //
 // Without Watermill, [pgstore.Store.DoBatch] is the same protocol on a
