@@ -1,0 +1,102 @@
+package kafkapubsub
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/segmentio/kafka-go"
+)
+
+// offsets holds each partition's next offset to commit, for one generation.
+type offsets struct {
+	mu      sync.Mutex
+	pending map[int]int64
+}
+
+func (o *offsets) set(partition int, next int64) {
+	o.mu.Lock()
+	o.pending[partition] = next
+	o.mu.Unlock()
+}
+
+func (o *offsets) take() map[int]int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.pending) == 0 {
+		return nil
+	}
+	p := o.pending
+	o.pending = map[int]int64{}
+	return p
+}
+
+func (o *offsets) putBack(p map[int]int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for part, off := range p {
+		if cur, ok := o.pending[part]; !ok || off > cur {
+			o.pending[part] = off
+		}
+	}
+}
+
+// runGeneration starts a reader per assigned partition and a committer, all
+// bound to gen: when the generation ends they drain, commit and return.
+func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, topic string, out chan<- *message.Message) {
+	st := &offsets{pending: map[int]int64{}}
+	commit := func() {
+		p := st.take()
+		if p == nil {
+			return
+		}
+		if err := gen.CommitOffsets(map[string]map[int]int64{topic: p}); err != nil {
+			// The next owner re-reads from the last commit; the dedupe
+			// middleware absorbs the redelivery.
+			s.log().Warn("kafkapubsub: commit failed", "group", s.cfg.ConsumerGroup, "topic", topic, "generation", gen.ID, "offsets", p, "err", err)
+			st.putBack(p)
+		}
+	}
+	var partitions sync.WaitGroup
+	assigned := gen.Assignments[topic]
+	s.log().Debug("kafkapubsub: generation started", "group", s.cfg.ConsumerGroup, "topic", topic, "generation", gen.ID, "partitions", len(assigned))
+	for _, a := range assigned {
+		partitions.Add(1)
+		gen.Start(func(gctx context.Context) {
+			defer partitions.Done()
+			s.consumePartition(ctx, gctx, topic, a.ID, a.Offset, out, func(next int64) {
+				st.set(a.ID, next)
+				if s.cfg.CommitInterval < 0 {
+					commit()
+				}
+			})
+		})
+	}
+	gen.Start(func(gctx context.Context) {
+		defer func() {
+			// The generation ended: keep the membership alive while the
+			// partitions drain, so that a drain longer than SessionTimeout
+			// does not get this member expelled and its last commit refused.
+			stop := s.heartbeat(gen, topic)
+			partitions.Wait()
+			commit()
+			stop()
+		}()
+		if s.cfg.CommitInterval > 0 {
+			t := time.NewTicker(s.cfg.CommitInterval)
+			defer t.Stop()
+		loop:
+			for {
+				select {
+				case <-t.C:
+					commit()
+				case <-gctx.Done():
+					break loop
+				}
+			}
+		} else {
+			<-gctx.Done()
+		}
+	})
+}
