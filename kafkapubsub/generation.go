@@ -46,9 +46,18 @@ func (o *offsets) putBack(p map[int]int64) {
 // bound to gen: when the generation ends they drain, commit and return.
 func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, topic string, out chan<- *message.Message) {
 	st := &offsets{pending: map[int]int64{}}
+	var commitMu sync.Mutex // one commit at a time, so saves and commits keep their order
 	commit := func() {
+		commitMu.Lock()
+		defer commitMu.Unlock()
 		p := st.take()
 		if p == nil {
+			return
+		}
+		// The database's position first, then Kafka's: see savePositions.
+		if err := s.savePositions(ctx, topic, p); err != nil {
+			s.log().Warn("kafkapubsub: saving positions failed; not committing to Kafka either", "group", s.cfg.ConsumerGroup, "topic", topic, "generation", gen.ID, "offsets", p, "err", err)
+			st.putBack(p)
 			return
 		}
 		if err := gen.CommitOffsets(map[string]map[int]int64{topic: p}); err != nil {
@@ -61,11 +70,25 @@ func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, t
 	var partitions sync.WaitGroup
 	assigned := gen.Assignments[topic]
 	s.log().Debug("kafkapubsub: generation started", "group", s.cfg.ConsumerGroup, "topic", topic, "generation", gen.ID, "partitions", len(assigned))
+	var sp *startPositions
+	if s.cfg.Positions != nil {
+		sp = newStartPositions(s, topic, assigned)
+	}
 	for _, a := range assigned {
 		partitions.Add(1)
 		gen.Start(func(gctx context.Context) {
 			defer partitions.Done()
-			s.consumePartition(ctx, gctx, topic, a.ID, a.Offset, out, func(next int64) {
+			start := a.Offset
+			if sp != nil {
+				pos, ok := sp.get(gctx)
+				if !ok {
+					return
+				}
+				dbOff, has := pos[a.ID]
+				start = startOffset(a.Offset, dbOff, has)
+				s.reportStart(gctx, topic, a.ID, a.Offset, dbOff, has)
+			}
+			s.consumePartition(ctx, gctx, topic, a.ID, start, out, func(next int64) {
 				st.set(a.ID, next)
 				if s.cfg.CommitInterval < 0 {
 					commit()

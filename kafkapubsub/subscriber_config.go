@@ -95,6 +95,17 @@ type SubscriberConfig struct {
 	MaxBytes int
 	// Security holds TLS and SASL settings. Defaults to plain TCP.
 	Security Security
+	// Positions, when set, keeps the group's committed offsets in the
+	// database that holds the consumer's effects too (pgstore.Positions),
+	// so that a database that loses its last commits (an asynchronous
+	// standby promoted, a restore, a point-in-time recovery) gets the
+	// messages it lost delivered again: on assignment a partition starts at
+	// the earlier of Kafka's committed offset and the database's position.
+	// Each commit saves the positions first, then commits to Kafka; a failed
+	// save commits nothing. It needs ConsumerGroup. Defaults to nil: offsets
+	// are kept in Kafka alone, and commits a database loses after Kafka's
+	// offset passed them are never delivered again.
+	Positions Positions
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -106,6 +117,9 @@ func (c *SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 	}
 	if len(o.Brokers) == 0 {
 		return o, errors.New("kafkapubsub: SubscriberConfig.Brokers is empty: set the Kafka bootstrap addresses")
+	}
+	if o.Positions != nil && o.ConsumerGroup == "" {
+		return o, errors.New("kafkapubsub: SubscriberConfig.Positions is set without ConsumerGroup: positions are kept per group; set ConsumerGroup or leave Positions nil")
 	}
 	if o.StartOffset == 0 {
 		o.StartOffset = StartFirst
