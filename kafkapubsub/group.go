@@ -48,6 +48,7 @@ func (s *Subscriber) runGroup(ctx context.Context, topic string, out chan<- *mes
 	defer stop()
 	defer cg.Close()
 	bo := retryBackoff()
+	started := time.Now()
 	for {
 		gen, err := cg.Next(ctx)
 		if ctx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
@@ -55,7 +56,8 @@ func (s *Subscriber) runGroup(ctx context.Context, topic string, out chan<- *mes
 		}
 		if err != nil {
 			pause := bo.Next()
-			s.log().Warn("kafkapubsub: joining group failed; retrying", "group", s.cfg.ConsumerGroup, "topic", topic, "err", err, "backoff", pause)
+			s.log().Log(ctx, joinFailureLevel(err, time.Since(started)), "kafkapubsub: joining group failed; retrying",
+				"group", s.cfg.ConsumerGroup, "topic", topic, "err", err, "backoff", pause)
 			if clock.Sleep(ctx, pause) != nil {
 				return
 			}
@@ -110,4 +112,21 @@ func (s *Subscriber) heartbeat(gen *kafka.Generation, topic string) (stop func()
 		}
 	}()
 	return func() { cancel(); <-done }
+}
+
+// coordinatorGrace is how long after a subscription starts a failure to
+// join that Kafka calls retriable is expected: a fresh broker answers
+// "Group Coordinator Not Available" (and "Group Load In Progress")
+// while it creates and loads __consumer_offsets, for a few seconds.
+const coordinatorGrace = 30 * time.Second
+
+// joinFailureLevel is the level at which a failure to join the group is
+// logged, since elapsed after the subscription started: INFO for a
+// retriable error within coordinatorGrace, WARN for anything else.
+func joinFailureLevel(err error, elapsed time.Duration) slog.Level {
+	var ke kafka.Error
+	if elapsed < coordinatorGrace && errors.As(err, &ke) && ke.Temporary() {
+		return slog.LevelInfo
+	}
+	return slog.LevelWarn
 }
