@@ -31,7 +31,15 @@ type Positions interface {
 	// durable write. The Subscriber calls it only with watermarks whose
 	// messages were all acked, that is whose effects committed, and before
 	// it commits the same offsets to Kafka.
-	Save(ctx context.Context, group, topic string, offsets map[int]int64) error
+	//
+	// expected holds, for partitions whose position the Subscriber knows
+	// (it loaded or saved it), the least position the database must still
+	// hold. When it holds less for one of them, or no row, the database
+	// went back in time while the Subscriber ran (a failover, a restore):
+	// Save then stores nothing and returns what it holds for those
+	// partitions (-1 for no row), and the Subscriber starts its partitions
+	// again from the database's positions.
+	Save(ctx context.Context, group, topic string, offsets, expected map[int]int64) (behind map[int]int64, err error)
 }
 
 // positionTimeout bounds one Load or Save.
@@ -42,16 +50,17 @@ const positionTimeout = 10 * time.Second
 // position then never passes Kafka's in normal operation, so a database
 // that lost commits shows as one whose position is behind Kafka's, and a
 // failed save leaves Kafka's offset where it was.
-func (s *Subscriber) savePositions(ctx context.Context, topic string, p map[int]int64) error {
+func (s *Subscriber) savePositions(ctx context.Context, topic string, p, expected map[int]int64) (behind map[int]int64, err error) {
 	if s.cfg.Positions == nil {
-		return nil
+		return nil, nil
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), positionTimeout)
 	defer cancel()
-	if err := s.cfg.Positions.Save(ctx, s.cfg.ConsumerGroup, topic, p); err != nil {
-		return fmt.Errorf("save positions: %w", err)
+	behind, err = s.cfg.Positions.Save(ctx, s.cfg.ConsumerGroup, topic, p, expected)
+	if err != nil {
+		return nil, fmt.Errorf("save positions: %w", err)
 	}
-	return nil
+	return behind, nil
 }
 
 // startPositions loads the database's positions for a generation's

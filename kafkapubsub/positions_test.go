@@ -70,8 +70,8 @@ func offsetRange(from, to int64) []int64 {
 // With Positions, each commit saves the positions in the database, and a
 // partition starts at the earlier of Kafka's committed offset and the
 // database's position: a database that lost commits gets what it lost
-// again; a group unknown to Kafka starts at the database's position; a
-// failed save commits nothing to Kafka either.
+// again, also under a running member; a group unknown to Kafka starts at
+// the database's position; a failed save commits nothing to Kafka either.
 func TestPositions(t *testing.T) {
 	kafkatest.RequireReal(t)
 	t.Parallel()
@@ -113,7 +113,7 @@ func TestPositions(t *testing.T) {
 	// The database lost its last commits on partition 0: its position is
 	// 3 records back, Kafka's committed offset is at the end.
 	lost := end[0] - 3
-	if err := positions.Save(ctx, group, topic, map[int]int64{0: lost}); err != nil {
+	if _, err := positions.Save(ctx, group, topic, map[int]int64{0: lost}, nil); err != nil {
 		t.Fatal(err)
 	}
 	d, stop := consumeAll(t, cfg(group), topic)
@@ -128,10 +128,39 @@ func TestPositions(t *testing.T) {
 		t.Fatalf("partition 1, whose position is Kafka's, delivered %v again", got)
 	}
 
+	// The database goes back in time under a running member (a failover
+	// that the process lives through): its next save finds the database
+	// behind what it saved, stores nothing, and the member starts its
+	// partitions again from the database's positions.
+	d, stop = consumeAll(t, cfg(group), topic)
+	produceKeyed(t, brokers, topic, 16, 8)
+	mid := kafkatest.EndOffsets(t, topic, partitions)
+	testenv.WaitFor(t, 60*time.Second, "the running member to save the new records' positions", func() bool {
+		return maps.Equal(load(group), mid)
+	})
+	lost = mid[0] - 3
+	if _, err := positions.Save(ctx, group, topic, map[int]int64{0: lost}, nil); err != nil {
+		t.Fatal(err)
+	}
+	produceKeyed(t, brokers, topic, 16, 8)
+	last := kafkatest.EndOffsets(t, topic, partitions)
+	testenv.WaitFor(t, 60*time.Second, "the records lost under the running member to be delivered again", func() bool {
+		n := 0
+		for _, o := range d.of(0) {
+			if o == lost {
+				n++
+			}
+		}
+		return n == 2 && maps.Equal(load(group), last)
+	})
+	stop()
+	waitCommitted(t, group, topic, partitions, 60*time.Second)
+	end = last
+
 	// A group Kafka does not know (its offsets expired, say) starts at the
 	// database's positions, not at StartOffset.
 	other := kafkatest.Name("g")
-	if err := positions.Save(ctx, other, topic, map[int]int64{0: end[0] - 2, 1: end[1] - 1}); err != nil {
+	if _, err := positions.Save(ctx, other, topic, map[int]int64{0: end[0] - 2, 1: end[1] - 1}, nil); err != nil {
 		t.Fatal(err)
 	}
 	d, stop = consumeAll(t, cfg(other), topic)
@@ -149,7 +178,7 @@ func TestPositions(t *testing.T) {
 	// acked, and after the last commit (Close) Kafka's offsets are where
 	// they were.
 	third := kafkatest.Name("g")
-	if err := positions.Save(ctx, third, topic, map[int]int64{0: 0, 1: 0}); err != nil {
+	if _, err := positions.Save(ctx, third, topic, map[int]int64{0: 0, 1: 0}, nil); err != nil {
 		t.Fatal(err)
 	}
 	before := kafkatest.CommittedOffsets(t, third, topic, partitions)

@@ -208,7 +208,7 @@ func TestDocumentedGrants(t *testing.T) {
 	}
 	positions := store.Positions()
 	for _, offsets := range []map[int]int64{{0: 3, 1: 5}, {0: 4}} { // an insert, then an update
-		if err := positions.Save(ctx, "ledger", topic, offsets); err != nil {
+		if _, err := positions.Save(ctx, "ledger", topic, offsets, nil); err != nil {
 			t.Fatalf("save positions as the consumer: %v", err)
 		}
 	}

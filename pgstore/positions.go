@@ -66,12 +66,26 @@ func NewPositions(pool *pgxpool.Pool, cfg *PositionsConfig) (*Positions, error) 
 func newPositions(pool *pgxpool.Pool, table string) *Positions {
 	return &Positions{pool: pool, table: table,
 		load: "SELECT partition, next_offset FROM " + table + " WHERE consumer_group = $1 AND topic = $2 AND partition = ANY($3::int[])",
-		// Rows in partition order, so that two savers of overlapping
-		// partitions (a member and the one it handed them to) lock them in
-		// the same order.
-		save: "INSERT INTO " + table + ` AS p (consumer_group, topic, partition, next_offset, updated_at)
-SELECT $1, $2, u.partition, u.next_offset, now() FROM unnest($3::int[], $4::bigint[]) AS u(partition, next_offset) ORDER BY u.partition
-ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = excluded.next_offset, updated_at = excluded.updated_at`,
+		// Nothing is stored when a partition with an expected position
+		// (expected >= 0) holds less, or no row: the database went back in
+		// time. The rows are locked, then upserted, in partition order, so
+		// that two savers of overlapping partitions (a member and the one it
+		// handed them to) lock them in the same order.
+		save: `WITH u AS (
+    SELECT * FROM unnest($3::int[], $4::bigint[], $5::bigint[]) AS u(partition, next_offset, expected)
+), cur AS (
+    SELECT p.partition, p.next_offset FROM ` + table + ` p
+    WHERE p.consumer_group = $1 AND p.topic = $2 AND p.partition = ANY($3::int[])
+    ORDER BY p.partition FOR UPDATE
+), behind AS (
+    SELECT u.partition, coalesce(cur.next_offset, -1) AS next_offset FROM u LEFT JOIN cur USING (partition)
+    WHERE u.expected >= 0 AND (cur.next_offset IS NULL OR cur.next_offset < u.expected)
+), up AS (
+    INSERT INTO ` + table + ` AS p (consumer_group, topic, partition, next_offset, updated_at)
+    SELECT $1, $2, u.partition, u.next_offset, now() FROM u WHERE NOT EXISTS (SELECT FROM behind) ORDER BY u.partition
+    ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = excluded.next_offset, updated_at = excluded.updated_at
+)
+SELECT partition, next_offset FROM behind`,
 	}
 }
 
@@ -110,31 +124,51 @@ func (p *Positions) LoadTx(ctx context.Context, db DBTX, group, topic string, pa
 }
 
 // Save stores offsets (partition → next offset to consume) in one
-// statement. Call it only with offsets below which every message's effects
-// committed.
-func (p *Positions) Save(ctx context.Context, group, topic string, offsets map[int]int64) error {
-	return p.SaveTx(ctx, p.pool, group, topic, offsets)
+// statement, unless for a partition of expected the table holds a position
+// below the expected one, or none: then the database lost commits (a
+// failover, a restore) since that position was loaded or saved, nothing is
+// stored, and behind holds what the table has for those partitions (-1 for
+// no row). Call it only with offsets below which every message's effects
+// committed. expected may be nil.
+func (p *Positions) Save(ctx context.Context, group, topic string, offsets, expected map[int]int64) (behind map[int]int64, err error) {
+	return p.SaveTx(ctx, p.pool, group, topic, offsets, expected)
 }
 
 // SaveTx is Save on db: in a transaction it commits with the caller's
 // effects.
-func (p *Positions) SaveTx(ctx context.Context, db DBTX, group, topic string, offsets map[int]int64) error {
+func (p *Positions) SaveTx(ctx context.Context, db DBTX, group, topic string, offsets, expected map[int]int64) (behind map[int]int64, err error) {
 	if len(offsets) == 0 {
-		return nil
+		return nil, nil
 	}
 	parts := slices.Sorted(maps.Keys(offsets))
 	ids := make([]int32, len(parts))
 	nexts := make([]int64, len(parts))
+	exps := make([]int64, len(parts))
 	for i, n := range parts {
 		if offsets[n] < 0 {
-			return fmt.Errorf("pgstore: save positions of %s: partition %d at offset %d: a position is an offset, 0 or more", topic, n, offsets[n])
+			return nil, fmt.Errorf("pgstore: save positions of %s: partition %d at offset %d: a position is an offset, 0 or more", topic, n, offsets[n])
 		}
-		ids[i], nexts[i] = int32(n), offsets[n]
+		ids[i], nexts[i], exps[i] = int32(n), offsets[n], -1
+		if e, ok := expected[n]; ok && e >= 0 {
+			exps[i] = e
+		}
 	}
-	if _, err := db.Exec(ctx, p.save, group, topic, ids, nexts); err != nil {
-		return classify("save positions of "+topic, err)
+	rows, err := db.Query(ctx, p.save, group, topic, ids, nexts, exps)
+	if err != nil {
+		return nil, classify("save positions of "+topic, err)
 	}
-	return nil
+	var part int32
+	var next int64
+	if _, err := pgx.ForEachRow(rows, []any{&part, &next}, func() error {
+		if behind == nil {
+			behind = map[int]int64{}
+		}
+		behind[int(part)] = next
+		return nil
+	}); err != nil {
+		return nil, classify("save positions of "+topic, err)
+	}
+	return behind, nil
 }
 
 // Check reports whether the table is there and readable.

@@ -72,7 +72,7 @@ func TestPositions(t *testing.T) {
 	_ = sub.Close()
 	// The database lost its last commits on partition 0.
 	lost := min(end[0], 4)
-	if err := positions.Save(ctx, group, topic, map[int]int64{0: end[0] - lost}); err != nil {
+	if _, err := positions.Save(ctx, group, topic, map[int]int64{0: end[0] - lost}, nil); err != nil {
 		t.Fatal(err)
 	}
 
