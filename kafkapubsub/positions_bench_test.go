@@ -47,9 +47,12 @@ func benchPositions(b *testing.B, batchMode bool, n int) {
 		if it%2 == 1 {
 			order = []int{1, 0}
 		}
+		var round [2]float64
 		for _, i := range order {
-			rate[i] += consumeBacklog(b, brokers, topic, n, batchMode, i == 1)
+			round[i] = consumeBacklog(b, brokers, topic, n, batchMode, i == 1)
+			rate[i] += round[i]
 		}
+		b.Logf("round %d: %.0f msgs/s without, %.0f with (%+.1f%%)", it, round[0], round[1], 100*(1-round[1]/round[0]))
 	}
 	off, on := rate[0]/float64(b.N), rate[1]/float64(b.N)
 	b.ReportMetric(0, "ns/op")
