@@ -206,6 +206,15 @@ func TestDocumentedGrants(t *testing.T) {
 	if _, err := store.Stats(ctx); err != nil {
 		t.Fatalf("stats as the consumer: %v", err)
 	}
+	positions := store.Positions()
+	for _, offsets := range []map[int]int64{{0: 3, 1: 5}, {0: 4}} { // an insert, then an update
+		if _, err := positions.Save(ctx, "ledger", topic, offsets, nil); err != nil {
+			t.Fatalf("save positions as the consumer: %v", err)
+		}
+	}
+	if got, err := positions.Load(ctx, "ledger", topic, []int{0, 1}); err != nil || got[0] != 4 || got[1] != 5 {
+		t.Fatalf("load positions as the consumer: %v %v, want 0:4 1:5", got, err)
+	}
 	if n := count("SELECT count(*) FROM {S}.exactly_keys WHERE status = 'COMPLETED' AND (key, attempts, result) IN (('cmd-1', 1, 'ok cmd-1'), ('cmd-tx', 1, 'ok cmd-tx'), ('pay-1', 2, 'paid'))"); n != 3 {
 		t.Fatalf("%d of the 3 keys completed as expected", n)
 	}
@@ -285,6 +294,8 @@ func TestDocumentedGrants(t *testing.T) {
 		{"consumer", conPool, "SELECT FROM {S}.exactly_outbox"},
 		{"consumer", conPool, "SELECT FROM {S}.exactly_outbox_waiters"},
 		{"relay", relPool, "SELECT FROM {S}.exactly_keys"},
+		{"relay", relPool, "SELECT FROM {S}.exactly_positions"},
+		{"consumer", conPool, "DELETE FROM {S}.exactly_positions"},
 		{"relay", relPool, "INSERT INTO {S}.exactly_outbox (topic, uuid, payload, lane) VALUES ('t', 'u', '', 0)"},
 	} {
 		if _, err := c.pool.Exec(ctx, strings.ReplaceAll(c.stmt, "{S}", schema)); !denied(err) {
