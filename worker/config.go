@@ -65,6 +65,14 @@ type Config struct {
 	// batch mode the window is BatchSize. Default to 1 and false.
 	MaxInFlight int
 	KeyOrdered  bool
+	// NoPositions keeps the group's committed offsets in Kafka only.
+	// Defaults to false: they are kept in Postgres too (pgstore.Positions,
+	// written before each Kafka commit), and each partition starts from
+	// the earlier of the two, so a database that loses its last commits
+	// (an asynchronous standby promoted, a restore) gets the messages
+	// behind them again instead of losing them. Only for the worker's own
+	// Subscriber; see docs/deployments.md.
+	NoPositions bool
 	// SessionTimeout is how long the group waits for a silent member
 	// before it hands the member's partitions to the others. Heartbeats go
 	// out every tenth of it. Defaults to 10s.

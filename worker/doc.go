@@ -18,6 +18,9 @@
 //     outlives the consumer's drain, with a final flush when the worker
 //     stops;
 //   - key clean-up, one runner at a time across workers;
+//   - the group's positions kept in Postgres with the effects (unless
+//     Config.NoPositions), so that a database that loses its last commits
+//     gets the messages behind them again;
 //   - start-up: the migrations (Config.Migrate), the tables (exactly's and
 //     Config.Tables), the topics (created with Config.CreateTopics), and
 //     the key TTL against the topic's retention; while Postgres or Kafka

@@ -186,6 +186,9 @@ func (w *Worker) checkKafka(ctx context.Context, create bool) (string, error) {
 func (w *Worker) missingTables(ctx context.Context) ([]string, error) {
 	want := []string{pgx.Identifier{w.cfg.Schema, w.store.Config().Table}.Sanitize(),
 		pgx.Identifier{w.cfg.Schema, "exactly_outbox"}.Sanitize()}
+	if !w.cfg.NoPositions && w.cfg.Subscriber == nil {
+		want = append(want, pgx.Identifier{w.cfg.Schema, "exactly_positions"}.Sanitize())
+	}
 	for _, t := range w.cfg.Tables {
 		if strings.Contains(t, ".") {
 			want = append(want, t)

@@ -263,6 +263,9 @@ func (w *Worker) pubsub() (message.Subscriber, message.Publisher, error) {
 		}
 		scfg := &kafkapubsub.SubscriberConfig{Brokers: w.cfg.Brokers, Security: w.cfg.Security, ConsumerGroup: w.cfg.Group,
 			Logger: w.cfg.Logger, MaxInFlight: inFlight, KeyOrdered: w.cfg.KeyOrdered}
+		if !w.cfg.NoPositions {
+			scfg.Positions = w.store.Positions()
+		}
 		if w.cfg.SessionTimeout > 0 {
 			scfg.SessionTimeout, scfg.HeartbeatInterval = w.cfg.SessionTimeout, w.cfg.SessionTimeout/10
 		}

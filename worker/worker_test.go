@@ -195,6 +195,12 @@ func TestWorkerAppliesOnceAndFlushesOnStop(t *testing.T) {
 			if n := w.records(w.dlq, 1); n != 0 {
 				t.Errorf("%d dead letters, want 0", n)
 			}
+			// The positions are kept with the data: the committed offsets
+			// are in Postgres too (200 records on 4 partitions).
+			if n := w.count("SELECT coalesce(sum(next_offset), 0)::int FROM " + w.db.Table("exactly_positions") +
+				" WHERE consumer_group = '" + cfg.Group + "'"); n != 200 {
+				t.Errorf("the positions in Postgres sum to %d, want 200", n)
+			}
 		})
 	}
 }
