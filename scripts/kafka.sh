@@ -197,6 +197,8 @@ stop() {
 #   cluster restart N  start node N again on its data (stops it first if running)
 #   cluster pid N      node N's pid (to pause it with SIGSTOP)
 #   cluster log N      node N's log
+#   cluster controller the node that is the active controller (the quorum's
+#                      leader, by the newest epoch the running nodes recorded)
 #
 # Environment: KAFKA_CLUSTER_PORTS and KAFKA_CLUSTER_CONTROLLER_PORTS
 # (comma-separated, one per node; default consecutive ports from KAFKA_PORT
@@ -370,6 +372,22 @@ cluster_stop() {
 	echo "kafka.sh: cluster stopped" >&2
 }
 
+# cluster_controller prints the active controller's node id: the leaderId
+# of the highest leaderEpoch in the quorum-state files of the running nodes.
+cluster_controller() {
+	local i best=-1 leader="" st e l
+	for ((i = 1; i <= cluster_size; i++)); do
+		cluster_node $i
+		running || continue
+		st=$(cat "$run/data/__cluster_metadata-0/quorum-state" 2>/dev/null) || continue
+		e=$(sed -n 's/.*"leaderEpoch":\([0-9-]*\).*/\1/p' <<<"$st")
+		l=$(sed -n 's/.*"leaderId":\([0-9-]*\).*/\1/p' <<<"$st")
+		if [ -n "$e" ] && [ -n "$l" ] && [ "$l" -ge 1 ] && [ "$e" -gt "$best" ]; then best=$e leader=$l; fi
+	done
+	[ -n "$leader" ] || die "no running node knows the quorum's leader yet"
+	echo "$leader"
+}
+
 cluster() {
 	cluster_init
 	local verb=${1:-}
@@ -381,6 +399,7 @@ cluster() {
 	kill) cluster_node "${1:-}"; crash ;;
 	pid) cluster_node "${1:-}"; if running; then cat "$pidfile"; else echo "kafka.sh: node $node not running" >&2; exit 1; fi ;;
 	log) cluster_node "${1:-}"; cat "$logfile" ;;
+	controller) cluster_controller ;;
 	status)
 		local i down=0
 		for ((i = 1; i <= cluster_size; i++)); do
@@ -389,7 +408,7 @@ cluster() {
 		done
 		return $down
 		;;
-	*) echo "usage: $0 cluster start|stop|status|kill N|restart N|pid N|log N" >&2; exit 2 ;;
+	*) echo "usage: $0 cluster start|stop|status|kill N|restart N|pid N|log N|controller" >&2; exit 2 ;;
 	esac
 }
 
