@@ -296,6 +296,7 @@ func (r *topoRun) fault(ctx context.Context, c *chaosRun, kind string) {
 		node = nodes[0]
 	}
 	at := time.Now()
+	var resumed chan struct{}
 	switch kind {
 	case "broker-session-pause":
 		out, err := r.cl.out("pid", strconv.Itoa(node))
@@ -308,13 +309,12 @@ func (r *topoRun) fault(ctx context.Context, c *chaosRun, kind string) {
 		// The fault: stopped past broker.session.timeout.ms (9 s), so the
 		// controller fences it and moves its leaderships; the recovery is
 		// timed meanwhile.
-		resumed := make(chan struct{})
+		resumed = make(chan struct{})
 		go func() {
 			defer close(resumed)
 			time.Sleep(13 * time.Second)
 			_ = syscall.Kill(pid, syscall.SIGCONT)
 		}()
-		defer func() { <-resumed }()
 	default:
 		if err := r.cl.do("kill", strconv.Itoa(node)); err != nil {
 			c.t.Error(err)
@@ -329,6 +329,9 @@ func (r *topoRun) fault(ctx context.Context, c *chaosRun, kind string) {
 		} else {
 			r.unrecov[kind]++
 		}
+	}
+	if resumed != nil {
+		<-resumed
 	}
 	if kind != "broker-session-pause" {
 		if err := r.cl.do("restart", strconv.Itoa(node)); err != nil {
