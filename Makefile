@@ -5,7 +5,7 @@ GO ?= go
 # internal/embedpg, internal/kafkabench, internal/testkit/testservices).
 PKGS ?= $(shell GO="$(GO)" scripts/packages.sh)
 
-.PHONY: throughput demo test test-short chaos chaos-short bench lint services services-stop up down images test-docker compose-test
+.PHONY: throughput demo test test-short chaos chaos-short chaos-topology bench lint services services-stop up down images test-docker compose-test
 
 # The ledger demo: Postgres at DATABASE_URL, else at localhost, else a
 # throwaway server for the demo's lifetime; Kafka in-process unless
@@ -32,6 +32,14 @@ chaos:
 # The short chaos run (1.5 to 3 minutes).
 chaos-short:
 	CHAOS=1 $(GO) test -race -count=1 -timeout 20m -run 'TestChaos$$' -v ./internal/chaos/
+
+# The topology runs (CHAOS_TOPOLOGY=1): the chaos suite on a three-node
+# Kafka cluster (scripts/kafka.sh cluster), topics RF 3 and
+# min.insync.replicas=2, with a partition leader killed, the active
+# controller killed and a node paused past its session, each
+# CHAOS_TOPOLOGY_FAULTS times (2); see docs/chaos-topology.md.
+chaos-topology:
+	CHAOS_TOPOLOGY=1 $(GO) test -race -count=1 -timeout 60m -run 'TestChaosTopology$$' -v ./internal/chaos/
 
 # The throughput benchmarks of every module (per-message-dedupe,
 # batch-dedupe, batch-plain, keyed-concurrency, partition-sequential); see

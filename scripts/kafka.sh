@@ -12,6 +12,8 @@
 #   scripts/kafka.sh pid      the running broker's pid (to pause it with SIGSTOP)
 #   scripts/kafka.sh status
 #   scripts/kafka.sh log      the broker's log
+#   scripts/kafka.sh cluster start|stop|status|kill N|restart N|pid N|log N
+#                             a three-node cluster instead (see "Cluster" below)
 #
 # The broker and its dependencies come from Maven Central through
 # scripts/kafka/pom.xml (KAFKA_VERSION there) and are cached in
@@ -178,6 +180,238 @@ stop() {
 	echo "kafka.sh: stopped" >&2
 }
 
+# Cluster: KAFKA_CLUSTER_SIZE (3) KRaft nodes on loopback, each broker and
+# controller in one JVM, the controllers a quorum of every node (3 voters:
+# one node may be down and the cluster still elects leaders and takes
+# writes). Topics default to replication factor 3 and min.insync.replicas=2,
+# the internal topics too, so an acks=all write is on two nodes before it is
+# acknowledged. One JVM per node rather than separate controller processes:
+# three JVMs instead of six on a small machine, and killing the active
+# controller then also kills a broker that leads partitions, the harder case.
+#
+#   cluster start      format fresh run directories and start every node; wait
+#                      until all serve; prints the bootstrap list a,b,c
+#   cluster stop       stop every node and remove the data
+#   cluster status     one line per node
+#   cluster kill N     kill -9 node N (1-based) and keep its data
+#   cluster restart N  start node N again on its data (stops it first if running)
+#   cluster pid N      node N's pid (to pause it with SIGSTOP)
+#   cluster log N      node N's log
+#   cluster controller the node that is the active controller (the quorum's
+#                      leader, by the newest epoch the running nodes recorded)
+#
+# Environment: KAFKA_CLUSTER_PORTS and KAFKA_CLUSTER_CONTROLLER_PORTS
+# (comma-separated, one per node; default consecutive ports from KAFKA_PORT
+# and KAFKA_CONTROLLER_PORT when set, else from 19092 and 19192),
+# KAFKA_CLUSTER_ADVERTISED_PORTS (the ports clients are told to use, one per
+# node, for a proxy in front of each node; default the ports themselves),
+# KAFKA_RUN_DIR (${TMPDIR:-/tmp}/exactly-kafka-cluster-<first port>: one
+# node-N directory per node), KAFKA_HEAP, KAFKA_START_TIMEOUT and
+# KAFKA_PROPERTIES as for the single broker (applied to every node).
+cluster_size=${KAFKA_CLUSTER_SIZE:-3}
+cluster_ports=() cluster_cports=() cluster_aports=()
+
+cluster_list() { # name default-base: the comma list in $name, or consecutive ports from base
+	local list=${!1:-} base=$2 i
+	if [ -n "$list" ]; then
+		tr ',' ' ' <<<"$list"
+	else
+		for ((i = 0; i < cluster_size; i++)); do printf '%s ' $((base + i)); done
+	fi
+}
+
+cluster_init() {
+	[[ "$cluster_size" =~ ^[1-9]$ ]] || die "KAFKA_CLUSTER_SIZE=$cluster_size: use 1 to 9 nodes"
+	read -ra cluster_ports <<<"$(cluster_list KAFKA_CLUSTER_PORTS "${KAFKA_PORT:-19092}")"
+	read -ra cluster_cports <<<"$(cluster_list KAFKA_CLUSTER_CONTROLLER_PORTS "${KAFKA_CONTROLLER_PORT:-19192}")"
+	if [ -n "${KAFKA_CLUSTER_ADVERTISED_PORTS:-}" ]; then
+		read -ra cluster_aports <<<"$(tr ',' ' ' <<<"$KAFKA_CLUSTER_ADVERTISED_PORTS")"
+	else
+		cluster_aports=("${cluster_ports[@]}")
+	fi
+	[ ${#cluster_ports[@]} -eq "$cluster_size" ] && [ ${#cluster_cports[@]} -eq "$cluster_size" ] && [ ${#cluster_aports[@]} -eq "$cluster_size" ] ||
+		die "KAFKA_CLUSTER_PORTS, KAFKA_CLUSTER_CONTROLLER_PORTS and KAFKA_CLUSTER_ADVERTISED_PORTS need $cluster_size ports each (KAFKA_CLUSTER_SIZE)"
+	cluster_run=${KAFKA_RUN_DIR:-${TMPDIR:-/tmp}/exactly-kafka-cluster-${cluster_ports[0]}}
+}
+
+# cluster_node N points the single-broker functions (running, halt, crash)
+# at node N.
+cluster_node() {
+	[[ "${1:-}" =~ ^[0-9]+$ ]] && [ "$1" -ge 1 ] && [ "$1" -le "$cluster_size" ] || die "cluster: name a node from 1 to $cluster_size"
+	node=$1
+	port=${cluster_ports[$((node - 1))]}
+	cport=${cluster_cports[$((node - 1))]}
+	run=$cluster_run/node-$node
+	pidfile=$run/broker.pid
+	logfile=$run/broker.log
+}
+
+cluster_props() {
+	local voters="" i
+	for ((i = 1; i <= cluster_size; i++)); do voters+="${voters:+,}$i@127.0.0.1:${cluster_cports[$((i - 1))]}"; done
+	local isr=$((cluster_size > 1 ? 2 : 1))
+	sed -e "s#@DATA@#$run/data#" -e "s#@PORT@#$port#g" -e "s#@CONTROLLER_PORT@#$cport#g" "$here/kafka/server.properties"
+	cat <<-EOF
+		# cluster node $node of $cluster_size
+		node.id=$node
+		controller.quorum.voters=$voters
+		advertised.listeners=PLAINTEXT://127.0.0.1:${cluster_aports[$((node - 1))]}
+		default.replication.factor=$cluster_size
+		min.insync.replicas=$isr
+		offsets.topic.replication.factor=$cluster_size
+		transaction.state.log.replication.factor=$cluster_size
+		transaction.state.log.min.isr=$isr
+		share.coordinator.state.topic.replication.factor=$cluster_size
+		share.coordinator.state.topic.min.isr=$isr
+		# Elections that a loaded machine can finish: at Kafka's 1 s the three
+		# nodes can go on splitting the vote while they are busy starting.
+		controller.quorum.election.timeout.ms=2500
+		controller.quorum.election.backoff.max.ms=2500
+		controller.quorum.fetch.timeout.ms=5000
+		controller.quorum.request.timeout.ms=5000
+	EOF
+	[ -z "${KAFKA_PROPERTIES:-}" ] || printf '%s\n' "$KAFKA_PROPERTIES"
+}
+
+# cluster_fork starts node $node's JVM on its run directory and returns
+# at once: a node of a quorum cannot finish starting until enough others run.
+cluster_fork() {
+	local cp="$cache/libs/*"
+	touch "$logfile"
+	cluster_before=$(grep -c "Kafka Server started" "$logfile" || true)
+	echo "$cluster_before" >"$run/starts"
+	nohup java -Xms${KAFKA_HEAP:-512m} -Xmx${KAFKA_HEAP:-512m} -XX:+UseG1GC -Djava.awt.headless=true \
+		-Dlog4j2.configurationFile="$here/kafka/log4j2.properties" \
+		-cp "$cp" kafka.Kafka "$run/server.properties" >>"$logfile" 2>&1 </dev/null &
+	echo $! >"$pidfile"
+}
+
+# cluster_wait waits until node $node, forked by cluster_fork, serves.
+cluster_wait() {
+	local pid before deadline=$((SECONDS + timeout))
+	pid=$(cat "$pidfile")
+	before=$(cat "$run/starts")
+	until [ "$(grep -c "Kafka Server started" "$logfile" || true)" -gt "$before" ] && port_open "$port"; do
+		if ! kill -0 "$pid" 2>/dev/null; then
+			tail -40 "$logfile" >&2
+			die "node $node exited during start-up (log above, full log in $logfile)"
+		fi
+		if [ $SECONDS -ge $deadline ]; then
+			tail -40 "$logfile" >&2
+			die "node $node did not start within ${timeout}s (log above; scripts/kafka.sh cluster stop cleans up)"
+		fi
+		sleep 0.5
+	done
+	echo "kafka.sh: cluster node $node up on 127.0.0.1:$port (pid $pid, log $logfile)" >&2
+}
+
+cluster_free() {
+	local p
+	for p in "$port" "$cport"; do
+		port_open "$p" && die "port $p (node $node) is taken by another process (ss -ltnp 'sport = :$p'); stop it or set KAFKA_CLUSTER_PORTS / KAFKA_CLUSTER_CONTROLLER_PORTS"
+	done
+	return 0
+}
+
+cluster_bootstrap() {
+	local i out=""
+	for ((i = 0; i < cluster_size; i++)); do out+="${out:+,}127.0.0.1:${cluster_aports[$i]}"; done
+	echo "$out"
+}
+
+cluster_start() {
+	local i up=0
+	for ((i = 1; i <= cluster_size; i++)); do cluster_node $i; running && up=$((up + 1)); done
+	if [ $up -eq "$cluster_size" ]; then
+		echo "kafka.sh: the cluster is already running in $cluster_run" >&2
+		cluster_bootstrap
+		return 0
+	fi
+	[ $up -eq 0 ] || die "the cluster in $cluster_run runs $up of $cluster_size nodes: cluster restart N, or cluster stop first"
+	for ((i = 1; i <= cluster_size; i++)); do cluster_node $i; cluster_free; done
+	command -v java >/dev/null || die "Java is not installed: Kafka $version needs Java 17 or newer (apt-get install openjdk-17-jre-headless)"
+	javacheck
+	fetch
+	local cp="$cache/libs/*" id
+	id=$(java -cp "$cp" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)
+	[ -n "$id" ] || die "could not run Kafka's storage tool (java -cp '$cp' kafka.tools.StorageTool)"
+	rm -rf "$cluster_run"
+	for ((i = 1; i <= cluster_size; i++)); do
+		cluster_node $i
+		mkdir -p "$run/data"
+		cluster_props >"$run/server.properties"
+		java -cp "$cp" -Dlog4j2.configurationFile="$here/kafka/log4j2.properties" \
+			kafka.tools.StorageTool format -t "$id" -c "$run/server.properties" >"$run/format.log" 2>&1 ||
+			{ cat "$run/format.log" >&2; die "formatting the storage of node $i failed"; }
+	done
+	for ((i = 1; i <= cluster_size; i++)); do cluster_node $i; cluster_fork; done
+	for ((i = 1; i <= cluster_size; i++)); do cluster_node $i; cluster_wait; done
+	cluster_bootstrap
+}
+
+cluster_restart() {
+	cluster_node "$1"
+	[ -f "$run/server.properties" ] && [ -f "$run/data/meta.properties" ] ||
+		die "no data of node $node in $run to restart on: use cluster start for a fresh cluster"
+	running && halt
+	cluster_free
+	javacheck
+	fetch
+	cluster_fork
+	cluster_wait
+}
+
+cluster_stop() {
+	local i
+	for ((i = 1; i <= cluster_size; i++)); do
+		cluster_node $i
+		running && halt &
+	done
+	wait
+	rm -rf "$cluster_run"
+	echo "kafka.sh: cluster stopped" >&2
+}
+
+# cluster_controller prints the active controller's node id: the leaderId
+# of the highest leaderEpoch in the quorum-state files of the running nodes.
+cluster_controller() {
+	local i best=-1 leader="" st e l
+	for ((i = 1; i <= cluster_size; i++)); do
+		cluster_node $i
+		running || continue
+		st=$(cat "$run/data/__cluster_metadata-0/quorum-state" 2>/dev/null) || continue
+		e=$(sed -n 's/.*"leaderEpoch":\([0-9-]*\).*/\1/p' <<<"$st")
+		l=$(sed -n 's/.*"leaderId":\([0-9-]*\).*/\1/p' <<<"$st")
+		if [ -n "$e" ] && [ -n "$l" ] && [ "$l" -ge 1 ] && [ "$e" -gt "$best" ]; then best=$e leader=$l; fi
+	done
+	[ -n "$leader" ] || die "no running node knows the quorum's leader yet"
+	echo "$leader"
+}
+
+cluster() {
+	cluster_init
+	local verb=${1:-}
+	shift || true
+	case "$verb" in
+	start) cluster_start ;;
+	stop) cluster_stop ;;
+	restart) cluster_restart "${1:-}" ;;
+	kill) cluster_node "${1:-}"; crash ;;
+	pid) cluster_node "${1:-}"; if running; then cat "$pidfile"; else echo "kafka.sh: node $node not running" >&2; exit 1; fi ;;
+	log) cluster_node "${1:-}"; cat "$logfile" ;;
+	controller) cluster_controller ;;
+	status)
+		local i down=0
+		for ((i = 1; i <= cluster_size; i++)); do
+			cluster_node $i
+			if running; then echo "kafka: node $i up on 127.0.0.1:$port (pid $(cat "$pidfile"))"; else echo "kafka: node $i down"; down=1; fi
+		done
+		return $down
+		;;
+	*) echo "usage: $0 cluster start|stop|status|kill N|restart N|pid N|log N|controller" >&2; exit 2 ;;
+	esac
+}
+
 case "${1:-}" in
 start) start ;;
 stop) stop ;;
@@ -187,5 +421,6 @@ pid) if running; then cat "$pidfile"; else echo "kafka.sh: not running" >&2; exi
 status) if running; then echo "kafka: Kafka $version up on 127.0.0.1:$port (pid $(cat "$pidfile"))"; else echo "kafka: down"; exit 1; fi ;;
 log) cat "$logfile" ;;
 fetch) fetch ;;
-*) echo "usage: $0 start|stop|restart|kill|pid|status|log|fetch" >&2; exit 2 ;;
+cluster) shift; cluster "$@" ;;
+*) echo "usage: $0 start|stop|restart|kill|pid|status|log|fetch|cluster" >&2; exit 2 ;;
 esac

@@ -129,7 +129,17 @@ func TestChaos(t *testing.T) {
 	if k, err := strconv.Atoi(os.Getenv("CHAOS_RECOVERY_KILLS")); err == nil && k >= 0 {
 		sc.recoveryKills, sc.recoveryBatch = k, max(sc.recoveryBatch, 1500*k)
 	}
-	t.Logf("chaos: seed %d (repeat: %s)", o.seed, o.repro())
+	runChaos(t, o, sc, nil)
+}
+
+// runChaos runs one chaos run: on the suite's single broker when topo is
+// nil, else on a cluster of brokers with topo's faults (topology_test.go).
+func runChaos(t *testing.T, o options, sc scale, topo *topology) {
+	repro := o.repro()
+	if topo != nil {
+		repro = topo.repro(o)
+	}
+	t.Logf("chaos: seed %d (repeat: %s)", o.seed, repro)
 	base, err := os.MkdirTemp("", "exactly-chaos-")
 	if err != nil {
 		t.Fatal(err)
@@ -157,6 +167,7 @@ func TestChaos(t *testing.T) {
 	bin := filepath.Join(base, "ledger-consumer")
 	var buildErr, brErr error
 	var br *broker
+	var kc3 *kcluster
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
@@ -167,11 +178,21 @@ func TestChaos(t *testing.T) {
 			buildErr = fmt.Errorf("go build ./examples/ledger-consumer: %v\n%s", err, out)
 		}
 	}()
-	go func() { defer wg.Done(); br, brErr = startBroker(root, base) }()
+	go func() {
+		defer wg.Done()
+		if topo != nil {
+			kc3, brErr = startCluster(root, base, topo.nodes)
+			return
+		}
+		br, brErr = startBroker(root, base)
+	}()
 	pg := newPGCluster(t, base)
 	wg.Wait()
 	if br != nil {
 		t.Cleanup(func() { _ = br.do("stop") })
+	}
+	if kc3 != nil {
+		t.Cleanup(func() { _ = kc3.do("stop") })
 	}
 	if brErr != nil {
 		t.Fatal(brErr)
@@ -179,7 +200,13 @@ func TestChaos(t *testing.T) {
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
-	brokers := []string{br.Addr()}
+	var brokers []string
+	rf := 1
+	if kc3 != nil {
+		brokers, rf = kc3.addrs(), kc3.n
+	} else {
+		brokers = []string{br.Addr()}
+	}
 	pcfg, err := pgxpool.ParseConfig(pg.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -192,9 +219,9 @@ func TestChaos(t *testing.T) {
 	defer pool.Close()
 	kc := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
 	res, err := kc.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{
-		{Topic: commandsTopic, NumPartitions: partitions, ReplicationFactor: 1},
-		{Topic: eventsTopic, NumPartitions: 3, ReplicationFactor: 1},
-		{Topic: dlqTopic, NumPartitions: 1, ReplicationFactor: 1}}})
+		{Topic: commandsTopic, NumPartitions: partitions, ReplicationFactor: rf},
+		{Topic: eventsTopic, NumPartitions: 3, ReplicationFactor: rf},
+		{Topic: dlqTopic, NumPartitions: 1, ReplicationFactor: rf}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +240,7 @@ func TestChaos(t *testing.T) {
 		t.Fatalf("ledger migrate: %v\n%s", err, out)
 	}
 	var n counts
-	ws := &workers{restarts: &n.workerRestarts, bin: bin, dir: base, batch: o.batch, args: []string{"worker", "--database-url", pg.URL(), "--brokers", br.Addr(),
+	ws := &workers{restarts: &n.workerRestarts, bin: bin, dir: base, batch: o.batch, args: []string{"worker", "--database-url", pg.URL(), "--brokers", strings.Join(brokers, ","),
 		"--schema", "ledger", "--commands", commandsTopic, "--metrics-addr", "127.0.0.1:0",
 		"--session-timeout", sessionTimeout.String()}}
 	for i := 0; i < sc.workers; i++ {
@@ -239,6 +266,19 @@ func TestChaos(t *testing.T) {
 
 	mon := newMonitor(brokers, pool)
 	go mon.run(ctx)
+	// In a topology run every record the producers had acknowledged must be
+	// in the log at the end, whichever broker died.
+	var acked *ackSet
+	if topo != nil {
+		acked = &ackSet{}
+	}
+	produce := func(ctx context.Context, cl *kgo.Client, recs []*kgo.Record) error {
+		err := produce(ctx, cl, recs)
+		if err == nil {
+			acked.add(recs)
+		}
+		return err
+	}
 
 	// Production: the main stream and the other partitioner's records in
 	// chunks while the faults run; transactional producers all along.
@@ -275,6 +315,9 @@ func TestChaos(t *testing.T) {
 
 	// Faults.
 	ch := &chaosRun{t: t, o: o, sc: sc, ws: ws, pg: pg, br: br, pool: pool, n: &n, mon: mon, rnd: rand.New(rand.NewPCG(o.seed, 99))}
+	if topo != nil {
+		ch.topo = newTopoRun(topo, kc3, brokers, mainCl, produce, &workloadRand{rand.New(rand.NewPCG(o.seed, 1234))})
+	}
 	next("faults")
 	faultStart := time.Now()
 	ch.runPlan(ctx)
@@ -354,6 +397,7 @@ func TestChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := audit(committed, all, events, dlq, db)
+	ackedLost := acked.missing(all, f)
 	next("")
 	if drainErr != nil {
 		f.fail("drain", "%v (lag by partition %v)", drainErr, lag)
@@ -375,7 +419,10 @@ func TestChaos(t *testing.T) {
 	logExits(t, exits)
 	if len(f.problems) > 0 {
 		report(t, f.problems)
-		t.Errorf("chaos: %d problems (seed %d); repeat with: %s", len(f.problems), o.seed, o.repro())
+		t.Errorf("chaos: %d problems (seed %d); repeat with: %s", len(f.problems), o.seed, repro)
+	}
+	if ch.topo != nil {
+		ch.topo.summary(t, f, ackedLost) // the last line: the fault kinds, then the audit's zeros
 	}
 }
 

@@ -8,6 +8,15 @@
 //
 //	make chaos-short                                              # the short run, also part of make test
 //	make chaos                                                    # the long run (CHAOS_LONG=1)
+//	make chaos-topology                                           # three Kafka nodes (CHAOS_TOPOLOGY=1)
+//
+// The topology run (topology_test.go) runs the workload on a three-node
+// Kafka cluster (scripts/kafka.sh cluster; topics with replication factor 3
+// and min.insync.replicas=2) and kills a partition leader, kills the active
+// controller and pauses a node past its broker session, each
+// CHAOS_TOPOLOGY_FAULTS times (2), with worker kills between them; it also
+// checks that every record a producer had acknowledged is in the log, and
+// prints the recovery after each fault kind (see docs/chaos-topology.md).
 //
 // make test runs the short version (about 1.5 minutes on an idle machine);
 // CHAOS=0 leaves it out, and so does -short.

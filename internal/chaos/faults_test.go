@@ -38,6 +38,8 @@ type chaosRun struct {
 
 	lastKill time.Time
 	lastBase map[int]int64
+
+	topo *topoRun // the broker cluster's faults, in a topology run
 }
 
 // runPlan runs every fault of the plan in a seeded random order, a short
@@ -56,6 +58,11 @@ func (c *chaosRun) runPlan(ctx context.Context) {
 	add(c.sc.workerStops, "worker-stop")
 	add(c.sc.pgPauses, "pg-pause")
 	add(c.sc.brokerPauses, "broker-pause")
+	if c.topo != nil {
+		for _, k := range topoFaultKinds {
+			add(c.topo.cfg.each, k)
+		}
+	}
 	c.rnd.Shuffle(len(plan), func(i, j int) { plan[i], plan[j] = plan[j], plan[i] })
 	for _, f := range plan {
 		if ctx.Err() != nil {
@@ -82,6 +89,8 @@ func (c *chaosRun) runPlan(ctx context.Context) {
 		case "broker-pause":
 			c.br.pause(time.Duration(1000+c.rnd.IntN(1500)) * time.Millisecond)
 			c.n.pauses.Add(1)
+		default:
+			c.topo.fault(ctx, c, f)
 		}
 		if f != "kill" {
 			c.timeline = append(c.timeline, fmt.Sprintf("%s %s", f, time.Since(start).Round(100*time.Millisecond)))
