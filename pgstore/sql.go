@@ -70,17 +70,10 @@ WHERE scope = $1 AND key = $2 AND status = 'PROCESSING' AND attempts = $3`
     ORDER BY expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED))`
-
-	statsSQL = `SELECT count(*) FILTER (WHERE status = 'PROCESSING'),
-       count(*) FILTER (WHERE status = 'COMPLETED'),
-       count(*) FILTER (WHERE expires_at < now()),
-       min(created_at),
-       pg_total_relation_size($1::regclass)
-FROM {T}`
 )
 
 type queries struct {
-	claim, lock, takeover, result, complete, release, get, cleanup, stats string
+	claim, lock, takeover, result, complete, release, get, cleanup string
 }
 
 func newQueries(table string) queries {
@@ -88,6 +81,6 @@ func newQueries(table string) queries {
 	return queries{
 		claim: r.Replace(claimSQL), lock: r.Replace(lockSQL), takeover: r.Replace(takeoverSQL),
 		result: r.Replace(resultSQL), complete: r.Replace(completeSQL), release: r.Replace(releaseSQL),
-		get: r.Replace(getSQL), cleanup: r.Replace(cleanupSQL), stats: r.Replace(statsSQL),
+		get: r.Replace(getSQL), cleanup: r.Replace(cleanupSQL),
 	}
 }

@@ -267,18 +267,3 @@ func (s *Store) RunCleanup(ctx context.Context, every time.Duration, cfg *dedupe
 		}
 	}
 }
-
-// Stats implements dedupe.Store. It counts the whole table: run it on a
-// metrics interval, not per message.
-func (s *Store) Stats(ctx context.Context) (dedupe.Stats, error) {
-	var st dedupe.Stats
-	var oldest *time.Time
-	err := s.pool.QueryRow(ctx, s.q.stats, s.table).Scan(&st.Processing, &st.Completed, &st.Expired, &oldest, &st.TableBytes)
-	if err != nil {
-		return st, classify("stats", err)
-	}
-	if oldest != nil {
-		st.Oldest = *oldest
-	}
-	return st, nil
-}
