@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/exactly-go/exactly/dedupe"
@@ -56,6 +57,9 @@ FROM pg_class c WHERE c.oid = $1::regclass`
 func (s *Store) Stats(ctx context.Context) (dedupe.Stats, error) { return s.statsOn(ctx, s.pool) }
 
 func (s *Store) statsOn(ctx context.Context, db DBTX) (dedupe.Stats, error) {
+	if s.part != nil {
+		return s.partitionedStats(ctx, db)
+	}
 	var st dedupe.Stats
 	var n int64
 	if err := db.QueryRow(ctx, s.sql(statsSizeSQL), statsExactMax+1).Scan(&n); err != nil {
@@ -97,6 +101,108 @@ func (s *Store) statsOn(ctx context.Context, db DBTX) (dedupe.Stats, error) {
 	}
 	if oldest != nil {
 		st.Oldest = *oldest
+	}
+	return st, nil
+}
+
+const (
+	// p2StatsExactSQL counts a small partitioned table ({P}) and its live
+	// legacy keys ({L}, when probed).
+	p2StatsExactSQL = `SELECT count(*) FILTER (WHERE status = 'P'), count(*) FILTER (WHERE status = 'C'),
+       count(*) FILTER (WHERE expires_at < now()), min(created_at)
+FROM (SELECT status::text AS status, expires_at, created_at FROM {P}
+      /*legacy*/) k`
+	p2StatsLegacy = `UNION ALL SELECT left(status, 1), expires_at, created_at FROM {L} o WHERE ` + legacyLiveRow
+
+	legacyLiveRow = `(o.expires_at >= now() OR (o.status = 'PROCESSING' AND o.locked_until >= now()))`
+
+	// p2StatsEstimateSQL estimates a large partitioned table from its
+	// partitions' pg_class and pg_stats rows, as statsEstimateSQL does for
+	// one table; expired keys are counted in the partition of keys that are
+	// not time-ordered ({O}) up to $1 (a time partition's keys go with it).
+	p2StatsEstimateSQL = `WITH parts AS (
+    SELECT c.oid, c.relname, c.reltuples::float8 AS tuples, c.relpages::float8 AS relpages,
+           pg_relation_size(c.oid)::float8 / current_setting('block_size')::int8 AS pages
+    FROM pg_partition_tree($2::regclass) t JOIN pg_class c ON c.oid = t.relid WHERE t.isleaf
+), est AS (
+    SELECT p.*, CASE WHEN p.tuples > 0 AND p.relpages > 0 THEN p.tuples / p.relpages * p.pages ELSE greatest(p.tuples, 0) END AS n,
+           COALESCE((SELECT m.f FROM pg_stats ps
+                     CROSS JOIN LATERAL unnest(ps.most_common_vals::text::text[], ps.most_common_freqs) AS m(v, f)
+                     WHERE ps.schemaname = $3 AND ps.tablename = p.relname AND ps.attname = 'status' AND m.v = 'P'), 0) AS processing
+    FROM parts p
+)
+SELECT COALESCE(sum(n), 0)::float8, COALESCE(sum(n * processing), 0)::float8,
+       (SELECT count(*) FROM (SELECT FROM {O} WHERE expires_at < now() LIMIT $1) e),
+       (SELECT min(created_at) FROM (SELECT created_at FROM {O} ORDER BY expires_at LIMIT 1
+                                     UNION ALL SELECT min(created_at) FROM {P} WHERE kid < '10000000-0000-0000-0000-000000000000') o),
+       COALESCE((SELECT sum(pg_total_relation_size(oid)) FROM parts), 0)::int8
+FROM est`
+)
+
+// partitionedStats is Stats for LayoutPartitioned: the partitioned table
+// and, while it is probed, the legacy table's live keys (counted when
+// small, else estimated as one table).
+func (s *Store) partitionedStats(ctx context.Context, db DBTX) (dedupe.Stats, error) {
+	var st dedupe.Stats
+	p := s.part
+	ls, err := p.layoutState(ctx, s.pool)
+	if err != nil {
+		return st, err
+	}
+	r := strings.NewReplacer("{P}", p.parent, "{O}", p.other, "{L}", ls.legacy)
+	var n int64
+	size := `SELECT count(*) FROM (SELECT FROM {P} LIMIT $1) s`
+	if ls.legacy != "" {
+		size = `SELECT count(*) FROM (SELECT FROM {P} UNION ALL SELECT FROM {L} o WHERE ` + legacyLiveRow + ` LIMIT $1) s`
+	}
+	if err := db.QueryRow(ctx, r.Replace(size), statsExactMax+1).Scan(&n); err != nil {
+		return st, classify("stats", err)
+	}
+	if n <= statsExactMax {
+		exact := p2StatsExactSQL
+		if ls.legacy != "" {
+			exact = strings.Replace(exact, "/*legacy*/", p2StatsLegacy, 1)
+		}
+		var oldest *time.Time
+		if err := db.QueryRow(ctx, r.Replace(exact)).Scan(&st.Processing, &st.Completed, &st.Expired, &oldest); err != nil {
+			return st, classify("stats", err)
+		}
+		if oldest != nil {
+			st.Oldest = *oldest
+		}
+	} else {
+		var total, processing float64
+		var oldest *time.Time
+		if err := db.QueryRow(ctx, r.Replace(p2StatsEstimateSQL), statsExactMax+1, p.parent, p.schema).
+			Scan(&total, &processing, &st.Expired, &oldest, &st.TableBytes); err != nil {
+			return st, classify("stats", err)
+		}
+		st.Estimated = true
+		total = math.Max(total, float64(n))
+		st.Processing = int64(math.Round(processing))
+		st.Completed = int64(math.Round(total)) - st.Processing
+		if oldest != nil {
+			st.Oldest = *oldest
+		}
+		if ls.legacy != "" {
+			old := *s
+			old.part, old.table = nil, ls.legacy
+			old.cfg.Table = ls.legacyName
+			lst, err := old.statsOn(ctx, db)
+			if err != nil {
+				return st, err
+			}
+			st.Processing, st.Completed, st.Expired = st.Processing+lst.Processing, st.Completed+lst.Completed, st.Expired+lst.Expired
+			if !lst.Oldest.IsZero() && (st.Oldest.IsZero() || lst.Oldest.Before(st.Oldest)) {
+				st.Oldest = lst.Oldest
+			}
+		}
+	}
+	if st.TableBytes == 0 {
+		if err := db.QueryRow(ctx, `SELECT COALESCE(sum(pg_total_relation_size(relid)), 0)::int8 FROM pg_partition_tree($1::regclass)`,
+			p.parent).Scan(&st.TableBytes); err != nil {
+			return st, classify("stats", err)
+		}
 	}
 	return st, nil
 }
