@@ -35,11 +35,11 @@ chaos-short:
 
 # The throughput benchmarks of every module (per-message-dedupe,
 # batch-dedupe, batch-plain, keyed-concurrency, partition-sequential); see
-# README "Performance". ./... would stop at the nested modules.
+# docs/performance.md. ./... would stop at the nested modules.
 throughput:
 	$(GO) test -run '^$$' -bench Throughput -benchtime 3x $(PKGS)
 
-# Side-by-side benchmarks; see README "Performance".
+# Side-by-side benchmarks; see docs/performance.md.
 bench:
 	$(GO) test -run '^$$' -bench . -count 5 -benchtime 2s ./pgstore
 

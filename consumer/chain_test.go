@@ -60,9 +60,11 @@ func deliveries(c *counter) message.HandlerMiddleware {
 	}
 }
 
-// The documented chain retries in process: attempt 1 fails transiently,
-// attempt 2 runs the handler again within the same delivery and succeeds.
-func TestDocumentedChainRetries(t *testing.T) {
+// Under a router the middleware hands a failed attempt back to the
+// Subscriber itself (nacked, no error for the chain): attempt 1 fails
+// transiently, and the second delivery applies the command, once. The
+// Retry of the documented chain does not run it again in process.
+func TestDocumentedChainRedelivers(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, 2)
 	exp, recs := commands(20)
@@ -78,15 +80,17 @@ func TestDocumentedChainRetries(t *testing.T) {
 	w.waitCaughtUp(group, 2*time.Minute)
 	w.assertExactlyOnce(exp)
 	for u := range exp {
-		if calls.get(u) != 2 || delivered.get(u) != 1 {
-			t.Errorf("%s: handler ran %d times in %d deliveries, want 2 in 1 (Retry retried)", u, calls.get(u), delivered.get(u))
+		if calls.get(u) != 2 || delivered.get(u) != 2 {
+			t.Errorf("%s: handler ran %d times in %d deliveries, want 2 in 2 (nacked, delivered again)", u, calls.get(u), delivered.get(u))
 		}
 	}
 }
 
 // Without ResetContextOnRetry, Retry hands the next attempt the cancelled
 // context of Timeout's: the middleware says so (misconfigured) rather than
-// failing with "context canceled", and nothing is lost.
+// failing with "context canceled", and nothing is lost. (Under a router
+// the middleware returns no error that a Retry would retry; this is a
+// consumer loop of its own that acks and nacks by the chain's error.)
 func TestRetryWithoutContextResetIsNamed(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, 1)
@@ -94,17 +98,45 @@ func TestRetryWithoutContextResetIsNamed(t *testing.T) {
 	w.produce(recs...)
 	var calls counter
 	hooks := &countingHooks{}
-	group := kafkatest.Name("g")
-	w.startRouter(routerOpts{group: group, hooks: hooks,
-		chain: func(c chain) []message.HandlerMiddleware {
-			return []message.HandlerMiddleware{c.poison, c.retryNoReset, c.timeout, c.dedupe, c.recoverer}
-		},
-		handler: w.handler(func(msg *message.Message) error {
+	mw, err := consumer.NewMiddleware(w.store, &consumer.Config{Scope: "ledger", Hooks: hooks, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	poison, err := middleware.PoisonQueueWithFilter(w.pub, w.dlq, dedupe.IsPermanent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noReset := middleware.Retry{MaxRetries: 2, InitialInterval: 5 * time.Millisecond, ShouldRetry: consumer.ShouldRetry}
+	h := poison(noReset.Middleware(middleware.Timeout(time.Second)(mw.Middleware(middleware.Recoverer(
+		w.handler(func(msg *message.Message) error {
 			if calls.inc(msg.UUID) == 1 {
 				return errors.New("transient")
 			}
 			return nil
-		})})
+		}))))))
+	group := kafkatest.Name("g")
+	sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: w.brokers, ConsumerGroup: group,
+		NackBackoff: 20 * time.Millisecond, MaxNackBackoff: 200 * time.Millisecond, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	msgs, err := sub.Subscribe(ctx, w.topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for msg := range msgs {
+			if _, err := h(msg); err != nil {
+				msg.Nack()
+			} else {
+				msg.Ack()
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); _ = sub.Close(); <-done })
 	w.waitCaughtUp(group, 2*time.Minute)
 	w.assertExactlyOnce(exp)
 	if hooks.get(consumer.OutcomeMisconfigured) == 0 {

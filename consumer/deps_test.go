@@ -14,8 +14,8 @@ func TestLayering(t *testing.T) {
 		t.Skip("no go command on PATH")
 	}
 	for pkg, banned := range map[string][]string{
-		".":              {"github.com/segmentio/kafka-go", "github.com/exactly-go/exactly/kafkapubsub", "github.com/IBM/sarama", "github.com/twmb/franz-go"},
-		"../kafkapubsub": {"github.com/jackc/pgx", "github.com/exactly-go/exactly/consumer", "github.com/exactly-go/exactly/pgstore"},
+		".":              {"github.com/segmentio/kafka-go", "github.com/exactly-go/exactly/kafkapubsub", "github.com/exactly-go/exactly/worker", "github.com/IBM/sarama", "github.com/twmb/franz-go"},
+		"../kafkapubsub": {"github.com/jackc/pgx", "github.com/exactly-go/exactly/consumer", "github.com/exactly-go/exactly/pgstore", "github.com/exactly-go/exactly/worker"},
 	} {
 		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
 		if err != nil {

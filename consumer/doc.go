@@ -15,40 +15,53 @@
 //	if err := kafkapubsub.CheckTopics(ctx, brokers, kafkapubsub.Security{}, "ledger.dlq"); err != nil { … } // the dead-letter topic exists
 //
 //	router.AddMiddleware(
-//		poison, // permanent errors (key reused, bad key or payload, poison message) → dead-letter topic, with the reason
-//		middleware.Retry{MaxRetries: 3, InitialInterval: 100 * time.Millisecond,
-//			ShouldRetry: consumer.ShouldRetry, ResetContextOnRetry: true}.Middleware, // other errors retried in process
+//		poison, // permanent errors (key reused, bad key or payload, poison message, dedupe.Permanent) → dead-letter topic, with the reason
 //		middleware.Timeout(10*time.Second), // bounds each attempt, the transaction included
-//		dedup.Middleware,      // one transaction per attempt: claim, handler, complete, commit
+//		dedup.Middleware,      // one transaction per attempt: claim, handler, complete, commit; other failures nacked
 //		middleware.Recoverer,  // a panic becomes an error inside the transaction, which rolls back
 //	)
-//	router.AddHandler("ledger-consumer", "ledger.commands", sub, "ledger.events", pub,
+//	router.AddHandler("ledger-consumer", "ledger.commands", sub, "ledger.events", pub, // AddHandler: the outputs reach the middleware
 //		consumer.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
+//			if cmd.Amount <= 0 {
+//				return nil, dedupe.Permanent(fmt.Errorf("amount %d: want > 0", cmd.Amount)) // dead-lettered, never retried
+//			}
 //			// write with tx; return the events to publish
 //		}))
 //
 // # Order of middleware
 //
 // Watermill runs middleware in the order added, the first outermost:
-// PoisonQueue, Retry, Timeout, the dedupe middleware, Recoverer.
+// PoisonQueue, Timeout, the dedupe middleware, Recoverer (with a Retry,
+// between PoisonQueue and Timeout).
 //
 //   - PoisonQueue outermost, built with middleware.PoisonQueueWithFilter
 //     and dedupe.IsPermanent as its filter: a key reused with another
 //     payload, a missing key (policy Reject), a payload that cannot be
-//     fingerprinted, a result over the store's limit and a poison message
-//     are dead-lettered with their reason (metadata "reason_poisoned") and
-//     acked; nothing else is, so an outage never empties a topic into the
-//     dead-letter one.
-//   - Retry next, with ShouldRetry: consumer.ShouldRetry (permanent and
-//     configuration errors are not retried) and ResetContextOnRetry: true.
-//     Without it, Retry hands every attempt after the first the context that
-//     Timeout cancelled when the first ended, and they fail at once; the
-//     middleware refuses such an attempt with an error wrapping
-//     dedupe.ErrMisconfigured that says so. After the last retry the router
-//     nacks, and the Subscriber delivers the message again after a back-off.
-//   - Timeout inside Retry, so that it bounds each attempt (claim, handler
-//     and commit) and a cancelled attempt rolls back.
-//   - The dedupe middleware inside all three, so that every attempt is a
+//     fingerprinted, a result over the store's limit, a poison message and
+//     an error the handler marked with dedupe.Permanent are dead-lettered
+//     with their reason (metadata "reason_poisoned") and acked. These are
+//     the only errors the middleware returns under a router: any other
+//     failure (the handler's own, below Config.MaxAttempts; the
+//     database's; a configuration error) rolls back, and the middleware
+//     nacks the message itself and returns no error, so the router's Ack
+//     is refused and the Subscriber delivers the message again after its
+//     back-off. So even Watermill's usual middleware.PoisonQueue, which
+//     dead-letters every error it sees, never dead-letters an outage.
+//   - A Retry adds nothing under a router, since no error that a retry
+//     could fix reaches it; it may be left out. Kept, it needs
+//     ShouldRetry: consumer.ShouldRetry, or it retries permanent errors,
+//     which no retry can fix: the middleware then answers each retry at
+//     once with the same error (the handler does not run again), names
+//     ShouldRetry in it and logs it at ERROR. Called by code of its own
+//     (not a router), the middleware returns every error, for the caller
+//     to nack, and a Retry there also needs ResetContextOnRetry: true;
+//     without it, Retry hands every attempt after the first the context
+//     that Timeout cancelled when the first ended, and the middleware
+//     refuses such an attempt with an error wrapping
+//     dedupe.ErrMisconfigured that says so.
+//   - Timeout outside the dedupe middleware, so that it bounds each attempt
+//     (claim, handler and commit) and a cancelled attempt rolls back.
+//   - The dedupe middleware inside all of them, so that every attempt is a
 //     fresh transaction. Anything between it and the handler that runs the
 //     handler twice (a Retry) or swallows its error (a PoisonQueue) would
 //     apply one attempt's writes on top of another's or commit a failed
@@ -56,6 +69,13 @@
 //     rolls the transaction back, both with an error that names this order.
 //   - Recoverer innermost, so that a panic rolls the transaction back like
 //     any error. The middleware also recovers panics itself.
+//
+// Register the handler with router.AddHandler. router.AddConsumerHandler
+// drops a handler's outputs before any middleware sees them: with
+// Config.Outputs set, a TxHandler's outputs that never reach the middleware
+// fail the message with an error wrapping dedupe.ErrMisconfigured that
+// names AddHandler, logged at ERROR; its writes roll back and nothing is
+// acked, rather than commit the command without its events.
 //
 // With the scope left to the handler's name, one router-level middleware
 // serves every handler; with a fixed Config.Scope, it serves one handler
@@ -67,12 +87,17 @@
 // A failed attempt is the message's fault, or the infrastructure's, or the
 // deployment's, and only the first may ever dead-letter it:
 //
+//   - A permanent error is the message's own: the claim's (key reused,
+//     invalid key or payload, result too large) or the handler's, marked
+//     with dedupe.Permanent (a command that fails validation). It is
+//     dead-lettered at once, with its reason, never retried.
 //   - Configuration errors wrap dedupe.ErrMisconfigured: a table that is not
 //     there (SQLSTATE class 42, 3F, 3D or 28, from the store or from the
 //     handler's own SQL: run the migrations, or schema-qualify the name), a
-//     shared scope, a misordered chain. They are logged at ERROR with the
-//     fix and retried, never dead-lettered. Middleware.Check and
-//     CheckTopics find the missing table and dead-letter topic at start-up.
+//     shared scope, a misordered chain, outputs dropped before the outbox.
+//     They are logged at ERROR with the fix and retried, never
+//     dead-lettered. Middleware.Check and CheckTopics find the missing table
+//     and dead-letter topic at start-up.
 //   - Infrastructure failures are retried, never counted and never
 //     dead-lettered, and logged at WARN (OutcomeUnavailable): transient
 //     Postgres errors and lost connections (pgstore.IsRetryableError, SQLSTATE
@@ -84,15 +109,21 @@
 //     attempts (10 by default; in-process retries and redeliveries alike) the
 //     middleware returns an error wrapping dedupe.ErrPoisonMessage with the
 //     last error, which the PoisonQueue dead-letters, and the partition moves
-//     on. A message whose permanent error comes back was not dead-lettered (a
-//     missing dead-letter topic, a PoisonQueue without the filter): that is
-//     logged at ERROR with the fix, and the message is held, never dropped.
+//     on. A message whose permanent error comes back in a later delivery
+//     was not dead-lettered (a missing dead-letter topic, no PoisonQueue, a
+//     filter that does not pass dedupe.IsPermanent errors): that is logged
+//     at ERROR with the fix, and the message is held, never dropped.
+//
+// No failure but a permanent one is ever dead-lettered or acked unapplied,
+// whatever sits outside the middleware on a router: the middleware nacks
+// the message itself and returns no error (see Order of middleware).
 //
 // Each message gets one Outcome, passed to Hooks, and one log line at its
-// level with its key, scope, topic, partition and offset: applied (DEBUG),
-// duplicate and in flight (INFO); key reused, invalid key, invalid payload,
-// result too large, failed and unavailable (WARN); poisoned and
-// misconfigured (ERROR).
+// level with its key, scope, topic, partition and offset: applied and
+// duplicate (DEBUG: a replay redelivers whole topics; Config.LogDuplicates
+// logs duplicates at INFO), in flight (INFO); key reused, invalid key,
+// invalid payload, rejected, result too large, failed and unavailable
+// (WARN); poisoned and misconfigured (ERROR).
 //
 // # Batch mode
 //
@@ -135,21 +166,27 @@
 // BatchConfig.DeadLetterTopic, a Retry and a Timeout, as on a router). It
 // is taken by a message with no valid key or a payload that cannot be
 // fingerprinted (the middleware applies Config.MissingKey; the batch is
-// cut around it, so order holds), by a key reused with another payload or
-// held in flight by a lease (after the batch committed; a key reuse is
-// never applied, so its order does not matter), and by the message that
-// makes a batch fail: a batch whose handler fails (or panics) is rolled
-// back and split in halves, applied in order, until the failing message is
-// alone, which then retries, counts towards Config.MaxAttempts and is
-// dead-lettered as poison with its reason (metadata "reason_poisoned").
-// When the per-message path nacks a message, the messages after it in the
-// batch are nacked too, so that they come back after it. A batch that
-// fails because of the infrastructure (a retryable error after
-// pgstore.Config.MaxTxAttempts, a configuration error, shutdown) is nacked
-// whole, never split or dead-lettered.
+// cut around it, so order holds), by a key reused with another payload
+// (after the batch committed: a key reuse is never applied, so its order
+// does not matter), by a key held in flight by a lease (the batch is cut
+// there when fresh messages come after it, so none overtakes it), by a
+// message that the handler names with a permanent MessageError (the batch
+// is cut around it, so it is decided where it is, as one message at a time
+// would decide it), and by the message that makes a batch fail: a batch
+// whose handler fails (or panics) is rolled back and split in halves,
+// applied in order, until the failing message is alone, which then
+// retries, counts towards Config.MaxAttempts and is dead-lettered as poison
+// with its reason (metadata "reason_poisoned"). When the per-message path
+// nacks a message, the messages after it in the batch are nacked too, so
+// that they come back after it. A batch that fails because of the
+// infrastructure is classified as the Middleware classifies a message (a
+// retryable error after pgstore.Config.MaxTxAttempts, a lost or refused
+// connection, a database that does not answer a ping, shutdown: outcome
+// unavailable; a configuration error: misconfigured) and nacked whole,
+// never split or dead-lettered.
 //
-// Hooks receive one Event per message on both paths; on the batch path its
-// Duration is the batch's. Duplicates re-publish their stored outputs with
+// Hooks receive one Event per message on both paths, with the message's own
+// context (msg.Context()); on the batch path its Duration is the batch's. Duplicates re-publish their stored outputs with
 // their UUIDs, as with the middleware.
 //
 // Without Watermill, [pgstore.Store.DoBatch] is the same protocol on a

@@ -29,6 +29,10 @@ const (
 	// OutcomeResultTooLarge: the handler's outputs are over the store's
 	// limit; rolled back, for the dead-letter topic.
 	OutcomeResultTooLarge Outcome = "result_too_large"
+	// OutcomeRejected: the handler rejected the message with an error
+	// marked with dedupe.Permanent (or another permanent error of its
+	// own); rolled back, for the dead-letter topic.
+	OutcomeRejected Outcome = "rejected"
 	// OutcomePoisoned: the message failed because of itself on
 	// Config.MaxAttempts attempts; rolled back, for the dead-letter topic.
 	OutcomePoisoned Outcome = "poisoned"

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
@@ -53,8 +54,12 @@ type Config struct {
 	// publishing them; duplicates then return nothing to publish, since the
 	// first run's outputs are already in the outbox. Transactional mode only.
 	// Register the handler with router.AddHandler: AddConsumerHandler
-	// discards a handler's outputs before any middleware sees them.
-	// Defaults to nil: outputs go back to the router.
+	// discards a handler's outputs before any middleware sees them, and a
+	// TxHandler whose outputs do not reach the middleware fails its message
+	// with an error wrapping dedupe.ErrMisconfigured (its writes rolled
+	// back, the message held) rather than commit it without them; a
+	// handler that takes its transaction with TxFromContext is not
+	// checked. Defaults to nil: outputs go back to the router.
 	Outputs OutputsWriter
 	// MaxAttempts bounds how often a message may fail because of itself
 	// (its handler returns an error or panics while the database answers)
@@ -68,6 +73,10 @@ type Config struct {
 	MaxAttempts int
 	// Hooks receives an Event per message. Defaults to none.
 	Hooks Hooks
+	// LogDuplicates logs each duplicate at INFO. A replay redelivers whole
+	// topics, so duplicates are many and expected; Hooks count them.
+	// Defaults to false: duplicates are logged at DEBUG.
+	LogDuplicates bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Source returns the Kafka coordinates of a message, recorded with its
@@ -94,12 +103,17 @@ type OutputsWriter interface {
 //
 // A duplicate does not run the handler: the stored outputs are returned, so
 // the router re-publishes them with their original UUIDs. A key reused with
-// another payload, an invalid key (policy Reject), an invalid payload and a
-// poison message (Config.MaxAttempts) are permanent errors
-// (dedupe.IsPermanent) for a PoisonQueue to dead-letter. A handler error
-// rolls back the handler's writes and the key: the router nacks and the
-// message is applied on a later delivery, once. A panic in the handler is
-// recovered into an error, inside the transaction.
+// another payload, an invalid key (policy Reject), an invalid payload, a
+// poison message (Config.MaxAttempts) and an error the handler marked with
+// dedupe.Permanent are permanent errors (dedupe.IsPermanent), returned for
+// a PoisonQueue to dead-letter. Any other failure (the handler's, the
+// database's, the deployment's) rolls back the handler's writes and the
+// key, and the message is applied on a later delivery, once: under a
+// Watermill router the middleware nacks the message itself and returns no
+// error, so that nothing outside it (a PoisonQueue without the
+// dedupe.IsPermanent filter, a Retry) can dead-letter it or have it acked;
+// called by other code, it returns the error, for the caller to nack. A
+// panic in the handler is recovered into an error, inside the transaction.
 type Middleware struct {
 	store Store
 	cfg   Config
@@ -139,6 +153,11 @@ func (m *Middleware) source(msg *message.Message) (dedupe.Source, bool) {
 type msgState struct {
 	failures  int // attempts that failed because of the message
 	permanent int // permanent errors returned for it
+	// last is the delivery that got the last permanent error, lastErr;
+	// retried counts the times that delivery came back.
+	last    weak.Pointer[message.Message]
+	lastErr error
+	retried int
 }
 
 // maxTracked bounds the failing messages remembered; each partition has
@@ -193,11 +212,42 @@ func (m *Middleware) Check(ctx context.Context) error { return m.store.Check(ctx
 type txKey struct{}
 
 // txSlot is the message's transaction as handed to its handler: it serves
-// one TxHandler call, and remembers that call's failure.
+// one TxHandler call, and remembers that call's failure or outputs.
 type txSlot struct {
 	tx     pgx.Tx
 	calls  atomic.Int32
 	failed atomic.Bool
+	outs   atomic.Pointer[[]*message.Message]
+}
+
+// dropped returns how many of the outputs that the TxHandler returned on
+// slot are not among got, the outputs that reached the middleware.
+func (slot *txSlot) dropped(got []*message.Message) int {
+	p := slot.outs.Load()
+	if p == nil || len(*p) == 0 {
+		return 0
+	}
+	seen := make(map[string]bool, len(got))
+	for _, m := range got {
+		if m != nil {
+			seen[m.UUID] = true
+		}
+	}
+	n := 0
+	for _, m := range *p {
+		if m != nil && !seen[m.UUID] {
+			n++
+		}
+	}
+	return n
+}
+
+// errDropped is the error for outputs that did not reach Config.Outputs.
+func errDropped(msg *message.Message, n int) error {
+	return fmt.Errorf("consumer: %w: the handler of message %s returned %d output messages that never reached the "+
+		"dedupe middleware, so Config.Outputs cannot write them to the outbox; nothing is committed: register the "+
+		"handler with router.AddHandler (router.AddConsumerHandler discards a handler's outputs), and let no "+
+		"middleware between the dedupe middleware and the handler drop them", dedupe.ErrMisconfigured, msg.UUID, n)
 }
 
 // TxFromContext returns the transaction the middleware opened for the
@@ -221,7 +271,8 @@ type TxHandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([
 var ErrNoTx = errors.New("consumer: no transaction in the message context: add the exactly middleware in transactional mode")
 
 // chainOrder names the order that fixes every chain trap.
-const chainOrder = "add middleware in the order PoisonQueue, Retry (with ResetContextOnRetry), Timeout, the dedupe middleware, Recoverer"
+const chainOrder = "add middleware in the order PoisonQueue, Retry if any (with ShouldRetry and ResetContextOnRetry), " +
+	"Timeout, the dedupe middleware, Recoverer"
 
 // TxHandler adapts fn to a Watermill handler; the middleware must wrap it.
 // The transaction serves one call: a middleware between the dedupe
@@ -229,7 +280,10 @@ const chainOrder = "add middleware in the order PoisonQueue, Retry (with ResetCo
 // its error into success (PoisonQueue) would apply the first attempt's
 // writes with the second's, so the second call fails, and a swallowed
 // error rolls the transaction back, with an error wrapping
-// dedupe.ErrMisconfigured that names the right order.
+// dedupe.ErrMisconfigured that names the right order. It also tells the
+// middleware what fn returned, so that outputs dropped on their way to
+// Config.Outputs (a registration with router.AddConsumerHandler) fail the
+// message instead of committing it without them.
 func TxHandler(fn TxHandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		slot, ok := msg.Context().Value(txKey{}).(*txSlot)
@@ -244,6 +298,8 @@ func TxHandler(fn TxHandlerFunc) message.HandlerFunc {
 		outs, err := fn(msg.Context(), slot.tx, msg)
 		if err != nil {
 			slot.failed.Store(true)
+		} else {
+			slot.outs.Store(&outs)
 		}
 		return outs, err
 	}
@@ -278,6 +334,7 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		} else {
 			ev.Topic = message.SubscribeTopicFromCtx(ctx)
 		}
+		nested := ctx.Value(activeKey{}) != nil
 		outs, err := m.handle(msg, h, &ev)
 		// Leave a mark: a later attempt that finds it on a cancelled context
 		// was handed this attempt's context again.
@@ -289,6 +346,14 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		m.log(ctx, msg, ev)
 		if m.cfg.Hooks != nil {
 			m.cfg.Hooks.OnMessage(ctx, ev)
+		}
+		if err != nil && !nested && !dedupe.IsPermanent(err) && message.HandlerNameFromCtx(ctx) != "" {
+			// Under a router, the middleware gives the message back to the
+			// Subscriber itself: nacked, the router's Ack is refused, and
+			// with no error nothing outside (a PoisonQueue without the
+			// dedupe.IsPermanent filter, a Retry) can dead-letter it.
+			msg.Nack()
+			return nil, nil
 		}
 		return outs, err
 	}
@@ -310,6 +375,8 @@ func outcomeOf(err error) Outcome {
 		return OutcomeResultTooLarge
 	case errors.Is(err, dedupe.ErrPoisonMessage):
 		return OutcomePoisoned
+	case dedupe.IsPermanent(err):
+		return OutcomeRejected
 	}
 	return OutcomeFailed
 }
@@ -319,7 +386,10 @@ func (m *Middleware) log(ctx context.Context, msg *message.Message, ev Event) {
 	level, text := slog.LevelDebug, "consumer: message applied"
 	switch ev.Outcome {
 	case OutcomeDuplicate:
-		level, text = slog.LevelInfo, "consumer: duplicate: the handler did not run again"
+		level, text = slog.LevelDebug, "consumer: duplicate: the handler did not run again"
+		if m.cfg.LogDuplicates {
+			level = slog.LevelInfo
+		}
 	case OutcomeInFlight:
 		level, text = slog.LevelInfo, "consumer: key in flight on another worker: the message will be delivered again"
 	case OutcomeKeyReused:
@@ -328,6 +398,8 @@ func (m *Middleware) log(ctx context.Context, msg *message.Message, ev Event) {
 		level, text = slog.LevelWarn, "consumer: invalid key: not applied, for the dead-letter topic"
 	case OutcomeInvalidPayload:
 		level, text = slog.LevelWarn, "consumer: invalid payload: not applied, for the dead-letter topic"
+	case OutcomeRejected:
+		level, text = slog.LevelWarn, "consumer: rejected by the handler (dedupe.Permanent): rolled back, for the dead-letter topic"
 	case OutcomeResultTooLarge:
 		level, text = slog.LevelWarn, "consumer: result over the store's limit: rolled back, for the dead-letter topic"
 	case OutcomePoisoned:
@@ -387,10 +459,6 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		return nil, fmt.Errorf("consumer: %w: the dedupe middleware wraps itself (router-level and handler-level?): "+
 			"the inner claim would wait for the outer one; add it once", dedupe.ErrMisconfigured)
 	}
-	if ctx.Value(attemptKey{}) != nil && ctx.Err() != nil {
-		return nil, fmt.Errorf("consumer: %w: message %s came back with the cancelled context of an earlier attempt (%v): "+
-			"set middleware.Retry{ResetContextOnRetry: true}; %s", dedupe.ErrMisconfigured, msg.UUID, ctx.Err(), chainOrder)
-	}
 	if ev.Scope == "" {
 		return nil, fmt.Errorf("consumer: %w: no scope for message %s: Config.Scope is empty and the message does not come "+
 			"from a Watermill router handler: set Config.Scope to the handler's stable name", dedupe.ErrMisconfigured, msg.UUID)
@@ -399,6 +467,16 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		return nil, err
 	}
 	key, keyErr := m.keyOf(msg, ev.Scope)
+	if keyErr == nil {
+		ev.Key = key.ID
+	}
+	if err := m.retriedPermanent(msg, ev); err != nil {
+		return nil, err
+	}
+	if ctx.Value(attemptKey{}) != nil && ctx.Err() != nil {
+		return nil, fmt.Errorf("consumer: %w: message %s came back with the cancelled context of an earlier attempt (%v): "+
+			"set middleware.Retry{ResetContextOnRetry: true}; %s", dedupe.ErrMisconfigured, msg.UUID, ctx.Err(), chainOrder)
+	}
 	if keyErr != nil {
 		if m.cfg.MissingKey == Skip {
 			m.cfg.Logger.WarnContext(ctx, "consumer: message without a valid key handled WITHOUT deduplication",
@@ -412,7 +490,6 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		}
 		return nil, m.permanent(msg, ev, keyErr)
 	}
-	ev.Key = key.ID
 	fp, err := m.cfg.FingerprintFunc(msg.Payload)
 	if err != nil {
 		if !errors.Is(err, dedupe.ErrInvalidPayload) {
@@ -456,6 +533,9 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 				return nil, err
 			}
 			if m.cfg.Outputs != nil {
+				if n := slot.dropped(o); n > 0 {
+					return nil, errDropped(msg, n)
+				}
 				// The outputs leave through the outbox with this transaction;
 				// the router has nothing to publish, now or for duplicates.
 				return nil, m.cfg.Outputs.WriteOutputsTx(ctx, tx, o)
@@ -518,6 +598,7 @@ func (m *Middleware) permanent(msg *message.Message, ev *Event, err error) error
 	st := m.state(identity(msg, ev))
 	st.permanent++
 	n := st.permanent
+	st.last, st.lastErr, st.retried = weak.Make(msg), err, 0
 	m.mu.Unlock()
 	if n > 1 {
 		m.cfg.Logger.ErrorContext(msg.Context(), "consumer: a message with a permanent error came back: it was not dead-lettered; "+
@@ -526,6 +607,33 @@ func (m *Middleware) permanent(msg *message.Message, ev *Event, err error) error
 			"offset", ev.Offset, "uuid", msg.UUID, "times", n, "err", err)
 	}
 	return err
+}
+
+// retriedPermanent answers a delivery that comes back to the middleware
+// after a permanent error, the same *message.Message, so in process: a
+// middleware.Retry without ShouldRetry retries every error. No retry can
+// fix a permanent error, so it is returned again at once (neither the
+// claim nor the handler run again), with the fix, for the PoisonQueue to
+// dead-letter after the Retry gives up; the first time it is logged at
+// ERROR with the fix. It returns nil for any other attempt.
+func (m *Middleware) retriedPermanent(msg *message.Message, ev *Event) error {
+	m.mu.Lock()
+	st := m.messages[identity(msg, ev)]
+	if st == nil || st.lastErr == nil || st.last.Value() != msg {
+		m.mu.Unlock()
+		return nil
+	}
+	st.retried++
+	n, last := st.retried, st.lastErr
+	m.mu.Unlock()
+	if n == 1 {
+		m.cfg.Logger.ErrorContext(msg.Context(), "consumer: a permanent error was retried in process: "+
+			"the middleware.Retry has no ShouldRetry; set middleware.Retry{ShouldRetry: consumer.ShouldRetry} "+
+			"(the message is dead-lettered once the Retry gives up)", "key", ev.Key, "scope", ev.Scope,
+			"topic", ev.Topic, "partition", ev.Partition, "offset", ev.Offset, "uuid", msg.UUID, "err", last)
+	}
+	return fmt.Errorf("consumer: message %s was retried in process after a permanent error, which no retry can fix "+
+		"(set middleware.Retry{ShouldRetry: consumer.ShouldRetry}): %w", msg.UUID, last)
 }
 
 // failed classifies a failed attempt. A configuration error and a failure
@@ -600,12 +708,16 @@ func (m *Middleware) runUnprotected(msg *message.Message, h message.HandlerFunc)
 	}
 	defer pgtx.Rollback(ctx, tx)
 	orig := msg.Context()
-	msg.SetContext(context.WithValue(orig, txKey{}, &txSlot{tx: tx}))
+	slot := &txSlot{tx: tx}
+	msg.SetContext(context.WithValue(orig, txKey{}, slot))
 	defer msg.SetContext(orig)
 	if outs, err = run(h, msg); err != nil {
 		return nil, err
 	}
 	if m.cfg.Outputs != nil {
+		if n := slot.dropped(outs); n > 0 {
+			return nil, errDropped(msg, n)
+		}
 		if err := m.cfg.Outputs.WriteOutputsTx(ctx, tx, outs); err != nil {
 			return nil, err
 		}

@@ -131,8 +131,6 @@ type routerOpts struct {
 // chain holds the middleware that startRouter builds, to be put in order.
 type chain struct {
 	poison, retry, timeout, dedupe, recoverer message.HandlerMiddleware
-	// retryNoReset is retry without ResetContextOnRetry.
-	retryNoReset message.HandlerMiddleware
 }
 
 type countingHooks struct {
@@ -205,10 +203,8 @@ func (w *world) startRouter(o routerOpts) (stop func()) {
 		r.AddMiddleware(o.outer)
 	}
 	if o.chain != nil {
-		noReset := retry
-		noReset.ResetContextOnRetry = false
 		r.AddMiddleware(o.chain(chain{poison: poison, retry: retry.Middleware, timeout: middleware.Timeout(time.Second),
-			dedupe: mw.Middleware, recoverer: middleware.Recoverer, retryNoReset: noReset.Middleware})...)
+			dedupe: mw.Middleware, recoverer: middleware.Recoverer})...)
 	} else {
 		r.AddMiddleware(poison, retry.Middleware, middleware.Timeout(time.Second), mw.Middleware, middleware.Recoverer)
 	}

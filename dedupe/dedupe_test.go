@@ -78,6 +78,9 @@ func TestClassification(t *testing.T) {
 		{&dedupe.InFlightError{}, false, true},
 		{dedupe.Retryable(errors.New("40001")), false, true},
 		{fmt.Errorf("outer: %w", dedupe.Retryable(errors.New("x"))), false, true},
+		{dedupe.Permanent(errors.New("amount below zero")), true, false},
+		{fmt.Errorf("handler: %w", dedupe.Permanent(errors.New("no such account"))), true, false},
+		{dedupe.Permanent(fmt.Errorf("table: %w", dedupe.ErrMisconfigured)), false, false},
 		{errors.New("plain"), false, false},
 		{nil, false, false},
 	}
@@ -91,6 +94,13 @@ func TestClassification(t *testing.T) {
 	}
 	if dedupe.Retryable(nil) != nil {
 		t.Error("Retryable(nil) != nil")
+	}
+	if dedupe.Permanent(nil) != nil {
+		t.Error("Permanent(nil) != nil")
+	}
+	inner := errors.New("amount below zero")
+	if err := dedupe.Permanent(inner); err.Error() != inner.Error() || !errors.Is(err, inner) {
+		t.Errorf("Permanent(%v) = %v: want the same text, wrapping it", inner, err)
 	}
 }
 

@@ -15,7 +15,8 @@
 //	// DecisionTakeover:  the lease expired — run the handler again
 //
 // Errors are classified for routers: [IsPermanent] (never retry: dead-letter;
-// a poison message, [ErrPoisonMessage], is one), [IsRetryable] (try again
-// later), and [ErrMisconfigured] (the deployment is wrong: neither, until it
-// is fixed).
+// a poison message, [ErrPoisonMessage], is one, and a handler marks its own
+// validation errors with [Permanent]), [IsRetryable] (try again later; a
+// handler marks a dependency's outage with [Retryable]), and
+// [ErrMisconfigured] (the deployment is wrong: neither, until it is fixed).
 package dedupe

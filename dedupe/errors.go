@@ -124,18 +124,46 @@ func IsRetryable(err error) bool {
 	return errors.Is(err, ErrInFlight) || errors.As(err, &r)
 }
 
+// PermanentError marks a failure that is the message's own and that no
+// retry can fix: a handler's validation error (an amount below zero, an
+// account that does not exist). It is permanent: the message belongs on a
+// dead-letter topic, with Err as the reason.
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the handler's error.
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent marks err as the message's own failure, which no retry can fix:
+// the counterpart of [Retryable]. A handler returns it for a message it
+// rejects (a command that fails validation), so that it is dead-lettered
+// with err as its reason at once, never retried. Permanent(nil) is nil.
+//
+//	if cmd.Amount <= 0 {
+//		return nil, dedupe.Permanent(fmt.Errorf("amount %d: want > 0", cmd.Amount))
+//	}
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
 // IsPermanent reports whether err can never succeed on a retry: an invalid
-// key, a reused key, an invalid payload, a result over the limit or a
-// poison message. A router should send such a message to its dead-letter
-// topic instead of retrying. A configuration error (ErrMisconfigured) is
-// never permanent, whatever it wraps: the message is not at fault.
+// key, a reused key, an invalid payload, a result over the limit, a poison
+// message, or an error marked with [Permanent]. A router should send such a
+// message to its dead-letter topic instead of retrying. A configuration
+// error (ErrMisconfigured) is never permanent, whatever it wraps or however
+// it is marked: the message is not at fault.
 func IsPermanent(err error) bool {
 	if errors.Is(err, ErrMisconfigured) {
 		return false
 	}
+	var p *PermanentError
 	return errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrKeyReused) ||
 		errors.Is(err, ErrInvalidPayload) || errors.Is(err, ErrResultTooLarge) ||
-		errors.Is(err, ErrPoisonMessage)
+		errors.Is(err, ErrPoisonMessage) || errors.As(err, &p)
 }
 
 func truncate(s string, n int) string {

@@ -31,3 +31,20 @@ func ExampleJSONFingerprint() {
 	fmt.Println(a == b, dedupe.FingerprintOf([]byte(`{"amount": 10, "account": "A"}`)) == dedupe.FingerprintOf([]byte(`{"account":"A","amount":10.0}`)))
 	// Output: true false
 }
+
+func ExamplePermanent() {
+	validate := func(amount int64) error {
+		if amount <= 0 {
+			return dedupe.Permanent(fmt.Errorf("amount %d: want > 0", amount))
+		}
+		return nil
+	}
+	err := validate(-5)
+	fmt.Println(err)
+	fmt.Println(dedupe.IsPermanent(err), dedupe.IsRetryable(err))
+	fmt.Println(dedupe.IsPermanent(dedupe.Retryable(errors.New("payments API down"))))
+	// Output:
+	// amount -5: want > 0
+	// true false
+	// false
+}

@@ -92,4 +92,21 @@
 // A key must outlive every way its message can come back. CheckTTL compares
 // the store's TTL with the topic's retention.ms; call it at startup and
 // warn (or refuse to start) when records outlive their keys.
+//
+// # Positions kept with the data
+//
+// Kafka's committed offset passes a message only after its effects
+// committed, but a database that later loses commits (an asynchronous
+// standby promoted, a restore, a point-in-time recovery) keeps Kafka's
+// offset ahead of what it holds. With SubscriberConfig.Positions (on
+// Postgres, pgstore.Store.Positions) each commit saves the positions in the
+// database first; a partition starts at the earlier of Kafka's offset and
+// the database's, and a member whose database went back while it ran
+// starts its partitions again from the database's positions:
+//
+//	sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{
+//		Brokers: brokers, ConsumerGroup: "ledger", Positions: store.Positions(),
+//	})
+//
+// See docs/deployments.md for what each deployment then promises.
 package kafkapubsub

@@ -31,6 +31,7 @@
 //
 //	GRANT USAGE ON SCHEMA ledger TO ledger_consumer, ledger_relay;
 //	GRANT SELECT, INSERT, UPDATE, DELETE ON ledger.exactly_keys TO ledger_consumer;
+//	GRANT SELECT, INSERT, UPDATE ON ledger.exactly_positions TO ledger_consumer;
 //	GRANT INSERT ON ledger.exactly_outbox TO ledger_consumer;
 //	GRANT USAGE ON SEQUENCE ledger.exactly_outbox_id_seq TO ledger_consumer;
 //	GRANT SELECT, UPDATE, DELETE ON ledger.exactly_outbox TO ledger_relay;
@@ -38,7 +39,9 @@
 //
 // What each grant is for: on exactly_keys, INSERT and SELECT claim a key and
 // read the stored row, UPDATE locks it (FOR UPDATE), stores results and
-// takes over, completes or releases leases, DELETE is Store.Cleanup. A
+// takes over, completes or releases leases, DELETE is Store.Cleanup. On
+// exactly_positions, SELECT reads a group's positions when partitions are
+// assigned and INSERT and UPDATE save them (pgstore.Positions). A
 // producer needs only INSERT on exactly_outbox and USAGE on its id sequence:
 // the notify trigger that runs at its COMMIT reads exactly_outbox_waiters
 // with the migrator's rights (migration 00004). The relay reads pending rows

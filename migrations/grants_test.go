@@ -26,9 +26,9 @@ import (
 )
 
 // docBlocks returns the SQL blocks of the "Roles and grants" section of the
-// package doc (indented lines) or of the README (```sql fences), one slice
-// of statements per block.
-func docBlocks(t *testing.T, path, heading string, readme bool) [][]string {
+// package doc (indented lines) or of a Markdown page (```sql fences), one
+// slice of statements per block.
+func docBlocks(t *testing.T, path, heading string, markdown bool) [][]string {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
@@ -40,7 +40,7 @@ func docBlocks(t *testing.T, path, heading string, readme bool) [][]string {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		line := sc.Text()
-		if !readme {
+		if !markdown {
 			line = strings.TrimPrefix(strings.TrimPrefix(line, "//"), " ")
 		}
 		switch {
@@ -55,7 +55,7 @@ func docBlocks(t *testing.T, path, heading string, readme bool) [][]string {
 		}
 		var stmt string
 		var isCode bool
-		if readme {
+		if markdown {
 			switch line {
 			case "```sql":
 				inBlock = true
@@ -87,7 +87,7 @@ func docBlocks(t *testing.T, path, heading string, readme bool) [][]string {
 }
 
 // TestDocumentedGrants runs the statements of the "Roles and grants"
-// sections (README and package doc, which must agree) with names of its own,
+// sections (docs/grants.md and the package doc, which must agree) with names of its own,
 // then: migrates as the migrator; as the consumer claims and completes keys
 // (Do, a duplicate, ClaimTx and CompleteTx, DoLease, a failing DoLease,
 // Cleanup, Stats) and writes to the outbox in the same transactions; as the relay publishes through a
@@ -99,8 +99,8 @@ func TestDocumentedGrants(t *testing.T) {
 	adm := admin(t)
 	ctx := context.Background()
 	blocks := docBlocks(t, "doc.go", "# Roles and grants", false)
-	if readme := docBlocks(t, "../README.md", "## Roles and grants", true); !slices.EqualFunc(blocks, readme, slices.Equal) {
-		t.Fatalf("README and package doc disagree:\n%q\n%q", readme, blocks)
+	if page := docBlocks(t, "../docs/grants.md", "## Roles and grants", true); !slices.EqualFunc(blocks, page, slices.Equal) {
+		t.Fatalf("docs/grants.md and the package doc disagree:\n%q\n%q", page, blocks)
 	}
 
 	schema := randomName("t_")
@@ -206,6 +206,15 @@ func TestDocumentedGrants(t *testing.T) {
 	if _, err := store.Stats(ctx); err != nil {
 		t.Fatalf("stats as the consumer: %v", err)
 	}
+	positions := store.Positions()
+	for _, offsets := range []map[int]int64{{0: 3, 1: 5}, {0: 4}} { // an insert, then an update
+		if _, err := positions.Save(ctx, "ledger", topic, offsets, nil); err != nil {
+			t.Fatalf("save positions as the consumer: %v", err)
+		}
+	}
+	if got, err := positions.Load(ctx, "ledger", topic, []int{0, 1}); err != nil || got[0] != 4 || got[1] != 5 {
+		t.Fatalf("load positions as the consumer: %v %v, want 0:4 1:5", got, err)
+	}
 	if n := count("SELECT count(*) FROM {S}.exactly_keys WHERE status = 'COMPLETED' AND (key, attempts, result) IN (('cmd-1', 1, 'ok cmd-1'), ('cmd-tx', 1, 'ok cmd-tx'), ('pay-1', 2, 'paid'))"); n != 3 {
 		t.Fatalf("%d of the 3 keys completed as expected", n)
 	}
@@ -285,6 +294,8 @@ func TestDocumentedGrants(t *testing.T) {
 		{"consumer", conPool, "SELECT FROM {S}.exactly_outbox"},
 		{"consumer", conPool, "SELECT FROM {S}.exactly_outbox_waiters"},
 		{"relay", relPool, "SELECT FROM {S}.exactly_keys"},
+		{"relay", relPool, "SELECT FROM {S}.exactly_positions"},
+		{"consumer", conPool, "DELETE FROM {S}.exactly_positions"},
 		{"relay", relPool, "INSERT INTO {S}.exactly_outbox (topic, uuid, payload, lane) VALUES ('t', 'u', '', 0)"},
 	} {
 		if _, err := c.pool.Exec(ctx, strings.ReplaceAll(c.stmt, "{S}", schema)); !denied(err) {

@@ -24,6 +24,17 @@ import (
 // stored with the keys for their duplicates.
 type BatchFunc func(ctx context.Context, tx pgx.Tx, fresh []int) (results [][]byte, err error)
 
+type batchClaimsKey struct{}
+
+// BatchClaimsFromContext returns, in the ctx that DoBatch hands its
+// BatchFunc, the batch's claims as decided before fn runs: one per request,
+// in reqs' order (read them, do not change them). fn can tell from them why
+// a request is not fresh (a duplicate, a key reuse, a key in flight).
+func BatchClaimsFromContext(ctx context.Context) ([]BatchClaim, bool) {
+	claims, ok := ctx.Value(batchClaimsKey{}).([]BatchClaim)
+	return claims, ok
+}
+
 // BatchClaim is DoBatch's answer for one request.
 type BatchClaim struct {
 	// Claim is the claim's decision and the key's record: OutcomeNew or
@@ -123,7 +134,7 @@ func (s *Store) doBatchTx(ctx context.Context, reqs []dedupe.Request, fn BatchFu
 		}
 	}
 	if len(fresh) > 0 {
-		results, err := fn(ctx, tx, fresh)
+		results, err := fn(context.WithValue(ctx, batchClaimsKey{}, out), tx, fresh)
 		if err != nil {
 			return nil, false, err
 		}

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,29 +13,43 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
 	"github.com/exactly-go/exactly/internal/testkit/pgtest"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
-// The quick start builds, and runs to its end against real Postgres and
-// Kafka: the first run applies each command once, dead-letters the
-// malformed one and sees the repeat as a duplicate; a second run applies
-// nothing.
+// The quick start builds and runs as a worker against real Postgres and
+// Kafka until it is interrupted: it creates its topics and tables, applies
+// each command once, emits one event per command through the outbox and
+// dead-letters the malformed one; run again on the same commands sent
+// again, it applies nothing.
 func TestQuickstart(t *testing.T) {
 	db := pgtest.NewEmpty(t)
 	url, err := pgtest.URL()
 	if err != nil {
 		t.Fatal(err)
 	}
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", db.Schema)
+	u.RawQuery = q.Encode()
 	brokers := kafkatest.Brokers(t)
+	kafkatest.RequireReal(t)
 	prefix := kafkatest.Name("quickstart")
+	commands, events := prefix+".commands", prefix+".events"
+	dlq := commands + ".dlq" // the default dead-letter topic
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		c := &kafka.Client{Addr: kafka.TCP(brokers...)}
-		_, _ = c.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{prefix + ".commands", prefix + ".events", prefix + ".dlq"}})
+		_, _ = c.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{commands, events, dlq}})
 	})
 
 	bin := filepath.Join(t.TempDir(), "quickstart")
@@ -41,43 +57,107 @@ func TestQuickstart(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	runOnce := func() string {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, bin, "-db", url, "-brokers", strings.Join(brokers, ","), "-schema", db.Schema, "-prefix", prefix)
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("quickstart: %v\n%s", err, stderr.String())
-		}
-		return stdout.String()
+	pub, err := kafkapubsub.NewPublisher(&kafkapubsub.PublisherConfig{Brokers: brokers})
+	if err != nil {
+		t.Fatal(err)
 	}
-	for i, want := range []string{
-		"applied 3, duplicates 1, dead-lettered 1\nacc-1: 15\nacc-2: 20\n",
-		"applied 0, duplicates 4, dead-lettered 1\nacc-1: 15\nacc-2: 20\n",
-	} {
-		if got := runOnce(); got != want {
-			t.Fatalf("run %d printed\n%s\nwant\n%s", i+1, got, want)
+	defer pub.Close()
+	send := func() {
+		for _, c := range [][2]string{{"cmd-1", `{"account":"acc-1","amount":10}`}, {"cmd-2", `{"account":"acc-2","amount":20}`},
+			{"cmd-3", `{"account":"acc-1","amount":5}`}, {"cmd-1", `{"account":"acc-1","amount":10}`}, {"cmd-4", `{"amount":`}} {
+			msg := message.NewMessage(c[0], []byte(c[1]))
+			msg.Metadata.Set(kafkapubsub.MetadataKafkaKey, c[0]) // the repeat of cmd-1 on cmd-1's partition, after it
+			if err := pub.Publish(commands, msg); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
-
-	var total int64
-	if err := db.Pool.QueryRow(context.Background(), "SELECT sum(balance) FROM "+db.Table("accounts")).Scan(&total); err != nil || total != 35 {
-		t.Fatalf("balances sum to %d (%v), want 35", total, err)
+	partitions := func(topic string) int { // on a transport of its own: the shared one caches metadata
+		tr := &kafka.Transport{}
+		defer tr.CloseIdleConnections()
+		c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: tr}
+		md, err := c.Metadata(context.Background(), &kafka.MetadataRequest{Topics: []string{topic}})
+		if err != nil || len(md.Topics) != 1 || md.Topics[0].Error != nil {
+			return 0
+		}
+		return len(md.Topics[0].Partitions)
 	}
-	count := func(topic string, parts int) (n int64) {
+	count := func(topic string) (n int64) {
+		parts := partitions(topic)
+		if parts == 0 {
+			return -1
+		}
 		for _, o := range kafkatest.EndOffsets(t, topic, parts) {
 			n += o
 		}
 		return n
 	}
-	// Each run dead-letters cmd-4 and publishes an event per applied or
-	// duplicate command (a duplicate's is the stored one, with its UUID).
-	if n := count(prefix+".dlq", 1); n != 2 {
-		t.Errorf("%d records on the dead-letter topic, want 2", n)
+	consumed := func() bool { // the group's committed offsets reached the commands topic's end
+		want := kafkatest.EndOffsets(t, commands, partitions(commands))
+		got := kafkatest.CommittedOffsets(t, "top-ups", commands, partitions(commands))
+		for p, end := range want {
+			if got[p] != end && end > 0 {
+				return false
+			}
+		}
+		return true
 	}
-	if n := count(prefix+".events", 3); n != 8 {
-		t.Errorf("%d records on the events topic, want 8", n)
+	balances := func() string {
+		var b strings.Builder
+		rows, err := db.Pool.Query(context.Background(), "SELECT id, balance FROM "+db.Table("accounts")+" ORDER BY id")
+		if err != nil {
+			return err.Error()
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id string
+			var balance int64
+			_ = rows.Scan(&id, &balance)
+			fmt.Fprintf(&b, "%s: %d\n", id, balance)
+		}
+		return b.String()
+	}
+	for run := 1; run <= 2; run++ {
+		cmd := exec.Command(bin, "-db", u.String(), "-brokers", strings.Join(brokers, ","), "-prefix", prefix)
+		var stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stderr, &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("run %d's output:\n%s", run, stderr.String())
+			}
+		})
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		testenv.WaitFor(t, time.Minute, "the quick start to create its topics", func() bool { return count(commands) >= 0 && count(events) >= 0 && count(dlq) >= 0 })
+		send()
+		testenv.WaitFor(t, time.Minute, "every command consumed", func() bool { return count(dlq) == int64(run) && consumed() })
+		if err := cmd.Process.Signal(os.Interrupt); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-exited:
+			if err != nil {
+				t.Fatalf("run %d: %v\n%s", run, err, stderr.String())
+			}
+		case <-time.After(time.Minute):
+			_ = cmd.Process.Kill()
+			t.Fatalf("run %d did not stop within a minute of SIGINT\n%s", run, stderr.String())
+		}
+		if got, want := balances(), "acc-1: 15\nacc-2: 20\n"; got != want {
+			t.Fatalf("after run %d the balances are\n%swant\n%s", run, got, want)
+		}
+		// One event per command, published by the outbox relay before
+		// the worker exits; a duplicate adds none.
+		if n := count(events); n != 3 {
+			t.Fatalf("after run %d, %d records on the events topic, want 3\n%s", run, n, stderr.String())
+		}
+		var keys int
+		if err := db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+db.Table("exactly_keys")).Scan(&keys); err != nil || keys != 3 {
+			t.Fatalf("after run %d, %d keys (%v), want 3", run, keys, err)
+		}
 	}
 }
 

@@ -21,6 +21,15 @@
 // handler and the [Tracer.OnMessage] hook, which sets the outcome. A failed
 // delivery (any error returned to the router) ends with an error status.
 //
+// Batch mode (consumer.BatchConsumer) runs no per-message middleware on its
+// batch path: subscribe through [Tracer.Subscriber], which puts each
+// message's trace context from its metadata into its context, and set the
+// Tracer as consumer.BatchConfig.Hooks. Each message then gets a consumer
+// span of its own (covering its batch), child of its producer's span:
+//
+//	bc, err := consumer.NewBatchConsumer(store, handle, &consumer.BatchConfig{Scope: "ledger", Hooks: tr})
+//	err = bc.Subscribe(ctx, tr.Subscriber(sub), "commands")
+//
 // Through the outbox: the outbox stores each message's metadata with its
 // row, so trace context injected when the message is written
 // ([Tracer.Inject], or [Tracer.Outputs] for consumer.Config.Outputs) is
@@ -277,3 +286,41 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 }
 
 func (p *publisher) Close() error { return p.pub.Close() }
+
+// Subscriber wraps sub: each message it delivers carries, in its context,
+// the trace context found in its metadata (the producer's span), so that
+// whatever reads msg.Context() joins the producer's trace: the
+// [Tracer.OnMessage] hook in batch mode (consumer.BatchConfig.Hooks), a
+// handler's own spans. Messages are passed on as they are, so acks and
+// nacks reach sub. With [Tracer.Middleware] it is not needed.
+func (t *Tracer) Subscriber(sub message.Subscriber) message.Subscriber {
+	return &subscriber{t: t, sub: sub}
+}
+
+type subscriber struct {
+	t   *Tracer
+	sub message.Subscriber
+}
+
+func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	in, err := s.sub.Subscribe(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan *message.Message)
+	go func() {
+		defer close(out)
+		for m := range in {
+			m.SetContext(s.t.Extract(m.Context(), m))
+			select {
+			case out <- m:
+			case <-ctx.Done():
+				// Nobody reads any more; sub delivers it again, as any
+				// message of an ended subscription that was not acked.
+			}
+		}
+	}()
+	return out, nil
+}
+
+func (s *subscriber) Close() error { return s.sub.Close() }

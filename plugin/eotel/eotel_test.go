@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
 	"github.com/exactly-go/exactly/internal/testkit/pgtest"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/outbox"
 	"github.com/exactly-go/exactly/pgstore"
@@ -295,6 +298,83 @@ func TestFailureStatus(t *testing.T) {
 				t.Errorf("middleware %v: span %d: outcome %q status %v, want %q %v", withMiddleware, i, o,
 					got[i].Status().Code, want.outcome, want.code)
 			}
+		}
+	}
+}
+
+// In batch mode each message's span joins its producer's trace: the hook
+// gets the message's context, where Tracer.Subscriber put the trace context
+// of its metadata.
+func TestBatchJoinsProducerTrace(t *testing.T) {
+	w := newWorld(t)
+	brokers := kafkatest.Brokers(t)
+	topic := kafkatest.Topic(t, 1)
+	kpub, err := kafkapubsub.NewPublisher(&kafkapubsub.PublisherConfig{Brokers: brokers, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := w.tr.Publisher(kpub)
+	defer pub.Close()
+	roots := map[trace.TraceID]bool{}
+	const n = 4
+	for i := range n { // one request, so one trace, per message
+		ctx, root := w.tp.Tracer("test").Start(context.Background(), "request")
+		msg := message.NewMessage(watermill.NewUUID(), []byte(`{"n":`+strconv.Itoa(i)+`}`))
+		msg.SetContext(ctx)
+		if err := pub.Publish(topic, msg); err != nil {
+			t.Fatal(err)
+		}
+		root.End()
+		roots[root.SpanContext().TraceID()] = true
+	}
+	var batches atomic.Int64
+	h := func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
+		batches.Add(1)
+		for _, m := range msgs {
+			if _, err := tx.Exec(ctx, "INSERT INTO "+w.db.Table("applied")+" VALUES ($1)", m.UUID); err != nil {
+				return nil, err
+			}
+		}
+		return nil, nil
+	}
+	bc, err := consumer.NewBatchConsumer(w.store, h, &consumer.BatchConfig{Scope: "eotel", Hooks: w.tr, MaxSize: n,
+		MaxWait: 2 * time.Second, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: brokers, ConsumerGroup: kafkatest.Name("g"),
+		MaxInFlight: n, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- bc.Subscribe(ctx, w.tr.Subscriber(sub), topic) }()
+	testenv.WaitFor(t, time.Minute, "a consumer span per message", func() bool {
+		return len(spans(w.rec, trace.SpanKindConsumer, "process "+topic)) >= n
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if a := w.applied(t); a != n || batches.Load() >= n {
+		t.Fatalf("%d applied in %d batches, want %d in fewer batches", a, batches.Load(), n)
+	}
+	parents := map[trace.SpanID]bool{}
+	for _, p := range spans(w.rec, trace.SpanKindProducer, "send "+topic) {
+		parents[p.SpanContext().SpanID()] = true
+	}
+	for _, c := range spans(w.rec, trace.SpanKindConsumer, "process "+topic) {
+		if !roots[c.SpanContext().TraceID()] {
+			t.Errorf("consumer span in trace %s, not one of its producers'", c.SpanContext().TraceID())
+		}
+		delete(roots, c.SpanContext().TraceID())
+		if !c.Parent().IsRemote() || !parents[c.Parent().SpanID()] {
+			t.Errorf("consumer span's parent %s (remote %v) is not a producer span", c.Parent().SpanID(), c.Parent().IsRemote())
+		}
+		if got := attrs(c)[eotel.AttrOutcome].AsString(); got != "applied" {
+			t.Errorf("consumer span's outcome %q, want applied", got)
 		}
 	}
 }

@@ -32,6 +32,9 @@
 // The gauges read at scrape query Postgres (one statement each, bounded by
 // Config.StatsTimeout); without [Metrics.WatchOutbox] and [Metrics.WatchKeys]
 // scrapes stay off the database.
+//
+// The repository's docs/grafana/exactly.json is a Grafana dashboard of these
+// metrics (default namespace), and docs/metrics.md says what each one means.
 package eprom
 
 import (

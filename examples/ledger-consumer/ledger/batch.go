@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -183,16 +184,18 @@ func (w *Worker) lockBatch(ctx context.Context, tx pgx.Tx, cmds []Command) (*bat
 }
 
 // writeBatch writes what the batch changed, one statement per table, in
-// one round trip. A hold that another transaction created meanwhile (a
-// command of another account naming the same hold id, on another
-// partition) makes the batch run again, which then sees it.
+// one round trip, each in id order: two batches that create the same holds
+// insert them in the same order, so the later waits for the earlier
+// instead of deadlocking with it. A hold that another transaction created
+// meanwhile (a command of another account naming the same hold id, on
+// another partition) makes the batch run again, which then sees it.
 func (w *Worker) writeBatch(ctx context.Context, tx pgx.Tx, st *batchState, cmds []Command, rejected []int, reasons []string) error {
 	t := func(name string) string { return pgx.Identifier{w.cfg.Schema, name}.Sanitize() }
 	b := &pgx.Batch{}
 	if len(st.changedAccounts) > 0 {
 		var ids []string
 		var avail, held []int64
-		for id := range st.changedAccounts {
+		for _, id := range slices.Sorted(maps.Keys(st.changedAccounts)) {
 			a := st.accounts[id]
 			ids, avail, held = append(ids, id), append(avail, a.Available), append(held, a.Held)
 		}
@@ -202,13 +205,14 @@ func (w *Worker) writeBatch(ctx context.Context, tx pgx.Tx, st *batchState, cmds
 	if len(st.created) > 0 {
 		var ids, accs []string
 		var amount, captured, released, refunded []int64
-		for id := range st.created {
+		for _, id := range slices.Sorted(maps.Keys(st.created)) {
 			h := st.holds[id]
 			ids, accs = append(ids, id), append(accs, h.Account)
 			amount, captured, released, refunded = append(amount, h.Amount), append(captured, h.Captured), append(released, h.Released), append(refunded, h.Refunded)
 		}
 		b.Queue("INSERT INTO "+t("holds")+" (id, account, amount, captured, released, refunded) "+
-			"SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[]) ON CONFLICT (id) DO NOTHING",
+			"SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[]) "+
+			"AS u(id, account, amount, captured, released, refunded) ORDER BY id ON CONFLICT (id) DO NOTHING",
 			ids, accs, amount, captured, released, refunded).Exec(func(tag pgconn.CommandTag) error {
 			if tag.RowsAffected() != int64(len(ids)) {
 				return dedupe.Retryable(errors.New("ledger: a hold of this batch was created meanwhile by another transaction"))
@@ -219,7 +223,7 @@ func (w *Worker) writeBatch(ctx context.Context, tx pgx.Tx, st *batchState, cmds
 	if len(st.changedHolds) > 0 {
 		var ids []string
 		var captured, released, refunded []int64
-		for id := range st.changedHolds {
+		for _, id := range slices.Sorted(maps.Keys(st.changedHolds)) {
 			h := st.holds[id]
 			ids = append(ids, id)
 			captured, released, refunded = append(captured, h.Captured), append(released, h.Released), append(refunded, h.Refunded)

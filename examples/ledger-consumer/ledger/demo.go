@@ -18,7 +18,6 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/exactly-go/exactly/internal/backoff"
 	"github.com/exactly-go/exactly/internal/kafkaadmin"
 	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/kafkapubsub"
@@ -341,68 +340,11 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 }
 
 func createTopics(ctx context.Context, brokers []string, topics map[string]int) error {
-	return createTopicsWith(ctx, brokers, kafkapubsub.Security{}, topics)
-}
-
-func createTopicsWith(ctx context.Context, brokers []string, sec kafkapubsub.Security, topics map[string]int) error {
-	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
-	if sec.TLS != nil || sec.SASL != nil {
-		c.Transport = sec.Transport()
-	}
-	// Without TLS or SASL the client shares kafka-go's default transport with
-	// the demo's producer, whose metadata then learns of the new topics.
-	var cfgs []kafka.TopicConfig
+	specs := make([]kafkapubsub.TopicSpec, 0, len(topics))
 	for t, n := range topics {
-		cfgs = append(cfgs, kafka.TopicConfig{Topic: t, NumPartitions: n, ReplicationFactor: 1})
+		specs = append(specs, kafkapubsub.TopicSpec{Name: t, Partitions: n, ReplicationFactor: 1})
 	}
-	res, err := c.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: cfgs})
-	if err != nil {
-		return fmt.Errorf("ledger: create topics at Kafka %s: %w", strings.Join(brokers, ","), err)
-	}
-	for t, err := range res.Errors {
-		if err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
-			return fmt.Errorf("ledger: create topic %s at Kafka %s: %w", t, strings.Join(brokers, ","), err)
-		}
-	}
-	// A created topic reaches the broker's metadata a moment later; a
-	// producer that asks before then is told it does not exist.
-	names := make([]string, 0, len(topics))
-	for t := range topics {
-		names = append(names, t)
-	}
-	bo := backoff.New(50*time.Millisecond, time.Second)
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: names})
-		if err == nil && topicsReady(md, topics) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("ledger: topics %v created at Kafka %s but not in its metadata after 30s (%v)", names, strings.Join(brokers, ","), err)
-		}
-		if err := bo.Sleep(ctx); err != nil {
-			return err
-		}
-	}
-}
-
-// topicsReady reports whether md lists every topic with partitions, each
-// with a leader. A topic that existed before keeps its partition count,
-// whatever was asked for.
-func topicsReady(md *kafka.MetadataResponse, topics map[string]int) bool {
-	ready := 0
-	for _, t := range md.Topics {
-		if _, ok := topics[t.Name]; !ok || t.Error != nil || len(t.Partitions) == 0 {
-			continue
-		}
-		led := true
-		for _, p := range t.Partitions {
-			led = led && p.Error == nil && p.Leader.ID >= 0 && p.Leader.Host != ""
-		}
-		if led {
-			ready++
-		}
-	}
-	return ready == len(topics)
+	return kafkapubsub.CreateTopics(ctx, brokers, kafkapubsub.Security{}, specs...)
 }
 
 // waitCaughtUp polls the group's committed offsets until they reach the

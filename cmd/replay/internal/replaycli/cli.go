@@ -43,6 +43,9 @@ Commands:
   replay rewind  reset an inactive consumer group's offsets (dry run unless --execute)
   replay verify  wait for the consumer to catch up, snapshot, redeliver, wait, snapshot,
                  report; exit 1 on any double application
+  replay positions  per partition, the group's committed offset in Kafka, its position kept in
+                 the database (pgstore.Positions) and the gap: what a database that lost
+                 commits (a failover, a restore) gets delivered again
 
 Examples:
   # redeliver all of ledger.commands into itself, twice, and see nothing move
@@ -62,6 +65,10 @@ Examples:
 
   # redeliver partition 3 to the topic's own consumers
   replay copy --brokers localhost:9092 --from ledger.commands --to ledger.commands --into-source --partition 3
+
+  # after a failover or a restore: how far the database is behind Kafka
+  replay positions --brokers localhost:9092 --group ledger-consumer --topic ledger.commands \
+      --database-url "$DATABASE_URL" --schema ledger
 
   # show, then apply, a rewind of a stopped group by 1000 records per partition
   replay rewind --brokers localhost:9092 --group ledger-consumer --topic ledger.commands --back 1000
@@ -134,6 +141,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.DurationVar(&ttl, "ttl", 7*24*time.Hour, "the consumer's key TTL")
 		fs.DurationVar(&timeout, "timeout", 5*time.Minute, "how long to wait for the consumer to catch up")
 		rangeFlags()
+	case "positions":
+		fs.StringVar(&group, "group", "", "consumer group (required)")
+		fs.StringVar(&topic, "topic", "", "topic (required)")
+		fs.StringVar(&dbURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL (default $DATABASE_URL)")
+		fs.StringVar(&schema, "schema", "", "schema of the positions table (default: the database URL's search_path, else public)")
+		fs.StringVar(&table, "table", "exactly_positions", "positions table")
 	default:
 		fmt.Fprintf(stderr, "replay: unknown command %q\n\n%s", cmd, usage)
 		return ExitUsage
@@ -217,6 +230,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			Warn: func(f string, a ...any) { fmt.Fprintf(stderr, "replay verify: warning: "+f+"\n", a...) },
 		})
 		report, pass = rep, rep.Pass
+	case "positions":
+		report, err = Positions(ctx, PositionsConfig{Brokers: bs, Security: sec, Group: group, Topic: topic, DatabaseURL: dbURL, Schema: schema, Table: table})
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "replay %s: %s\n", cmd, redact.In(err.Error(), dbURL))
@@ -300,6 +315,32 @@ func printReport(w io.Writer, report any) {
 		for _, m := range r.Moves {
 			fmt.Fprintf(w, "  partition %d: %d -> %d\n", m.Partition, m.Current, m.New)
 		}
+	case PositionsReport:
+		fmt.Fprintf(w, "positions of group %s on %s: Kafka's committed offset, the database's position, the gap\n", r.Group, r.Topic)
+		off := func(o int64) string {
+			if o < 0 {
+				return "none"
+			}
+			return fmt.Sprint(o)
+		}
+		for _, p := range r.Partitions {
+			note := ""
+			switch {
+			case p.Kafka < 0 && p.Database >= 0:
+				note = " (no offset in Kafka: the consumer starts at the database's position)"
+			case p.Database < 0:
+				note = " (no position in the database)"
+			case p.Gap > 0:
+				note = fmt.Sprintf(" (the database is behind: %d record(s) delivered again)", p.Gap)
+			case p.Gap < 0:
+				note = " (Kafka is behind: its last commit did not happen)"
+			}
+			if p.Unrecoverable {
+				note += fmt.Sprintf("; records from %d to %d are no longer in Kafka", p.Database, p.LogStart-1)
+			}
+			fmt.Fprintf(w, "  partition %d: kafka %s, database %s, gap %d, log %d..%d%s\n", p.Partition, off(p.Kafka), off(p.Database), p.Gap, p.LogStart, p.LogEnd, note)
+		}
+		fmt.Fprintf(w, "%d record(s) behind in the database\n", r.Behind)
 	case VerifyReport:
 		verdict := "PASS: nothing was applied twice"
 		if !r.Pass {

@@ -1,0 +1,354 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"runtime/debug"
+	"slices"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/pgstore"
+)
+
+// item is one message of a batch with its claim request.
+type item struct {
+	msg *message.Message
+	req dedupe.Request
+	ev  Event
+	// outs are the outputs to publish after the commit.
+	outs []*message.Message
+}
+
+// process applies a batch. A message with no valid key or fingerprint
+// splits it: the messages before it go first, then it alone on the
+// per-message path, then the rest, so each partition's order holds.
+func (c *BatchConsumer) process(ctx context.Context, batch []*message.Message) {
+	start := time.Now()
+	items := make([]item, 0, len(batch))
+	for i, msg := range batch {
+		it, ok := c.prepare(msg)
+		if ok {
+			items = append(items, it)
+			continue
+		}
+		if c.apply(ctx, items, start) {
+			nackAll(batch[i:])
+			return
+		}
+		items = nil
+		if !c.one(msg) {
+			nackAll(batch[i+1:])
+			return
+		}
+	}
+	c.apply(ctx, items, start)
+}
+
+// prepare computes a message's key and fingerprint; false when it must
+// take the per-message path (no valid key, or a payload that cannot be
+// fingerprinted), where the middleware applies Config.MissingKey.
+func (c *BatchConsumer) prepare(msg *message.Message) (item, bool) {
+	it := item{msg: msg, ev: Event{Scope: c.cfg.Scope, Offset: -1}}
+	src, hasSrc := c.source(msg)
+	if hasSrc {
+		it.ev.Topic, it.ev.Partition, it.ev.Offset = src.Topic, src.Partition, src.Offset
+		it.req.Source = src
+	}
+	if c.cfg.NoDedupe {
+		return it, true
+	}
+	key, err := c.mw.keyOf(msg, c.cfg.Scope)
+	if err != nil {
+		return it, false
+	}
+	fp, err := c.cfg.FingerprintFunc(msg.Payload)
+	if err != nil {
+		return it, false
+	}
+	it.ev.Key = key.ID
+	it.req.Key, it.req.Fingerprint, it.req.TTL = key, fp, c.cfg.TTL
+	return it, true
+}
+
+func (c *BatchConsumer) source(msg *message.Message) (dedupe.Source, bool) { return c.mw.source(msg) }
+
+// apply applies items as one batch, splitting it in halves when it fails
+// because of its messages, until the failing one is alone and takes the
+// per-message path. It reports whether it stopped: a message was nacked,
+// and so were the messages after it (they come back after it, in order).
+func (c *BatchConsumer) apply(ctx context.Context, items []item, start time.Time) (stopped bool) {
+	if len(items) == 0 {
+		return false
+	}
+	answers, err := c.runBatch(ctx, items)
+	if err == nil {
+		return c.finish(ctx, items, answers, start)
+	}
+	var held *heldError
+	if errors.As(err, &held) {
+		// A key in flight before fresh messages: one at a time would wait
+		// for it there, so the batch is cut there.
+		c.cfg.Logger.DebugContext(ctx, "consumer: a key of the batch is claimed elsewhere; cutting the batch there",
+			"messages", len(items), "key", items[held.index].ev.Key, "err", held.err)
+		return c.cut(ctx, items, []int{held.index})
+	}
+	if outcome, ok := c.notTheirs(ctx, err); ok {
+		// Not the messages' fault: they all come back, the batch whole.
+		level := slog.LevelWarn
+		if outcome == OutcomeMisconfigured {
+			level = slog.LevelError
+		}
+		c.cfg.Logger.Log(ctx, level, "consumer: batch failed; its messages will be delivered again", "messages", len(items),
+			"outcome", string(outcome), "err", err)
+		d := time.Since(start)
+		for i := range items {
+			it := &items[i]
+			it.ev.Outcome, it.ev.Err, it.ev.Duration = outcome, err, d
+			c.hook(it)
+		}
+		nackItems(items)
+		return true
+	}
+	if len(items) == 1 {
+		return !c.one(items[0].msg)
+	}
+	bad := messageErrors(err, len(items))
+	if len(bad) > 0 && allPermanent(bad) {
+		// The messages at fault are decided where they are, as one at a
+		// time would decide them: each alone on the per-message path (to
+		// the dead-letter topic) after the messages before it and before
+		// the messages after it, which go as batches between them. A later
+		// copy of a key stored first would make its earlier copy a key
+		// reuse instead of the invalid payload it is.
+		c.cfg.Logger.DebugContext(ctx, "consumer: batch failed because of messages that cannot be applied; cutting it at each",
+			"messages", len(items), "failed", len(bad), "err", err)
+		return c.cut(ctx, items, slices.Sorted(maps.Keys(bad)))
+	}
+	if len(bad) > 0 {
+		// Cut at the first: it may still succeed alone, and the messages
+		// after it run again as a batch.
+		c.cfg.Logger.DebugContext(ctx, "consumer: batch failed because of one message; cutting it there", "messages", len(items), "err", err)
+		return c.cut(ctx, items, []int{slices.Min(slices.Collect(maps.Keys(bad)))})
+	}
+	c.cfg.Logger.DebugContext(ctx, "consumer: batch failed; splitting it", "messages", len(items), "err", err)
+	mid := len(items) / 2
+	if c.apply(ctx, items[:mid], time.Now()) {
+		nackItems(items[mid:])
+		return true
+	}
+	return c.apply(ctx, items[mid:], time.Now())
+}
+
+// cut applies items in offset order with each message at (ascending
+// indexes) alone on the per-message path: the messages before the first
+// as a batch, the first alone, the messages up to the next as a batch, and
+// so on. It stops at the first nack, nacking everything after it.
+func (c *BatchConsumer) cut(ctx context.Context, items []item, at []int) (stopped bool) {
+	from := 0
+	for _, i := range at {
+		if c.apply(ctx, items[from:i], time.Now()) {
+			nackItems(items[i:])
+			return true
+		}
+		if !c.one(items[i].msg) {
+			nackItems(items[i+1:])
+			return true
+		}
+		from = i + 1
+	}
+	return c.apply(ctx, items[from:], time.Now())
+}
+
+// heldError stops a batch transaction before its handler runs: the claim
+// of the message at index found its key claimed elsewhere (a lease in
+// flight), or could not be decided in the batch, and fresh messages come
+// after it.
+type heldError struct {
+	index int
+	err   error
+}
+
+func (e *heldError) Error() string {
+	return fmt.Sprintf("consumer: message %d of the batch waits for its key: %v", e.index, e.err)
+}
+
+// heldAt returns the first claim that must be decided alone (its key in
+// flight, or ErrClaimAlone) when a fresh message comes after it: applying
+// that one first would overtake it.
+func heldAt(claims []pgstore.BatchClaim, fresh []int) (*heldError, bool) {
+	if len(fresh) == 0 {
+		return nil, false
+	}
+	last := fresh[len(fresh)-1]
+	for i := 0; i < last && i < len(claims); i++ {
+		if err := claims[i].Err; err != nil && !dedupe.IsPermanent(err) {
+			return &heldError{index: i, err: err}, true
+		}
+	}
+	return nil, false
+}
+
+// notTheirs classifies a batch's failure as the Middleware classifies a
+// message's: a configuration error, or a failure of the infrastructure (a
+// transient database error, a lost or refused connection, a shutdown, an
+// error the handler marked with dedupe.Retryable, or a database that does
+// not answer a ping now). Such a failure is no message's fault: the batch
+// is not split for it.
+func (c *BatchConsumer) notTheirs(ctx context.Context, err error) (Outcome, bool) {
+	switch {
+	case errors.Is(err, dedupe.ErrMisconfigured) || pgstore.IsConfigurationError(err):
+		return OutcomeMisconfigured, true
+	case ctx.Err() != nil || c.mw.unavailable(ctx, err):
+		return OutcomeUnavailable, true
+	}
+	return "", false
+}
+
+// runBatch runs one batch transaction: DoBatch, or a plain transaction
+// with NoDedupe.
+func (c *BatchConsumer) runBatch(ctx context.Context, items []item) (answers []pgstore.BatchClaim, err error) {
+	msgs := make([]*message.Message, len(items))
+	for i, it := range items {
+		msgs[i] = it.msg
+	}
+	outputs := make([][]*message.Message, len(items))
+	if c.cfg.NoDedupe {
+		err = c.plain(ctx, func(tx pgx.Tx) error {
+			outs, err := c.call(ctx, tx, msgs)
+			if err == nil {
+				err = c.writeOutputs(ctx, tx, outs)
+			}
+			copy(outputs, outs)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		answers = make([]pgstore.BatchClaim, len(items))
+		for i := range answers {
+			answers[i].Decision = dedupe.DecisionNew
+		}
+		c.keep(items, answers, outputs)
+		return answers, nil
+	}
+	reqs := make([]dedupe.Request, len(items))
+	for i, it := range items {
+		reqs[i] = it.req
+	}
+	answers, err = c.store.DoBatch(ctx, reqs, func(ctx context.Context, tx pgx.Tx, fresh []int) ([][]byte, error) {
+		if claims, ok := pgstore.BatchClaimsFromContext(ctx); ok {
+			if held, ok := heldAt(claims, fresh); ok {
+				return nil, held
+			}
+		}
+		in := make([]*message.Message, len(fresh))
+		for j, i := range fresh {
+			in[j] = msgs[i]
+		}
+		outs, err := c.call(ctx, tx, in)
+		if bad := messageErrors(err, len(fresh)); len(bad) > 0 {
+			// Index the batch's items, not the handler's fresh messages.
+			errs := make([]error, 0, len(bad))
+			for _, j := range slices.Sorted(maps.Keys(bad)) {
+				errs = append(errs, &MessageError{Index: fresh[j], Err: bad[j]})
+			}
+			return nil, errors.Join(errs...)
+		}
+		if err != nil {
+			return nil, err
+		}
+		clear(outputs)
+		for j, i := range fresh {
+			if j < len(outs) {
+				outputs[i] = outs[j]
+			}
+		}
+		if c.cfg.Outputs != nil {
+			// The outputs leave through the outbox with this transaction;
+			// nothing is stored for duplicates, which publish nothing.
+			return nil, c.writeOutputs(ctx, tx, outs)
+		}
+		results := make([][]byte, len(fresh))
+		for j := range fresh {
+			if j < len(outs) {
+				if results[j], err = encodeOutputs(outs[j]); err != nil {
+					return nil, err
+				}
+			}
+		}
+		return results, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.keep(items, answers, outputs)
+	return answers, nil
+}
+
+// keep remembers the outputs of the messages that ran, for finish.
+func (c *BatchConsumer) keep(items []item, answers []pgstore.BatchClaim, outputs [][]*message.Message) {
+	for i := range items {
+		items[i].outs = nil
+		if answers[i].Err == nil && answers[i].Decision.Run() && c.cfg.Outputs == nil {
+			items[i].outs = outputs[i]
+		}
+	}
+}
+
+// call runs the handler on msgs, recovering a panic into an error, and
+// checks the number of outputs.
+func (c *BatchConsumer) call(ctx context.Context, tx pgx.Tx, msgs []*message.Message) (outs [][]*message.Message, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("consumer: batch handler panicked: %v\n%s", r, debug.Stack())
+		}
+	}()
+	outs, err = c.handler(ctx, tx, msgs)
+	if err == nil && outs != nil && len(outs) != len(msgs) {
+		err = fmt.Errorf("consumer: the batch handler returned %d output slices for %d messages: return nil or one per message", len(outs), len(msgs))
+	}
+	return outs, err
+}
+
+// messageErrors collects the MessageErrors in err's tree (errors.Join of
+// several, or one) whose Index is below n, by index.
+func messageErrors(err error, n int) map[int]error {
+	var found map[int]error
+	var walk func(error)
+	walk = func(err error) {
+		switch e := err.(type) {
+		case nil:
+		case *MessageError:
+			if e.Index >= 0 && e.Index < n {
+				if found == nil {
+					found = map[int]error{}
+				}
+				found[e.Index] = e.Err
+			}
+		case interface{ Unwrap() []error }:
+			for _, e := range e.Unwrap() {
+				walk(e)
+			}
+		case interface{ Unwrap() error }:
+			walk(e.Unwrap())
+		}
+	}
+	walk(err)
+	return found
+}
+
+func allPermanent(errs map[int]error) bool {
+	for _, err := range errs {
+		if !dedupe.IsPermanent(err) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,183 @@
+package kafkapubsub
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Positions keeps a consumer group's committed offsets in the database that
+// holds the consumer's effects, so that a database which loses its last
+// commits (an asynchronous standby promoted, a restore from a base backup,
+// a point-in-time recovery) loses the positions past what it kept as well.
+// On assignment the Subscriber starts each partition at the earlier of
+// Kafka's committed offset and the stored position: the messages in
+// between are delivered again, the dedupe keys that survived absorb those
+// whose effects survived, and those whose effects were lost are applied
+// again.
+//
+// pgstore.Positions implements it on Postgres; set it with
+// SubscriberConfig.Positions. Implementations must be safe for concurrent
+// use.
+type Positions interface {
+	// Load returns the stored position (the next offset to consume) of each
+	// of partitions that has one; a partition with none is absent from the
+	// map.
+	Load(ctx context.Context, group, topic string, partitions []int) (map[int]int64, error)
+	// Save stores offsets (partition → next offset to consume) in one
+	// durable write. The Subscriber calls it only with watermarks whose
+	// messages were all acked, that is whose effects committed, and before
+	// it commits the same offsets to Kafka.
+	//
+	// expected holds, for partitions whose position the Subscriber knows
+	// (it loaded or saved it), the least position the database must still
+	// hold. When it holds less for one of them, or no row, the database
+	// went back in time while the Subscriber ran (a failover, a restore):
+	// Save then stores nothing and returns what it holds for those
+	// partitions (-1 for no row), and the Subscriber starts its partitions
+	// again from the database's positions.
+	Save(ctx context.Context, group, topic string, offsets, expected map[int]int64) (behind map[int]int64, err error)
+}
+
+// positionTimeout bounds one Load or Save.
+const positionTimeout = 10 * time.Second
+
+// savePositions stores p through the configured Positions, if any. The save
+// comes before the Kafka commit of the same offsets: the database's
+// position then never passes Kafka's in normal operation, so a database
+// that lost commits shows as one whose position is behind Kafka's, and a
+// failed save leaves Kafka's offset where it was.
+func (s *Subscriber) savePositions(ctx context.Context, topic string, p, expected map[int]int64) (behind map[int]int64, err error) {
+	if s.cfg.Positions == nil {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), positionTimeout)
+	defer cancel()
+	behind, err = s.cfg.Positions.Save(ctx, s.cfg.ConsumerGroup, topic, p, expected)
+	if err != nil {
+		return nil, fmt.Errorf("save positions: %w", err)
+	}
+	return behind, nil
+}
+
+// startPositions loads the database's positions for a generation's
+// partitions once, on the first partition's demand, retrying until it
+// succeeds or the generation ends: a partition never starts without them.
+type startPositions struct {
+	s          *Subscriber
+	topic      string
+	partitions []int
+	sem        chan struct{} // held while loading
+	loaded     bool
+	pos        map[int]int64
+}
+
+func newStartPositions(s *Subscriber, topic string, assigned []kafka.PartitionAssignment) *startPositions {
+	sp := &startPositions{s: s, topic: topic, sem: make(chan struct{}, 1)}
+	for _, a := range assigned {
+		sp.partitions = append(sp.partitions, a.ID)
+	}
+	slices.Sort(sp.partitions)
+	return sp
+}
+
+// get returns the stored positions; ok is false when ctx ended first.
+func (sp *startPositions) get(ctx context.Context) (map[int]int64, bool) {
+	select {
+	case sp.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, false
+	}
+	defer func() { <-sp.sem }()
+	if sp.loaded {
+		return sp.pos, true
+	}
+	s := sp.s
+	for bo := retryBackoff(); ; {
+		lctx, cancel := context.WithTimeout(ctx, positionTimeout)
+		pos, err := s.cfg.Positions.Load(lctx, s.cfg.ConsumerGroup, sp.topic, sp.partitions)
+		cancel()
+		if err == nil {
+			sp.pos, sp.loaded = pos, true
+			return pos, true
+		}
+		if ctx.Err() != nil {
+			return nil, false
+		}
+		pause := bo.Next()
+		s.log().Warn("kafkapubsub: cannot load the database's positions; the partitions wait for them", "group", s.cfg.ConsumerGroup, "topic", sp.topic, "err", err, "retry", pause)
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+			return nil, false
+		}
+	}
+}
+
+// startOffset decides where an assigned partition starts: at the earlier of
+// Kafka's committed offset (kafkaOff, negative when the group has none) and
+// the database's position (dbOff, when has). With no Kafka offset the
+// database's position is used: starting at StartFirst would deliver again
+// messages whose keys may have expired, and StartLast would skip.
+func startOffset(kafkaOff, dbOff int64, has bool) int64 {
+	switch {
+	case !has:
+		return kafkaOff
+	case kafkaOff < 0 || dbOff < kafkaOff:
+		return dbOff
+	default:
+		return kafkaOff
+	}
+}
+
+// reportStart logs where a partition starts when the database's position
+// and Kafka's committed offset disagree. A database behind Kafka lost
+// commits (or was restored): what lies between is delivered again, which
+// is said at WARN, with whether Kafka still holds it.
+func (s *Subscriber) reportStart(ctx context.Context, topic string, partition int, kafkaOff, dbOff int64, has bool) {
+	attrs := []any{"group", s.cfg.ConsumerGroup, "topic", topic, "partition", partition, "kafka_offset", kafkaOff, "db_position", dbOff}
+	switch {
+	case !has:
+		if kafkaOff >= 0 {
+			s.log().Info("kafkapubsub: no position in the database; starting at Kafka's committed offset", attrs...)
+		}
+	case kafkaOff < 0:
+		s.log().Info("kafkapubsub: no committed offset in Kafka; starting at the database's position", attrs...)
+	case dbOff < kafkaOff:
+		attrs = append(attrs, "redelivered", kafkaOff-dbOff)
+		first, ok := s.firstOffset(ctx, topic, partition)
+		switch {
+		case !ok:
+		case first > dbOff:
+			attrs = append(attrs, "log_start", first)
+			s.log().Error("kafkapubsub: the database is behind Kafka's committed offset and Kafka no longer holds the records in between: "+
+				"the effects of offsets db_position to log_start-1, if the database lost them, cannot be applied again "+
+				"(topic retention shorter than the restore window)", attrs...)
+			return
+		}
+		s.log().Warn("kafkapubsub: the database's position is behind Kafka's committed offset (the database lost commits or was restored); "+
+			"delivering again from the database's position: keys absorb what survived, the rest is applied again", attrs...)
+	case dbOff > kafkaOff:
+		s.log().Debug("kafkapubsub: the database's position is ahead of Kafka's committed offset (a commit to Kafka did not happen); starting at Kafka's", attrs...)
+	}
+}
+
+// firstOffset returns the oldest offset that partition still holds.
+func (s *Subscriber) firstOffset(ctx context.Context, topic string, partition int) (int64, bool) {
+	ctx, cancel := context.WithTimeout(ctx, positionTimeout)
+	defer cancel()
+	c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Timeout: positionTimeout, Transport: s.transport(topic)}
+	res, err := c.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: {kafka.FirstOffsetOf(partition)}}})
+	if err != nil {
+		return 0, false
+	}
+	for _, p := range res.Topics[topic] {
+		if p.Partition == partition && p.Error == nil {
+			return p.FirstOffset, true
+		}
+	}
+	return 0, false
+}

@@ -1,0 +1,178 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/internal/sqlident"
+)
+
+// PositionsConfig configures Positions. The zero value (or a nil
+// *PositionsConfig) is usable.
+type PositionsConfig struct {
+	// Schema holds the table. Defaults to the first schema of the pool's
+	// search_path, else "public", as Config.Schema does.
+	Schema string
+	// Table is the positions table's name. Defaults to "exactly_positions",
+	// the table that the migrations create.
+	Table string
+}
+
+// Positions keeps consumer groups' committed offsets in Postgres, next to
+// the effects they cover: it is the kafkapubsub.Positions of a Subscriber
+// whose handlers write to this database (set
+// kafkapubsub.SubscriberConfig.Positions to [Store.Positions] or to a
+// Positions of [NewPositions]). A database that loses its last commits
+// loses the positions past what it kept with them, and the Subscriber
+// starts there again. It is safe for concurrent use.
+type Positions struct {
+	pool  *pgxpool.Pool
+	table string // schema-qualified and quoted
+	load  string
+	save  string
+}
+
+// NewPositions returns Positions on pool. cfg may be nil. The table must
+// exist: run migrations.Migrate first (or goose with migrations.FS).
+func NewPositions(pool *pgxpool.Pool, cfg *PositionsConfig) (*Positions, error) {
+	if pool == nil {
+		return nil, errors.New("pgstore: pool is nil")
+	}
+	var c PositionsConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Schema == "" {
+		c.Schema = sqlident.DefaultSchema(pool.Config().ConnConfig)
+	}
+	if c.Table == "" {
+		c.Table = "exactly_positions"
+	}
+	if err := sqlident.Check("pgstore: PositionsConfig.Schema", c.Schema); err != nil {
+		return nil, err
+	}
+	if err := sqlident.Check("pgstore: PositionsConfig.Table", c.Table); err != nil {
+		return nil, err
+	}
+	return newPositions(pool, pgx.Identifier{c.Schema, c.Table}.Sanitize()), nil
+}
+
+func newPositions(pool *pgxpool.Pool, table string) *Positions {
+	return &Positions{pool: pool, table: table,
+		load: "SELECT partition, next_offset FROM " + table + " WHERE consumer_group = $1 AND topic = $2 AND partition = ANY($3::int[])",
+		// Nothing is stored when a partition with an expected position
+		// (expected >= 0) holds less, or no row: the database went back in
+		// time. The rows are locked, then upserted, in partition order, so
+		// that two savers of overlapping partitions (a member and the one it
+		// handed them to) lock them in the same order.
+		save: `WITH u AS (
+    SELECT * FROM unnest($3::int[], $4::bigint[], $5::bigint[]) AS u(partition, next_offset, expected)
+), cur AS (
+    SELECT p.partition, p.next_offset FROM ` + table + ` p
+    WHERE p.consumer_group = $1 AND p.topic = $2 AND p.partition = ANY($3::int[])
+    ORDER BY p.partition FOR UPDATE
+), behind AS (
+    SELECT u.partition, coalesce(cur.next_offset, -1) AS next_offset FROM u LEFT JOIN cur USING (partition)
+    WHERE u.expected >= 0 AND (cur.next_offset IS NULL OR cur.next_offset < u.expected)
+), up AS (
+    INSERT INTO ` + table + ` AS p (consumer_group, topic, partition, next_offset, updated_at)
+    SELECT $1, $2, u.partition, u.next_offset, now() FROM u WHERE NOT EXISTS (SELECT FROM behind) ORDER BY u.partition
+    ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = excluded.next_offset, updated_at = excluded.updated_at
+)
+SELECT partition, next_offset FROM behind`,
+	}
+}
+
+// Positions returns the Positions in the store's schema, on its pool (the
+// table exactly_positions, which the migrations create next to the keys).
+func (s *Store) Positions() *Positions {
+	schema := s.cfg.Schema
+	return newPositions(s.pool, pgx.Identifier{schema, "exactly_positions"}.Sanitize())
+}
+
+// Load returns the stored next offset of each of partitions that has one.
+func (p *Positions) Load(ctx context.Context, group, topic string, partitions []int) (map[int]int64, error) {
+	return p.LoadTx(ctx, p.pool, group, topic, partitions)
+}
+
+// LoadTx is Load on db.
+func (p *Positions) LoadTx(ctx context.Context, db DBTX, group, topic string, partitions []int) (map[int]int64, error) {
+	parts := make([]int32, len(partitions))
+	for i, n := range partitions {
+		parts[i] = int32(n)
+	}
+	rows, err := db.Query(ctx, p.load, group, topic, parts)
+	if err != nil {
+		return nil, classify("load positions of "+topic, err)
+	}
+	out := map[int]int64{}
+	var part int32
+	var next int64
+	if _, err := pgx.ForEachRow(rows, []any{&part, &next}, func() error {
+		out[int(part)] = next
+		return nil
+	}); err != nil {
+		return nil, classify("load positions of "+topic, err)
+	}
+	return out, nil
+}
+
+// Save stores offsets (partition → next offset to consume) in one
+// statement, unless for a partition of expected the table holds a position
+// below the expected one, or none: then the database lost commits (a
+// failover, a restore) since that position was loaded or saved, nothing is
+// stored, and behind holds what the table has for those partitions (-1 for
+// no row). Call it only with offsets below which every message's effects
+// committed. expected may be nil.
+func (p *Positions) Save(ctx context.Context, group, topic string, offsets, expected map[int]int64) (behind map[int]int64, err error) {
+	return p.SaveTx(ctx, p.pool, group, topic, offsets, expected)
+}
+
+// SaveTx is Save on db: in a transaction it commits with the caller's
+// effects.
+func (p *Positions) SaveTx(ctx context.Context, db DBTX, group, topic string, offsets, expected map[int]int64) (behind map[int]int64, err error) {
+	if len(offsets) == 0 {
+		return nil, nil
+	}
+	parts := slices.Sorted(maps.Keys(offsets))
+	ids := make([]int32, len(parts))
+	nexts := make([]int64, len(parts))
+	exps := make([]int64, len(parts))
+	for i, n := range parts {
+		if offsets[n] < 0 {
+			return nil, fmt.Errorf("pgstore: save positions of %s: partition %d at offset %d: a position is an offset, 0 or more", topic, n, offsets[n])
+		}
+		ids[i], nexts[i], exps[i] = int32(n), offsets[n], -1
+		if e, ok := expected[n]; ok && e >= 0 {
+			exps[i] = e
+		}
+	}
+	rows, err := db.Query(ctx, p.save, group, topic, ids, nexts, exps)
+	if err != nil {
+		return nil, classify("save positions of "+topic, err)
+	}
+	var part int32
+	var next int64
+	if _, err := pgx.ForEachRow(rows, []any{&part, &next}, func() error {
+		if behind == nil {
+			behind = map[int]int64{}
+		}
+		behind[int(part)] = next
+		return nil
+	}); err != nil {
+		return nil, classify("save positions of "+topic, err)
+	}
+	return behind, nil
+}
+
+// Check reports whether the table is there and readable.
+func (p *Positions) Check(ctx context.Context) error {
+	_, err := p.pool.Exec(ctx, "SELECT consumer_group, topic, partition, next_offset, updated_at FROM "+p.table+" LIMIT 0")
+	return classify("check "+p.table, err)
+}

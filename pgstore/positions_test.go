@@ -1,0 +1,110 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"strings"
+	"testing"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/testkit/pgtest"
+	"github.com/exactly-go/exactly/pgstore"
+)
+
+func TestPositionsSaveLoad(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	store, err := pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := store.Positions()
+	if err := p.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	load := func(group, topic string, parts ...int) map[int]int64 {
+		t.Helper()
+		got, err := p.Load(ctx, group, topic, parts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := load("g", "t", 0, 1, 2); len(got) != 0 {
+		t.Fatalf("before any save: %v", got)
+	}
+	if _, err := p.Save(ctx, "g", "t", map[int]int64{2: 7, 0: 3}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// A later save overwrites, also with a lower offset (a group rewound
+	// by an operator, a topic recreated).
+	if _, err := p.Save(ctx, "g", "t", map[int]int64{0: 5, 1: 0, 2: 4}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Save(ctx, "other", "t", map[int]int64{0: 100}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Save(ctx, "g", "t2", map[int]int64{0: 200}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := load("g", "t", 0, 1, 2, 3), map[int]int64{0: 5, 1: 0, 2: 4}; !maps.Equal(got, want) {
+		t.Fatalf("loaded %v, want %v", got, want)
+	}
+	if got, want := load("g", "t", 2), map[int]int64{2: 4}; !maps.Equal(got, want) {
+		t.Fatalf("loaded %v, want %v", got, want)
+	}
+	if _, err := p.Save(ctx, "g", "t", map[int]int64{1: -1}, nil); err == nil || !strings.Contains(err.Error(), "partition 1") {
+		t.Fatalf("a negative offset: %v", err)
+	}
+	if _, err := p.Save(ctx, "g", "t", nil, nil); err != nil {
+		t.Fatalf("nothing to save: %v", err)
+	}
+	// A save that expects positions the table no longer holds (the
+	// database went back in time) stores nothing and says what it holds.
+	behind, err := p.Save(ctx, "g", "t", map[int]int64{0: 9, 2: 9, 3: 9}, map[int]int64{0: 5, 2: 6, 3: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[int]int64{2: 4, 3: -1}; !maps.Equal(behind, want) {
+		t.Fatalf("behind %v, want %v", behind, want)
+	}
+	if got, want := load("g", "t", 0, 1, 2, 3), map[int]int64{0: 5, 1: 0, 2: 4}; !maps.Equal(got, want) {
+		t.Fatalf("after a refused save: %v, want %v", got, want)
+	}
+	// Expected positions it holds, or exceeds: stored.
+	if behind, err := p.Save(ctx, "g", "t", map[int]int64{0: 9, 2: 9}, map[int]int64{0: 5, 2: 3}); err != nil || behind != nil {
+		t.Fatalf("save with expectations met: %v %v", behind, err)
+	}
+	if got, want := load("g", "t", 0, 2), map[int]int64{0: 9, 2: 9}; !maps.Equal(got, want) {
+		t.Fatalf("after a save with expectations met: %v, want %v", got, want)
+	}
+	// The same table through NewPositions.
+	p2, err := pgstore.NewPositions(db.Pool, &pgstore.PositionsConfig{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := p2.Load(ctx, "other", "t", []int{0}); err != nil || got[0] != 100 {
+		t.Fatalf("NewPositions loads %v %v", got, err)
+	}
+}
+
+func TestPositionsMisconfigured(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmpty(t)
+	ctx := context.Background()
+	p, err := pgstore.NewPositions(db.Pool, &pgstore.PositionsConfig{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Check(ctx); !errors.Is(err, dedupe.ErrMisconfigured) || !strings.Contains(err.Error(), "migrations.Migrate") {
+		t.Fatalf("Check on an unmigrated schema: %v", err)
+	}
+	if _, err := p.Load(ctx, "g", "t", []int{0}); !errors.Is(err, dedupe.ErrMisconfigured) {
+		t.Fatalf("Load on an unmigrated schema: %v", err)
+	}
+	if _, err := pgstore.NewPositions(db.Pool, &pgstore.PositionsConfig{Table: "bad name"}); err == nil || !strings.Contains(err.Error(), "PositionsConfig.Table") {
+		t.Fatalf("a bad table name: %v", err)
+	}
+}

@@ -1,0 +1,230 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/kafkapubsub"
+	"github.com/exactly-go/exactly/outbox"
+)
+
+// Config configures a Worker. Scope, Topic, one of Handler and
+// BatchHandler, and Brokers (or a Subscriber and a Publisher) are required;
+// everything else has a default.
+type Config struct {
+	// Scope names the handler in every key: a stable name, since keys must
+	// survive deploys (consumer.Config.Scope). Required.
+	Scope string
+	// Topic is the topic of the commands the handler applies. Required.
+	Topic string
+	// Handler applies one message in the worker's transaction and returns
+	// its outputs, which go to OutputTopic through the outbox in that same
+	// transaction (per-message mode). Set Handler or BatchHandler, not both.
+	Handler consumer.TxHandlerFunc
+	// BatchHandler applies a batch of messages set-based in one
+	// transaction (batch mode: consumer.BatchConsumer). Set Handler or
+	// BatchHandler, not both.
+	BatchHandler consumer.BatchHandlerFunc
+	// OutputTopic receives the handler's outputs, through the outbox: they
+	// are published by the worker's relay after, and only if, the
+	// handler's transaction commits. Defaults to "": a handler that returns
+	// outputs then fails with an error wrapping dedupe.ErrMisconfigured
+	// (retried, never dead-lettered, never dropped).
+	OutputTopic string
+	// DeadLetterTopic receives the messages that fail for good (key reused,
+	// invalid key or payload, dedupe.Permanent errors, poison), with the
+	// reason in metadata "reason_poisoned". Defaults to Topic + ".dlq".
+	DeadLetterTopic string
+	// Group is the Kafka consumer group. Defaults to Scope.
+	Group string
+
+	// Brokers to consume from and publish to. Required unless Subscriber
+	// and Publisher are both set.
+	Brokers []string
+	// Security holds the Kafka connections' TLS and SASL settings.
+	// Defaults to plain TCP.
+	Security kafkapubsub.Security
+	// Partitioner spreads outputs and dead letters over partitions by key;
+	// match the topics' other producers. Defaults to murmur2.
+	Partitioner kafkapubsub.Partitioner
+	// Subscriber and Publisher replace the worker's kafkapubsub Subscriber
+	// and Publisher with a Watermill Pub/Sub of your own. The worker closes
+	// them when it stops. The Publisher carries dead letters and the
+	// outbox relay's messages. Default to a kafkapubsub Subscriber (group
+	// Group) and Publisher on Brokers.
+	Subscriber message.Subscriber
+	Publisher  message.Publisher
+	// MaxInFlight and KeyOrdered open a window of several messages per
+	// partition in per-message mode (kafkapubsub.SubscriberConfig); in
+	// batch mode the window is BatchSize. Default to 1 and false.
+	MaxInFlight int
+	KeyOrdered  bool
+	// NoPositions keeps the group's committed offsets in Kafka only.
+	// Defaults to false: they are kept in Postgres too (pgstore.Positions,
+	// written before each Kafka commit), and each partition starts from
+	// the earlier of the two, so a database that loses its last commits
+	// (an asynchronous standby promoted, a restore) gets the messages
+	// behind them again instead of losing them. Only for the worker's own
+	// Subscriber; see docs/deployments.md.
+	NoPositions bool
+	// SessionTimeout is how long the group waits for a silent member
+	// before it hands the member's partitions to the others. Heartbeats go
+	// out every tenth of it. Defaults to 10s.
+	SessionTimeout time.Duration
+
+	// CreateTopics creates Topic, OutputTopic and DeadLetterTopic at start
+	// when they are missing, with TopicPartitions partitions (the
+	// dead-letter topic with one) and ReplicationFactor replicas. Defaults
+	// to false: the topics must exist, and the worker waits (reporting
+	// them in Health) until they do.
+	CreateTopics bool
+	// TopicPartitions is the partition count of created topics. Defaults
+	// to the broker's default.
+	TopicPartitions int
+	// ReplicationFactor of created topics. Defaults to the broker's default.
+	ReplicationFactor int
+	// Tables are the handler's own tables, checked at start with the
+	// worker's (a worker whose schema lacks one waits, reporting it in
+	// Health, until the migrations have run). Unqualified names are in
+	// Schema. Defaults to none.
+	Tables []string
+	// Migrate runs exactly's migrations (migrations.Migrate) at start, for
+	// a worker whose role may create tables. Defaults to false: the tables
+	// are created by a migrator (see the migrations package).
+	Migrate bool
+	// Schema holds exactly's tables. Defaults to the first schema of the
+	// pool's search_path, else "public" (as pgstore.Config.Schema).
+	Schema string
+
+	// KeyFunc, FingerprintFunc, MissingKey, TTL and MaxAttempts are the
+	// middleware's (consumer.Config). Default to the message UUID, the
+	// SHA-256 of the payload's bytes, Reject, the store's 7 days and 10.
+	KeyFunc         consumer.KeyFunc
+	FingerprintFunc dedupe.FingerprintFunc
+	MissingKey      consumer.MissingKeyPolicy
+	TTL             time.Duration
+	MaxAttempts     int
+	// LogDuplicates logs each duplicate at INFO. Defaults to false: at
+	// DEBUG (a replay of a million records prints no million lines).
+	LogDuplicates bool
+	// Timeout bounds one attempt: claim, handler and commit. Defaults to 30s.
+	Timeout time.Duration
+
+	// BatchSize bounds a batch's messages in batch mode. Defaults to 100.
+	BatchSize int
+	// BatchWait bounds how long a batch waits for more messages after its
+	// first one. Defaults to 10ms.
+	BatchWait time.Duration
+	// BatchWorkers is how many batches run at once, each partition on one.
+	// Defaults to 1.
+	BatchWorkers int
+
+	// NoRelay leaves the outbox to a relay that runs elsewhere (another
+	// process with outbox.Relay). Defaults to false: the worker relays the
+	// outbox while it runs, and flushes it when it stops.
+	NoRelay bool
+	// RelayPollInterval is the relay's polling floor (outbox.RelayConfig).
+	// Defaults to 200ms.
+	RelayPollInterval time.Duration
+	// CleanupInterval is how often expired keys are removed (one runner at
+	// a time across workers). Negative leaves clean-up to another process.
+	// Defaults to 1m.
+	CleanupInterval time.Duration
+	// StartupBackoff is the longest wait between two attempts to reach
+	// Postgres and Kafka at start. Defaults to 10s.
+	StartupBackoff time.Duration
+	// DrainTimeout bounds how long a stop waits for messages in flight,
+	// and then for the final outbox flush. Defaults to 30s.
+	DrainTimeout time.Duration
+
+	// Hooks receives an Event per message (consumer.Hooks). When it also
+	// implements outbox.Hooks (plugin/eprom does), it receives the relay's
+	// events too. Defaults to none.
+	Hooks consumer.Hooks
+	// OutboxHooks receives the relay's events. Defaults to Hooks when that
+	// implements outbox.Hooks, else none.
+	OutboxHooks outbox.Hooks
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+
+	// NoDedupe runs each message (or batch) in a transaction of its own,
+	// with no key: a redelivery applies it again. Only for measuring the
+	// claim's cost and for proving that a replay catches double
+	// applications. Defaults to false.
+	NoDedupe bool
+}
+
+// withDefaults returns a copy of cfg with its defaults filled in, or an
+// error naming the first field that is wrong and how to fix it.
+func withDefaults(cfg *Config) (Config, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	switch {
+	case c.Scope == "":
+		return c, errors.New("worker: Config.Scope is empty: set it to the handler's stable name (it is part of every key)")
+	case c.Topic == "":
+		return c, errors.New("worker: Config.Topic is empty: set it to the topic of the commands")
+	case c.Handler == nil && c.BatchHandler == nil:
+		return c, errors.New("worker: no handler: set Config.Handler (one message per transaction) or Config.BatchHandler (batch mode)")
+	case c.Handler != nil && c.BatchHandler != nil:
+		return c, errors.New("worker: Config.Handler and Config.BatchHandler are both set: a worker runs one of them")
+	case len(c.Brokers) == 0 && (c.Subscriber == nil || c.Publisher == nil):
+		return c, errors.New("worker: Config.Brokers is empty: set the Kafka brokers (or both Config.Subscriber and Config.Publisher)")
+	case c.MaxInFlight < 0:
+		return c, fmt.Errorf("worker: Config.MaxInFlight is %d: set it to 1 or more", c.MaxInFlight)
+	case c.KeyOrdered && c.BatchHandler != nil:
+		return c, errors.New("worker: Config.KeyOrdered is for Handler: a batch reads each partition in offset order")
+	case c.OutputTopic != "" && c.OutputTopic == c.Topic:
+		return c, fmt.Errorf("worker: Config.OutputTopic is the commands topic %q: the worker would consume its own outputs", c.Topic)
+	}
+	if c.DeadLetterTopic == "" {
+		c.DeadLetterTopic = c.Topic + ".dlq"
+	}
+	if c.DeadLetterTopic == c.Topic {
+		return c, fmt.Errorf("worker: Config.DeadLetterTopic is the commands topic %q: dead letters would be consumed again", c.Topic)
+	}
+	if c.Group == "" {
+		c.Group = c.Scope
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = 1
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = 30 * time.Second
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 100
+	}
+	if c.BatchWorkers <= 0 {
+		c.BatchWorkers = 1
+	}
+	if c.RelayPollInterval <= 0 {
+		c.RelayPollInterval = 200 * time.Millisecond
+	}
+	if c.CleanupInterval == 0 {
+		c.CleanupInterval = time.Minute
+	}
+	if c.StartupBackoff <= 0 {
+		c.StartupBackoff = 10 * time.Second
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 30 * time.Second
+	}
+	if c.OutboxHooks == nil {
+		if h, ok := c.Hooks.(outbox.Hooks); ok {
+			c.OutboxHooks = h
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c, nil
+}

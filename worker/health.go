@@ -1,0 +1,208 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/exactly-go/exactly/internal/backoff"
+	"github.com/exactly-go/exactly/internal/clock"
+	"github.com/exactly-go/exactly/internal/redact"
+	"github.com/exactly-go/exactly/kafkapubsub"
+)
+
+// The dependencies that Health names.
+const (
+	downStarting = "starting"
+	downConsumer = "consumer"
+	downDatabase = "database"
+	downSchema   = "database schema"
+	downKafka    = "kafka"
+	downTopics   = "kafka topics"
+)
+
+// Health reports whether the worker consumes and its dependencies answer:
+// nil, or an error that names what is down ("database", "database
+// schema", "kafka", "kafka topics", "starting", "consumer"). Before the
+// worker consumes it reports what its start-up found; afterwards it asks
+// Postgres and Kafka again (bounded by ctx).
+func (w *Worker) Health(ctx context.Context) error {
+	var down []string
+	if !w.consuming.Load() {
+		down = *w.down.Load()
+	} else {
+		down = w.probe(ctx, false)
+	}
+	if len(down) > 0 {
+		return fmt.Errorf("unavailable: %s", names(down))
+	}
+	return nil
+}
+
+// HealthHandler serves Health for a /healthz endpoint: 200 "ok", or 503
+// with the names of what is down (the reasons, which may name hosts and
+// users, go to the log only).
+func (w *Worker) HealthHandler() http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+		defer cancel()
+		if err := w.Health(ctx); err != nil {
+			http.Error(rw, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = rw.Write([]byte("ok\n"))
+	})
+}
+
+// waitReady probes Postgres and Kafka until both answer, with back-off
+// from 100ms up to Config.StartupBackoff, running the migrations and
+// creating the topics on the way when the configuration says so. It
+// reports false when ctx ends first.
+func (w *Worker) waitReady(ctx context.Context) bool {
+	wait := backoff.New(100*time.Millisecond, w.cfg.StartupBackoff)
+	migrated := !w.cfg.Migrate
+	for {
+		if !migrated {
+			if err := w.migrate(ctx); err != nil {
+				if ctx.Err() != nil {
+					return false
+				}
+				w.cfg.Logger.Warn("worker: migrations failed; trying again", "err", redact.Password(err.Error()))
+			} else {
+				migrated = true
+			}
+		}
+		down := w.probe(ctx, w.cfg.CreateTopics)
+		if ctx.Err() != nil {
+			return false
+		}
+		if len(down) == 0 && migrated {
+			w.down.Store(&[]string{downConsumer}) // until the consumer runs
+			return true
+		}
+		if !migrated && len(down) == 0 {
+			down = []string{downSchema}
+		}
+		w.down.Store(&down)
+		d := wait.Next()
+		w.cfg.Logger.Warn("worker: waiting for dependencies", "down", names(down), "retry_in", d)
+		if clock.Sleep(ctx, d) != nil {
+			return false
+		}
+	}
+}
+
+// probe checks the worker's dependencies and returns the names of those
+// that are down; it logs why. With create the Kafka check creates the
+// missing topics.
+func (w *Worker) probe(ctx context.Context, create bool) []string {
+	log := w.cfg.Logger
+	var down []string
+	if missing, err := w.missingTables(ctx); err != nil {
+		log.Warn("worker: Postgres unavailable", "err", redact.Password(err.Error()))
+		down = append(down, downDatabase)
+	} else if len(missing) > 0 {
+		log.Warn("worker: the schema lacks tables: run the migrations (migrations.Migrate, or worker.Config.Migrate with a role that may create tables)",
+			"schema", w.cfg.Schema, "missing", strings.Join(missing, ", "))
+		down = append(down, downSchema)
+	}
+	if len(w.cfg.Brokers) == 0 {
+		return down // a Pub/Sub of the user's: nothing to ask Kafka
+	}
+	if name, err := w.checkKafka(ctx, create); err != nil {
+		log.Warn("worker: Kafka unavailable", "err", err)
+		down = append(down, name)
+	}
+	return down
+}
+
+// topics are the worker's topics, for the start-up check.
+func (w *Worker) topics() []kafkapubsub.TopicSpec {
+	specs := []kafkapubsub.TopicSpec{
+		{Name: w.cfg.Topic, Partitions: w.cfg.TopicPartitions, ReplicationFactor: w.cfg.ReplicationFactor},
+		{Name: w.cfg.DeadLetterTopic, Partitions: 1, ReplicationFactor: w.cfg.ReplicationFactor},
+	}
+	if w.cfg.OutputTopic != "" {
+		specs = append(specs, kafkapubsub.TopicSpec{Name: w.cfg.OutputTopic, Partitions: w.cfg.TopicPartitions, ReplicationFactor: w.cfg.ReplicationFactor})
+	}
+	return specs
+}
+
+// checkKafka reaches the brokers on connections of its own (a shared
+// transport would answer from connections it keeps to brokers it learnt
+// of earlier), and checks or creates the topics.
+func (w *Worker) checkKafka(ctx context.Context, create bool) (string, error) {
+	specs := w.topics()
+	if create {
+		if err := kafkapubsub.CreateTopics(ctx, w.cfg.Brokers, w.cfg.Security, specs...); err != nil {
+			return downKafka, err
+		}
+		return "", nil
+	}
+	tr := w.cfg.Security.Transport()
+	tr.DialTimeout, tr.IdleTimeout = 3*time.Second, time.Second
+	defer tr.CloseIdleConnections()
+	c := &kafka.Client{Addr: kafka.TCP(w.cfg.Brokers...), Timeout: 5 * time.Second, Transport: tr}
+	names := make([]string, len(specs))
+	for i, s := range specs {
+		names[i] = s.Name
+	}
+	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: names})
+	if err != nil {
+		return downKafka, fmt.Errorf("worker: Kafka at %s: %w", strings.Join(w.cfg.Brokers, ","), err)
+	}
+	found := map[string]error{}
+	for _, t := range md.Topics {
+		found[t.Name] = t.Error
+	}
+	var missing []string
+	var errs []error
+	for _, n := range names {
+		terr, ok := found[n]
+		switch {
+		case !ok || errors.Is(terr, kafka.UnknownTopicOrPartition):
+			missing = append(missing, n)
+		case terr != nil:
+			errs = append(errs, fmt.Errorf("worker: topic %s: %w", n, terr))
+		}
+	}
+	if len(missing) > 0 {
+		errs = append(errs, fmt.Errorf("worker: the topics %s do not exist: create them, or set worker.Config.CreateTopics", strings.Join(missing, ", ")))
+	}
+	if len(errs) > 0 {
+		return downTopics, errors.Join(errs...)
+	}
+	return "", nil
+}
+
+// missingTables lists the tables of exactly and of the handler that the
+// schema lacks. It needs no privilege on them.
+func (w *Worker) missingTables(ctx context.Context) ([]string, error) {
+	want := []string{pgx.Identifier{w.cfg.Schema, w.store.Config().Table}.Sanitize(),
+		pgx.Identifier{w.cfg.Schema, "exactly_outbox"}.Sanitize()}
+	if !w.cfg.NoPositions && w.cfg.Subscriber == nil {
+		want = append(want, pgx.Identifier{w.cfg.Schema, "exactly_positions"}.Sanitize())
+	}
+	for _, t := range w.cfg.Tables {
+		if strings.Contains(t, ".") {
+			want = append(want, t)
+		} else {
+			want = append(want, pgx.Identifier{w.cfg.Schema, t}.Sanitize())
+		}
+	}
+	var missing []string
+	err := w.pool.QueryRow(ctx, "SELECT coalesce(array_agg(n) FILTER (WHERE to_regclass(n) IS NULL), '{}') FROM unnest($1::text[]) AS n", want).Scan(&missing)
+	if err != nil {
+		return nil, fmt.Errorf("worker: check the schema %s: %w", w.cfg.Schema, err)
+	}
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return nil, ctx.Err()
+	}
+	return missing, nil
+}

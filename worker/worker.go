@@ -1,0 +1,375 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/pgtx"
+	"github.com/exactly-go/exactly/kafkapubsub"
+	"github.com/exactly-go/exactly/migrations"
+	"github.com/exactly-go/exactly/outbox"
+	"github.com/exactly-go/exactly/pgstore"
+)
+
+// Worker consumes one topic with one handler, effectively once. New
+// builds it; Run runs it until its context ends.
+type Worker struct {
+	cfg    Config
+	pool   *pgxpool.Pool
+	store  *pgstore.Store
+	writer *outbox.Writer
+	// outputs is what the dedupe middleware writes the handler's outputs
+	// with: the outbox for OutputTopic, or a writer that refuses them.
+	outputs consumer.OutputsWriter
+
+	running chan struct{}
+	started atomic.Bool
+	// consuming is set while the router or the batch consumer runs.
+	consuming atomic.Bool
+	// down lists the dependencies found unavailable, until consuming.
+	down atomic.Pointer[[]string]
+}
+
+// New returns a worker on pool for cfg. It checks the configuration and
+// connects to nothing: Run waits for Postgres and Kafka.
+func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
+	if pool == nil {
+		return nil, errors.New("worker: the pool is nil")
+	}
+	c, err := withDefaults(cfg)
+	if err != nil {
+		return nil, err
+	}
+	store, err := pgstore.New(pool, &pgstore.Config{Schema: c.Schema, Logger: c.Logger})
+	if err != nil {
+		return nil, err
+	}
+	c.Schema = store.Config().Schema
+	writer, err := outbox.NewWriter(&outbox.Config{Schema: c.Schema})
+	if err != nil {
+		return nil, err
+	}
+	w := &Worker{cfg: c, pool: pool, store: store, writer: writer, running: make(chan struct{})}
+	w.outputs = refuseOutputs{}
+	if c.OutputTopic != "" {
+		w.outputs = writer.Outputs(c.OutputTopic)
+	}
+	w.down.Store(&[]string{"starting"})
+	return w, nil
+}
+
+// Store returns the worker's key store (for Stats, say).
+func (w *Worker) Store() *pgstore.Store { return w.store }
+
+// Config returns the worker's configuration with its defaults filled in.
+func (w *Worker) Config() Config { return w.cfg }
+
+// Running is closed once the worker consumes.
+func (w *Worker) Running() <-chan struct{} { return w.running }
+
+// Run runs the worker until ctx ends, then stops gracefully and returns
+// nil. First it waits, with back-off, until Postgres answers with the
+// worker's tables and Kafka with its topics (running the migrations and
+// creating the topics when Config.Migrate and Config.CreateTopics say so),
+// reporting what is down in Health. Then it consumes, relays the outbox and
+// removes expired keys. When ctx ends it stops taking messages, lets those
+// in flight finish (up to Config.DrainTimeout), commits their offsets,
+// and publishes what is left in the outbox. A Worker runs once.
+func (w *Worker) Run(ctx context.Context) error {
+	if !w.started.CompareAndSwap(false, true) {
+		return errors.New("worker: Run called twice: a Worker runs once")
+	}
+	log := w.cfg.Logger
+	if !w.waitReady(ctx) {
+		w.closeOwn()
+		return nil
+	}
+	if w.cfg.NoDedupe {
+		log.Warn("worker: deduplication is OFF (Config.NoDedupe): redeliveries will be applied again", "scope", w.cfg.Scope)
+	}
+	if len(w.cfg.Brokers) > 0 {
+		if err := kafkapubsub.CheckTTL(ctx, w.cfg.Brokers, w.cfg.Security, w.cfg.Topic, w.ttl()); err != nil {
+			log.Warn("worker: key retention", "err", err)
+		}
+	}
+	sub, pub, err := w.pubsub()
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+
+	var relay *outbox.Relay
+	if !w.cfg.NoRelay {
+		relay, err = outbox.NewRelay(w.pool, pub, &outbox.RelayConfig{Config: outbox.Config{Schema: w.cfg.Schema},
+			Hooks: w.cfg.OutboxHooks, Logger: log, PollInterval: w.cfg.RelayPollInterval})
+		if err != nil {
+			_ = sub.Close()
+			return err
+		}
+	}
+	// The relay and the clean-up outlive the consumer's drain: the last
+	// handlers' outputs are published after it.
+	var wg sync.WaitGroup
+	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBackground()
+	if relay != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = relay.Run(bgCtx) }()
+	}
+	if w.cfg.CleanupInterval > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = w.store.RunCleanup(bgCtx, w.cfg.CleanupInterval, nil) }()
+	}
+
+	if w.cfg.BatchHandler != nil {
+		err = w.runBatch(ctx, sub, pub)
+	} else {
+		err = w.runRouter(ctx, sub, pub)
+	}
+	stopBackground()
+	wg.Wait()
+	if relay != nil {
+		w.flush(ctx, relay)
+	}
+	return err
+}
+
+// runRouter is per-message mode: a Watermill router with the chain in its
+// one correct order.
+func (w *Worker) runRouter(ctx context.Context, sub message.Subscriber, pub message.Publisher) error {
+	log := w.cfg.Logger
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: w.cfg.DrainTimeout}, watermill.NewSlogLogger(log))
+	if err != nil {
+		_ = sub.Close()
+		return err
+	}
+	poison, err := middleware.PoisonQueueWithFilter(pub, w.cfg.DeadLetterTopic, dedupe.IsPermanent)
+	if err != nil {
+		_ = sub.Close()
+		return err
+	}
+	// No Retry: under a router the dedupe middleware nacks every failure
+	// that is not permanent, and the Subscriber delivers it again after a
+	// back-off; only permanent errors reach the PoisonQueue.
+	router.AddMiddleware(poison, middleware.Timeout(w.cfg.Timeout))
+	var handler message.HandlerFunc
+	if w.cfg.NoDedupe {
+		router.AddMiddleware(w.naiveHooks, middleware.Recoverer)
+		handler = w.naive
+	} else {
+		mw, err := consumer.NewMiddleware(w.store, w.middlewareConfig())
+		if err != nil {
+			_ = sub.Close()
+			return err
+		}
+		router.AddMiddleware(mw.Middleware, middleware.Recoverer)
+		handler = consumer.TxHandler(w.cfg.Handler)
+	}
+	// The middleware writes the outputs to the outbox and returns none: the
+	// handler's publisher refuses anything that would bypass it. The router
+	// closes it when it stops; the relay keeps the worker's own.
+	router.AddHandler(w.cfg.Scope, w.cfg.Topic, sub, w.cfg.OutputTopic, refusePublisher{}, handler)
+	go func() {
+		select {
+		case <-router.Running():
+			w.consuming.Store(true)
+			close(w.running)
+		case <-ctx.Done():
+		}
+	}()
+	err = router.Run(ctx)
+	w.consuming.Store(false)
+	return err
+}
+
+// runBatch is batch mode: a consumer.BatchConsumer.
+func (w *Worker) runBatch(ctx context.Context, sub message.Subscriber, pub message.Publisher) error {
+	defer sub.Close()
+	bc, err := consumer.NewBatchConsumer(w.store, w.cfg.BatchHandler, &consumer.BatchConfig{
+		Scope: w.cfg.Scope, KeyFunc: w.cfg.KeyFunc, FingerprintFunc: w.cfg.FingerprintFunc, MissingKey: w.cfg.MissingKey,
+		TTL: w.cfg.TTL, Outputs: w.outputs, MaxAttempts: w.cfg.MaxAttempts, Hooks: w.cfg.Hooks, Logger: w.cfg.Logger,
+		MaxSize: w.cfg.BatchSize, MaxWait: w.cfg.BatchWait, Workers: w.cfg.BatchWorkers,
+		Publisher: pub, DeadLetterTopic: w.cfg.DeadLetterTopic, NoDedupe: w.cfg.NoDedupe,
+		PerMessage: []message.HandlerMiddleware{
+			mustPoison(pub, w.cfg.DeadLetterTopic),
+			middleware.Retry{MaxRetries: 3, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second,
+				Multiplier: 2, ShouldRetry: consumer.ShouldRetry, ResetContextOnRetry: true}.Middleware,
+			middleware.Timeout(w.cfg.Timeout),
+		},
+	})
+	if err != nil {
+		return err
+	}
+	w.consuming.Store(true)
+	close(w.running)
+	err = bc.Subscribe(ctx, sub, w.cfg.Topic)
+	w.consuming.Store(false)
+	return err
+}
+
+func mustPoison(pub message.Publisher, topic string) message.HandlerMiddleware {
+	poison, err := middleware.PoisonQueueWithFilter(pub, topic, dedupe.IsPermanent)
+	if err != nil {
+		panic(err) // only for an empty topic, which withDefaults rules out
+	}
+	return poison
+}
+
+func (w *Worker) middlewareConfig() *consumer.Config {
+	return &consumer.Config{
+		Scope: w.cfg.Scope, KeyFunc: w.cfg.KeyFunc, FingerprintFunc: w.cfg.FingerprintFunc, MissingKey: w.cfg.MissingKey,
+		TTL: w.cfg.TTL, Outputs: w.outputs, MaxAttempts: w.cfg.MaxAttempts, Hooks: w.cfg.Hooks, Logger: w.cfg.Logger,
+		LogDuplicates: w.cfg.LogDuplicates,
+	}
+}
+
+func (w *Worker) ttl() time.Duration {
+	if w.cfg.TTL > 0 {
+		return w.cfg.TTL
+	}
+	return w.store.Config().TTL
+}
+
+// pubsub returns the Subscriber and the Publisher, the configured ones or
+// the worker's own on Brokers.
+func (w *Worker) pubsub() (message.Subscriber, message.Publisher, error) {
+	pub := w.cfg.Publisher
+	if pub == nil {
+		p, err := kafkapubsub.NewPublisher(&kafkapubsub.PublisherConfig{Brokers: w.cfg.Brokers, Security: w.cfg.Security,
+			Partitioner: w.cfg.Partitioner, Logger: w.cfg.Logger})
+		if err != nil {
+			return nil, nil, err
+		}
+		pub = p
+	}
+	sub := w.cfg.Subscriber
+	if sub == nil {
+		inFlight := w.cfg.MaxInFlight
+		if w.cfg.BatchHandler != nil {
+			inFlight = w.cfg.BatchSize
+		}
+		scfg := &kafkapubsub.SubscriberConfig{Brokers: w.cfg.Brokers, Security: w.cfg.Security, ConsumerGroup: w.cfg.Group,
+			Logger: w.cfg.Logger, MaxInFlight: inFlight, KeyOrdered: w.cfg.KeyOrdered}
+		if !w.cfg.NoPositions {
+			scfg.Positions = w.store.Positions()
+		}
+		if w.cfg.SessionTimeout > 0 {
+			scfg.SessionTimeout, scfg.HeartbeatInterval = w.cfg.SessionTimeout, w.cfg.SessionTimeout/10
+		}
+		s, err := kafkapubsub.NewSubscriber(scfg)
+		if err != nil {
+			_ = pub.Close()
+			return nil, nil, err
+		}
+		sub = s
+	}
+	return sub, pub, nil
+}
+
+// closeOwn closes the configured Subscriber and Publisher when Run ends
+// before it used them.
+func (w *Worker) closeOwn() {
+	if w.cfg.Subscriber != nil {
+		_ = w.cfg.Subscriber.Close()
+	}
+	if w.cfg.Publisher != nil {
+		_ = w.cfg.Publisher.Close()
+	}
+}
+
+// flush publishes what the last handlers wrote to the outbox after the
+// relay stopped (a batch commits hundreds of outputs at once: the relay
+// may be behind), for up to DrainTimeout.
+func (w *Worker) flush(ctx context.Context, relay *outbox.Relay) {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.DrainTimeout)
+	defer cancel()
+	for {
+		n, err := relay.RunOnce(fctx)
+		if err != nil {
+			w.cfg.Logger.Warn("worker: final outbox flush failed; the next relay publishes the rest", "err", err)
+			return
+		}
+		if n == 0 {
+			return
+		}
+	}
+}
+
+// naive runs the handler in a transaction of its own, with no key
+// (Config.NoDedupe).
+func (w *Worker) naive(msg *message.Message) ([]*message.Message, error) {
+	ctx := msg.Context()
+	tx, err := w.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer pgtx.Rollback(ctx, tx)
+	outs, err := w.cfg.Handler(ctx, tx, msg)
+	if err != nil {
+		return nil, err
+	}
+	if len(outs) > 0 {
+		if err := w.outputs.WriteOutputsTx(ctx, tx, outs); err != nil {
+			return nil, err
+		}
+	}
+	return nil, tx.Commit(ctx)
+}
+
+// naiveHooks reports each message of Config.NoDedupe to the hooks.
+func (w *Worker) naiveHooks(next message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		start := time.Now()
+		outs, err := next(msg)
+		if w.cfg.Hooks != nil {
+			outcome := consumer.OutcomeApplied
+			if err != nil {
+				outcome = consumer.OutcomeFailed
+			}
+			w.cfg.Hooks.OnMessage(msg.Context(), consumer.Event{Outcome: outcome, Duration: time.Since(start), Err: err})
+		}
+		return outs, err
+	}
+}
+
+// migrate runs exactly's migrations (Config.Migrate).
+func (w *Worker) migrate(ctx context.Context) error {
+	return migrations.Migrate(ctx, w.pool, &migrations.Config{Schema: w.cfg.Schema, Logger: w.cfg.Logger})
+}
+
+// refuseOutputs is the outputs writer of a worker with no OutputTopic.
+type refuseOutputs struct{}
+
+func (refuseOutputs) WriteOutputsTx(_ context.Context, _ pgx.Tx, msgs []*message.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: the handler returned %d output message(s) and worker.Config.OutputTopic is empty: set it to their topic",
+		dedupe.ErrMisconfigured, len(msgs))
+}
+
+// refusePublisher is the router's publisher for the handler: outputs go
+// through the outbox, never through it.
+type refusePublisher struct{}
+
+func (refusePublisher) Publish(topic string, msgs ...*message.Message) error {
+	return fmt.Errorf("%w: %d output message(s) for %q reached the router instead of the outbox", dedupe.ErrMisconfigured, len(msgs), topic)
+}
+
+func (refusePublisher) Close() error { return nil }
+
+// names joins dependency names for logs and Health.
+func names(down []string) string { return strings.Join(down, ", ") }
