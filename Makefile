@@ -5,7 +5,7 @@ GO ?= go
 # internal/embedpg, internal/kafkabench, internal/testkit/testservices).
 PKGS ?= $(shell GO="$(GO)" scripts/packages.sh)
 
-.PHONY: throughput demo test test-short chaos chaos-short chaos-topology bench lint services services-stop up down images test-docker compose-test
+.PHONY: bench-keys throughput demo test test-short chaos chaos-short chaos-topology bench lint services services-stop up down images test-docker compose-test
 
 # The ledger demo: Postgres at DATABASE_URL, else at localhost, else a
 # throwaway server for the demo's lifetime; Kafka in-process unless
@@ -50,6 +50,13 @@ throughput:
 # Side-by-side benchmarks; see docs/performance.md.
 bench:
 	$(GO) test -run '^$$' -bench . -count 5 -benchtime 2s ./pgstore
+
+# What the number of stored keys costs a claim, per key layout and kind of
+# message ID, in a memory-capped Postgres of its own (as root; long: about an
+# hour at the default 10M keys). KEYS=30000000 for the long run; see
+# docs/keys.md and scripts/bench-keys.sh.
+bench-keys:
+	GO="$(GO)" scripts/bench-keys.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -22,6 +22,40 @@ type KeyFunc func(msg *message.Message) (string, error)
 // _watermill_message_uuid on Kafka). This is the default.
 func KeyFromUUID(msg *message.Message) (string, error) { return msg.UUID, nil }
 
+// KeyFromTimeOrderedUUID keys a message by its Watermill UUID when it is a
+// UUIDv7 or a ULID, and refuses any other: TimeOrderedKey(KeyFromUUID).
+// Use it where every producer mints time-ordered IDs, so that a random ID
+// (which costs a cold index read per claim once the key table outgrows
+// memory: docs/keys.md) is caught at once instead of slowly degrading the
+// store.
+func KeyFromTimeOrderedUUID(msg *message.Message) (string, error) { return timeOrdered(msg.UUID) }
+
+// TimeOrderedKey wraps f so that it accepts only time-ordered IDs (a UUIDv7
+// or a ULID, in either case) and returns them in canonical form (lowercase
+// UUIDv7, upper-case ULID), so that copies written in another case are one
+// key. Any other ID is an error wrapping dedupe.ErrNotTimeOrdered, which
+// Config.MissingKey handles as an invalid key; an empty ID stays "no key".
+func TimeOrderedKey(f KeyFunc) KeyFunc {
+	return func(msg *message.Message) (string, error) {
+		id, err := f(msg)
+		if err != nil {
+			return "", err
+		}
+		return timeOrdered(id)
+	}
+}
+
+func timeOrdered(id string) (string, error) {
+	if id == "" {
+		return "", nil
+	}
+	t, err := dedupe.ParseTimeID(id)
+	if err != nil {
+		return "", err
+	}
+	return t.String(), nil
+}
+
 // KeyFromMetadata keys a message by a metadata field (a Kafka header).
 func KeyFromMetadata(field string) KeyFunc {
 	return func(msg *message.Message) (string, error) { return msg.Metadata.Get(field), nil }

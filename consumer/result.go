@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/exactly-go/exactly/internal/msgid"
 )
 
 // storedMessage is one output message as stored in the key's result.
@@ -15,11 +17,13 @@ type storedMessage struct {
 }
 
 // encodeOutputs stores the handler's output messages so duplicates can
-// re-publish them with the same UUIDs. No outputs store nothing.
+// re-publish them with the same UUIDs; an output with no UUID gets a
+// UUIDv7 first. No outputs store nothing.
 func encodeOutputs(msgs []*message.Message) ([]byte, error) {
 	if len(msgs) == 0 {
 		return nil, nil
 	}
+	msgid.Fill(msgs)
 	out := make([]storedMessage, len(msgs))
 	for i, m := range msgs {
 		out[i] = storedMessage{UUID: m.UUID, Metadata: m.Metadata, Payload: m.Payload}

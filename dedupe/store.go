@@ -41,16 +41,23 @@ type Claim struct {
 	TTL time.Duration
 }
 
-// Stats describes a store's table, for metrics.
+// Stats describes a store's table, for metrics. A store answers in
+// constant time, whatever the number of keys: a large table's counts are
+// estimates (Estimated).
 type Stats struct {
 	Processing int64
 	Completed  int64
 	// Expired counts keys past their expiry that cleanup has not deleted yet.
 	Expired int64
-	// Oldest is the creation time of the oldest key; zero when empty.
+	// Oldest is the creation time of the oldest key (of the key that expires
+	// first, when Estimated); zero when empty.
 	Oldest time.Time
 	// TableBytes is the size on disk of the table and its indexes; 0 when unknown.
 	TableBytes int64
+	// Estimated reports that the counts are estimates (from the database's
+	// statistics, as its planner has them) rather than exact counts: the
+	// store has too many keys to count them on every call.
+	Estimated bool
 }
 
 // CleanupConfig tunes one cleanup run.

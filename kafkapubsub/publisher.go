@@ -10,6 +10,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/exactly-go/exactly/internal/msgid"
 )
 
 // PartitionKeyFunc returns the record key (which picks the partition) of msg
@@ -99,7 +101,8 @@ func (c *PublisherConfig) withDefaults() (PublisherConfig, error) {
 // Publisher is a Watermill publisher on a kafka-go Writer. Every record is
 // acknowledged by all in-sync replicas before Publish returns (unless
 // PublisherConfig.Acks says otherwise); the message UUID travels in header
-// UUIDHeader and metadata in headers. Records with the same key go to the
+// UUIDHeader and metadata in headers. A message with no UUID gets a UUIDv7,
+// written into the message, so publishing it again sends the same ID. Records with the same key go to the
 // same partition (murmur2, as Kafka's Java producer, unless
 // PublisherConfig.Partitioner says otherwise). Safe for concurrent use.
 //
@@ -185,6 +188,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	}
 	records := make([]kafka.Message, len(msgs))
 	sizes := make([]int, len(msgs))
+	msgid.Fill(msgs)
 	for i, m := range msgs {
 		key, err := p.key(topic, m)
 		if err != nil {

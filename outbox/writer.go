@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/internal/mdkeys"
+	"github.com/exactly-go/exactly/internal/msgid"
 	"github.com/exactly-go/exactly/internal/sqlident"
 )
 
@@ -110,7 +111,8 @@ func lane(key, uuid string) int16 {
 	return int16(h.Sum32() % Lanes)
 }
 
-// WriteTx stores msgs for topic in tx, in order, with one statement.
+// WriteTx stores msgs for topic in tx, in order, with one statement. A
+// message with no UUID gets a UUIDv7, written into the message.
 func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -127,8 +129,13 @@ func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*
 	payloads := make([][]byte, len(msgs))
 	lanes := make([]int16, len(msgs))
 	for i, m := range msgs {
+		if m == nil {
+			return fmt.Errorf("outbox: message %d for %s is nil", i, topic)
+		}
 		if m.UUID == "" {
-			return fmt.Errorf("outbox: message %d for %s has no UUID: consumers deduplicate by it", i, topic)
+			// Consumers deduplicate by the UUID: a time-ordered one keeps
+			// their key index cheap (docs/keys.md).
+			m.UUID = msgid.New()
 		}
 		k, err := w.cfg.PartitionKeyFunc(topic, m)
 		if err != nil {

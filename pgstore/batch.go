@@ -80,6 +80,9 @@ func (s *Store) DoBatch(ctx context.Context, reqs []dedupe.Request, fn BatchFunc
 	if len(reqs) == 0 {
 		return nil, nil
 	}
+	if err := s.prepareCodes(ctx, reqs); err != nil {
+		return nil, err
+	}
 	wait := backoff.New(s.cfg.RetryBackoff, time.Second)
 	var unanswered []BatchClaim // the answer of a transaction whose COMMIT got no answer
 	for attempt := 1; ; attempt++ {
@@ -192,7 +195,11 @@ func (s *Store) claimBatchTx(ctx context.Context, tx pgx.Tx, reqs []dedupe.Reque
 	slices.SortFunc(order, func(a, b int) int {
 		return cmp.Or(strings.Compare(reqs[a].Key.Scope, reqs[b].Key.Scope), strings.Compare(reqs[a].Key.ID, reqs[b].Key.ID))
 	})
-	if len(order) > 0 {
+	if len(order) > 0 && s.part != nil {
+		if err := s.claimEach(ctx, tx, reqs, order, out, begin); err != nil {
+			return nil, err
+		}
+	} else if len(order) > 0 {
 		if err := s.claimBatch(ctx, tx, reqs, order, out, begin); err != nil {
 			return nil, err
 		}
@@ -365,6 +372,48 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 	return nil
 }
 
+// claimEach claims the keys of reqs at order (sorted, distinct, valid) one
+// statement each, in order, and writes their answers into out: the
+// partitioned layout's batch claim.
+func (s *Store) claimEach(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request, order []int, out []BatchClaim, begin bool) error {
+	if begin {
+		if _, err := tx.Exec(ctx, s.beginSQL); err != nil {
+			return classify("begin", err)
+		}
+	}
+	for _, i := range order {
+		claim, err := s.claim(ctx, tx, reqs[i], dedupe.StatusCompleted, 0)
+		switch {
+		case err == nil:
+			out[i].Claim = claim
+		case isPerRequest(err):
+			out[i].Err = err
+		default:
+			return err
+		}
+	}
+	return nil
+}
+
+// prepareCodes reads (or adds) the codes of the scopes and topics of reqs
+// before a transaction holds a connection (the partitioned layout).
+func (s *Store) prepareCodes(ctx context.Context, reqs []dedupe.Request) error {
+	if s.part == nil {
+		return nil
+	}
+	for _, r := range reqs {
+		if _, err := s.part.code(ctx, s.pool, r.Key.Scope); err != nil {
+			return err
+		}
+		if r.Source.Topic != "" {
+			if _, err := s.part.code(ctx, s.pool, r.Source.Topic); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // decide applies the decision table to a conflicting row; a takeover is
 // only marked here (claimBatch carries it out).
 func (s *Store) decide(c *BatchClaim, req dedupe.Request, rec dedupe.Record, now time.Time) {
@@ -408,7 +457,18 @@ func (s *Store) CompleteBatchTx(ctx context.Context, tx pgx.Tx, claims []BatchCl
 		}
 		scopes, ids, blobs = append(scopes, c.Record.Key.Scope), append(ids, c.Record.Key.ID), append(blobs, results[j])
 	}
-	if len(ids) > 0 {
+	if len(ids) > 0 && s.part != nil {
+		for j := range ids {
+			key := dedupe.Key{Scope: scopes[j], ID: ids[j]}
+			n, err := s.update(ctx, tx, key, func(q *queries) string { return q.result }, nil, pgx.NamedArgs{"result": blobs[j]})
+			if err != nil {
+				return classify("complete "+key.String(), err)
+			}
+			if n != 1 {
+				return fmt.Errorf("pgstore: complete a batch: %s was not claimed in this transaction", key)
+			}
+		}
+	} else if len(ids) > 0 {
 		tag, err := tx.Exec(ctx, s.sql(batchResultSQL), scopes, ids, blobs)
 		if err != nil {
 			return classify(fmt.Sprintf("complete a batch of %d keys", len(ids)), err)

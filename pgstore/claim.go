@@ -2,11 +2,14 @@ package pgstore
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactly-go/exactly/dedupe"
 )
@@ -20,6 +23,12 @@ import (
 //  3. dedupe.Decide decides on the stored row.
 //  4. A key whose lease expired is taken over with takeoverSQL, fenced by
 //     the attempts count that was read; a lost race goes back to step 1.
+//
+// The same steps run on both layouts (Config.Layout): the partitioned
+// layout's statements (sql.go) answer in the legacy columns. There, a key
+// is looked for in the legacy table first while it serves as the oldest
+// generation (no key is inserted there any more, so a plain read suffices),
+// then claimed in the partition of its ID.
 
 // claimArgs are the arguments of one claim, built once and shared by its
 // statements.
@@ -36,31 +45,101 @@ type claimArgs struct {
 	offset    *int64
 	// leaseMicros and ttlMicros are durations in microseconds.
 	leaseMicros, ttlMicros float64
+	// q are the statements for the store's layout (and, for the partitioned
+	// layout, its state).
+	q *queries
+	// part is set for the partitioned layout: the key as it is stored.
+	part *partArgs
 }
 
-// newClaimArgs validates req and builds its claim's arguments.
-func (s *Store) newClaimArgs(req dedupe.Request, status dedupe.Status, lease time.Duration) (claimArgs, error) {
+// partArgs are a claim's arguments in the partitioned layout.
+type partArgs struct {
+	sid        storedID
+	scopeCode  int16
+	topicCode  *int16
+	fp         []byte
+	width      time.Duration
+	legacyUsed bool
+}
+
+// newClaimArgs validates req and builds its claim's arguments. For the
+// partitioned layout it reads the layout's state (cached) and the codes of
+// the scope and topic names on the pool, before any transaction is open.
+func (s *Store) newClaimArgs(ctx context.Context, req dedupe.Request, status dedupe.Status, lease time.Duration) (claimArgs, error) {
 	if err := req.Validate(); err != nil {
 		return claimArgs{}, err
 	}
 	a := claimArgs{
 		scope: req.Key.Scope, id: req.Key.ID, fingerprint: string(req.Fingerprint), status: status,
-		leaseMicros: micros(lease), ttlMicros: micros(s.ttl(req)),
+		leaseMicros: micros(lease), ttlMicros: micros(s.ttl(req)), q: &s.q,
 	}
 	if req.Source != (dedupe.Source{}) {
 		src := req.Source
 		a.topic, a.partition, a.offset = &src.Topic, &src.Partition, &src.Offset
 	}
+	if s.part == nil {
+		return a, nil
+	}
+	p := s.part
+	st, err := p.layoutState(ctx, s.pool)
+	if err != nil {
+		return claimArgs{}, err
+	}
+	if st.low.IsZero() {
+		return claimArgs{}, fmt.Errorf("pgstore: claim %s: %s has no time partitions yet: %w: call Store.Check at start-up "+
+			"(or Cleanup), which creates them", req.Key, p.parent, dedupe.ErrMisconfigured)
+	}
+	pa := &partArgs{sid: encodeID(req.Key.ID, st.low), width: st.width, legacyUsed: st.legacy != ""}
+	if pa.scopeCode, err = p.code(ctx, s.pool, req.Key.Scope); err != nil {
+		return claimArgs{}, err
+	}
+	if a.topic != nil {
+		c, err := p.code(ctx, s.pool, *a.topic)
+		if err != nil {
+			return claimArgs{}, err
+		}
+		pa.topicCode = &c
+	}
+	pa.fp, _ = hex.DecodeString(a.fingerprint) // validated: 64 hex digits
+	a.part, a.q = pa, p.queriesFor(st)
 	return a, nil
 }
 
-// claimSQLArgs are claimSQL's $1..$9.
+// named returns the partitioned layout's named arguments, with more.
+func (a *claimArgs) named(more pgx.NamedArgs) pgx.NamedArgs {
+	pa := a.part
+	n := pgx.NamedArgs{
+		"scope": a.scope, "id": a.id, "fp": pa.fp, "status": string(a.status), "topic": pa.topicCode, "part": a.partition,
+		"off": a.offset, "lease": a.leaseMicros, "ttl": a.ttlMicros, "scode": pa.scopeCode, "kid": pa.sid.kid,
+		"kind": string(pa.sid.kind), "idtext": pa.sid.text, "tname": a.topic,
+	}
+	for k, v := range more {
+		n[k] = v
+	}
+	return n
+}
+
+// claimSQLArgs are claimSQL's arguments.
 func (a *claimArgs) claimSQLArgs() []any {
+	if a.part != nil {
+		return []any{a.named(nil)}
+	}
 	return []any{a.scope, a.id, a.fingerprint, string(a.status), a.topic, a.partition, a.offset, a.leaseMicros, a.ttlMicros}
 }
 
-// takeoverSQLArgs are takeoverSQL's $1..$9, fenced by the attempts count read.
+// lockSQLArgs are lockSQL's arguments.
+func (a *claimArgs) lockSQLArgs() []any {
+	if a.part != nil {
+		return []any{a.named(nil)}
+	}
+	return []any{a.scope, a.id}
+}
+
+// takeoverSQLArgs are takeoverSQL's arguments, fenced by the attempts count read.
 func (a *claimArgs) takeoverSQLArgs(attempts int) []any {
+	if a.part != nil {
+		return []any{a.named(pgx.NamedArgs{"attempts": attempts})}
+	}
 	return []any{a.scope, a.id, attempts, string(a.status), a.topic, a.partition, a.offset, a.leaseMicros, a.ttlMicros}
 }
 
@@ -78,11 +157,11 @@ type keyRow struct {
 
 // claim runs the claim protocol for req on db.
 func (s *Store) claim(ctx context.Context, db DBTX, req dedupe.Request, status dedupe.Status, lease time.Duration) (dedupe.Claim, error) {
-	a, err := s.newClaimArgs(req, status, lease)
+	a, err := s.newClaimArgs(ctx, req, status, lease)
 	if err != nil {
 		return dedupe.Claim{}, err
 	}
-	row, err := scanKeyRow(db.QueryRow(ctx, s.q.claim, a.claimSQLArgs()...))
+	row, err := scanKeyRow(db.QueryRow(ctx, a.q.claim, a.claimSQLArgs()...))
 	return s.resolveClaim(ctx, db, req, &a, row, err)
 }
 
@@ -94,13 +173,13 @@ func (s *Store) resolveClaim(ctx context.Context, db DBTX, req dedupe.Request, a
 	// another worker made progress.
 	for round := 0; round < 8; round++ {
 		if round > 0 {
-			row, rowErr = scanKeyRow(db.QueryRow(ctx, s.q.claim, a.claimSQLArgs()...))
+			row, rowErr = scanKeyRow(db.QueryRow(ctx, a.q.claim, a.claimSQLArgs()...))
 		}
 		if rowErr != nil {
-			return dedupe.Claim{}, classify("claim "+req.Key.String(), rowErr)
+			return dedupe.Claim{}, s.claimError(req, a, rowErr)
 		}
 		if !row.found {
-			locked, err := scanKeyRow(db.QueryRow(ctx, s.q.lock, a.scope, a.id))
+			locked, err := scanKeyRow(db.QueryRow(ctx, a.q.lock, a.lockSQLArgs()...))
 			if err != nil {
 				return dedupe.Claim{}, classify("claim "+req.Key.String(), err)
 			}
@@ -116,7 +195,7 @@ func (s *Store) resolveClaim(ctx context.Context, db DBTX, req dedupe.Request, a
 		if err != nil || decision == dedupe.DecisionDuplicate {
 			return dedupe.Claim{Decision: decision, Record: row.rec, TTL: req.TTL}, err
 		}
-		taken, err := scanKeyRow(db.QueryRow(ctx, s.q.takeover, a.takeoverSQLArgs(row.rec.Attempts)...))
+		taken, err := scanKeyRow(db.QueryRow(ctx, a.q.takeover, a.takeoverSQLArgs(row.rec.Attempts)...))
 		if err != nil {
 			return dedupe.Claim{}, classify("take over "+req.Key.String(), err)
 		}
@@ -133,7 +212,7 @@ func (s *Store) resolveClaim(ctx context.Context, db DBTX, req dedupe.Request, a
 // transaction is returned whenever it was opened, also with the claim's
 // error: the caller rolls it back.
 func (s *Store) beginClaim(ctx context.Context, req dedupe.Request) (*connTx, dedupe.Claim, error) {
-	a, err := s.newClaimArgs(req, dedupe.StatusCompleted, 0)
+	a, err := s.newClaimArgs(ctx, req, dedupe.StatusCompleted, 0)
 	if err != nil {
 		return nil, dedupe.Claim{}, err
 	}
@@ -144,7 +223,7 @@ func (s *Store) beginClaim(ctx context.Context, req dedupe.Request) (*connTx, de
 	tx := &connTx{pc: pc, conn: pc.Conn()}
 	b := &pgx.Batch{}
 	b.Queue(s.beginSQL)
-	b.Queue(s.q.claim, a.claimSQLArgs()...)
+	b.Queue(a.q.claim, a.claimSQLArgs()...)
 	br := tx.conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
@@ -157,6 +236,26 @@ func (s *Store) beginClaim(ctx context.Context, req dedupe.Request) (*connTx, de
 	}
 	c, err := s.resolveClaim(ctx, tx, req, &a, row, rowErr)
 	return tx, c, err
+}
+
+// claimError classifies the claim statement's error. In the partitioned
+// layout, a key whose time partition does not exist was routed by a state
+// that maintenance changed meanwhile (retry: the state is read again), or
+// was minted beyond the partitions created ahead.
+func (s *Store) claimError(req dedupe.Request, a *claimArgs, err error) error {
+	var pgErr *pgconn.PgError
+	if a.part == nil || !errors.As(err, &pgErr) || pgErr.Code != "23514" || !strings.Contains(pgErr.Message, "no partition") {
+		return classify("claim "+req.Key.String(), err)
+	}
+	s.part.forget()
+	minted := a.part.sid.minted
+	if horizon := time.Now().Add(time.Duration(s.cfg.PartitionsAhead+1) * a.part.width); minted.After(horizon) {
+		return &dedupe.InvalidKeyError{Key: req.Key, Reason: fmt.Sprintf("its ID was minted at %s, beyond the key partitions "+
+			"created ahead (until about %s): the producer's clock is ahead", minted.UTC().Format(time.RFC3339), horizon.UTC().Format(time.RFC3339))}
+	}
+	return dedupe.Retryable(fmt.Errorf("pgstore: claim %s: no partition of %s holds its time %s: the partitions changed "+
+		"meanwhile, or Cleanup (which creates them ahead) has not run for a while: %w",
+		req.Key, s.part.parent, minted.UTC().Format(time.RFC3339), err))
 }
 
 // scanKeyRow reads one row of (inserted, cols..., clock_timestamp()); no

@@ -18,9 +18,19 @@ type Config struct {
 	// search_path (set it in the connection string: ?search_path=ledger),
 	// else "public", as migrations.Config.Schema does.
 	Schema string
-	// Table is the key table's name. Defaults to "exactly_keys", the table
-	// that the migrations create.
+	// Layout is how the keys are kept: LayoutLegacy (one table) or
+	// LayoutPartitioned (compact rows, time partitions dropped whole; see
+	// docs/keys.md for the upgrade). Defaults to LayoutLegacy.
+	Layout Layout
+	// Table is the key table's name. Defaults to "exactly_keys" (LayoutLegacy)
+	// or "exactly_keys2" (LayoutPartitioned), the tables that the migrations
+	// create.
 	Table string
+	// PartitionsAhead is how many time partitions (of the width in the
+	// layout's state table, a day by default) Cleanup keeps created ahead
+	// of the current one, for LayoutPartitioned. An ID minted further ahead
+	// is an invalid key. Defaults to 3.
+	PartitionsAhead int
 	// TTL is how long a completed key is kept. It must outlive every way a
 	// message can come back: at least the topic's retention.
 	// Defaults to dedupe.DefaultTTL (7 days, Kafka's default retention.ms).
@@ -50,6 +60,12 @@ func (c *Config) withDefaults(pool *pgxpool.Pool) (Config, error) {
 	}
 	if o.Table == "" {
 		o.Table = "exactly_keys"
+		if o.Layout == LayoutPartitioned {
+			o.Table = "exactly_keys2"
+		}
+	}
+	if o.PartitionsAhead == 0 {
+		o.PartitionsAhead = 3
 	}
 	if o.TTL == 0 {
 		o.TTL = dedupe.DefaultTTL
@@ -76,6 +92,10 @@ func (c *Config) withDefaults(pool *pgxpool.Pool) (Config, error) {
 		return o, err
 	}
 	switch {
+	case o.Layout != LayoutLegacy && o.Layout != LayoutPartitioned:
+		return o, fmt.Errorf("pgstore: Config.Layout is %v: use pgstore.LayoutLegacy or pgstore.LayoutPartitioned", o.Layout)
+	case o.PartitionsAhead < 0:
+		return o, fmt.Errorf("pgstore: Config.PartitionsAhead is %d: set 1 or more, or 0 for the default", o.PartitionsAhead)
 	case o.TTL < 0:
 		return o, fmt.Errorf("pgstore: Config.TTL is %v: set a positive duration, at least the topic's retention", o.TTL)
 	case o.MaxResultBytes < 0:

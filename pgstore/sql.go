@@ -70,17 +70,10 @@ WHERE scope = $1 AND key = $2 AND status = 'PROCESSING' AND attempts = $3`
     ORDER BY expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED))`
-
-	statsSQL = `SELECT count(*) FILTER (WHERE status = 'PROCESSING'),
-       count(*) FILTER (WHERE status = 'COMPLETED'),
-       count(*) FILTER (WHERE expires_at < now()),
-       min(created_at),
-       pg_total_relation_size($1::regclass)
-FROM {T}`
 )
 
 type queries struct {
-	claim, lock, takeover, result, complete, release, get, cleanup, stats string
+	claim, lock, takeover, result, complete, release, get, cleanup string
 }
 
 func newQueries(table string) queries {
@@ -88,6 +81,144 @@ func newQueries(table string) queries {
 	return queries{
 		claim: r.Replace(claimSQL), lock: r.Replace(lockSQL), takeover: r.Replace(takeoverSQL),
 		result: r.Replace(resultSQL), complete: r.Replace(completeSQL), release: r.Replace(releaseSQL),
-		get: r.Replace(getSQL), cleanup: r.Replace(cleanupSQL), stats: r.Replace(statsSQL),
+		get: r.Replace(getSQL), cleanup: r.Replace(cleanupSQL),
+	}
+}
+
+// The partitioned layout's statements (pgx named arguments), with {P} standing for the
+// partitioned table, {N} for the names table and {L} for the legacy table
+// probed as the oldest generation (the statements without it leave its
+// parts out). They answer in the legacy statements' columns, so one
+// protocol (claim.go) runs on both layouts. Their arguments:
+//
+//	@scope scope name, @id ID (returned as they are; the legacy table's key)
+//	@fp fingerprint (32 bytes), @status the status a claimed key gets
+//	@topic topic code, @part partition, @off offset, @lease lease, @ttl TTL (microseconds)
+//	@scode scope code, @kid kid, @kind kind, @idtext id_text, @tname topic name
+//	@attempts the attempts count that fences an update, @result a result
+const (
+	// p2Cols reads a row of {P} aliased k in the legacy columns.
+	p2Cols = `@scope::text, @id::text, encode(k.fingerprint, 'hex'),
+       CASE k.status WHEN 'C' THEN 'COMPLETED' ELSE 'PROCESSING' END, k.result, k.attempts::int,
+       (SELECT n.name FROM {N} n WHERE n.code = k.source_topic), k.source_partition, k.source_offset, k.created_at,
+       CASE WHEN k.status = 'C' THEN COALESCE(k.completed_at, k.created_at) END, k.locked_until, k.expires_at`
+
+	// p2Key matches the request's row in {P} aliased k.
+	p2Key = `k.scope = @scode AND k.kid = @kid AND k.kind = @kind::"char" AND (k.kind <> 't' OR k.id_text = @id)`
+
+	// legacyLive matches the request's row in {L} aliased o while it is
+	// live: not expired, or leased.
+	legacyLive = `o.scope = @scope AND o.key = @id AND (o.expires_at >= now() OR (o.status = 'PROCESSING' AND o.locked_until >= now()))`
+
+	p2ClaimSQL = `WITH /*old*/ins AS (
+    INSERT INTO {P} AS k (kid, created_at, expires_at, completed_at, locked_until, source_offset, source_partition,
+                        scope, source_topic, attempts, kind, status, fingerprint, id_text)
+    SELECT @kid, now(), now() + @ttl::float8 * interval '1 microsecond', NULL,
+           CASE WHEN @status::text = 'PROCESSING' THEN clock_timestamp() + @lease::float8 * interval '1 microsecond' END,
+           @off, @part, @scode, @topic, 1, @kind::"char", CASE WHEN @status::text = 'COMPLETED' THEN 'C' ELSE 'P' END::"char", @fp, @idtext
+    /*noold*/
+    ON CONFLICT (scope, kid, kind) DO NOTHING
+    RETURNING true AS inserted, k.*
+)
+SELECT k.inserted, ` + p2Cols + `, clock_timestamp() FROM ins k
+UNION ALL
+SELECT false, ` + p2Cols + `, clock_timestamp() FROM {P} k WHERE ` + p2Key + `
+    AND NOT EXISTS (SELECT FROM ins)/*andnoold*/`
+
+	p2LockSQL = `SELECT false, ` + p2Cols + `, clock_timestamp() FROM {P} k WHERE ` + p2Key + ` FOR UPDATE`
+
+	p2TakeoverSQL = `WITH n AS (
+    UPDATE {P} AS k SET
+        attempts = k.attempts + 1,
+        status = CASE WHEN @status::text = 'COMPLETED' THEN 'C' ELSE 'P' END::"char",
+        completed_at = CASE WHEN @status::text = 'COMPLETED' THEN now() END,
+        locked_until = CASE WHEN @status::text = 'PROCESSING' THEN clock_timestamp() + @lease::float8 * interval '1 microsecond' END,
+        source_topic = @topic, source_partition = @part, source_offset = @off,
+        expires_at = now() + @ttl::float8 * interval '1 microsecond'
+    WHERE ` + p2Key + ` AND k.status = 'P' AND k.attempts = @attempts::int AND k.locked_until <= clock_timestamp()
+    RETURNING k.*
+)/*oldtakeover*/
+SELECT false, ` + p2Cols + `, clock_timestamp() FROM n k/*oldtakeoverrow*/`
+
+	// The legacy parts, spliced in where {L} is probed.
+	p2OldCTE   = `old AS (SELECT false, ` + prefixedOldCols + `, clock_timestamp() FROM {L} o WHERE ` + legacyLive + `), `
+	p2NoOld    = `WHERE NOT EXISTS (SELECT FROM old)`
+	p2AndNoOld = ` AND NOT EXISTS (SELECT FROM old)
+UNION ALL
+SELECT * FROM old`
+	p2OldTakeover = `, o AS (
+    UPDATE {L} AS o SET
+        attempts = o.attempts + 1, status = @status::text,
+        completed_at = CASE WHEN @status::text = 'COMPLETED' THEN now() END,
+        locked_until = CASE WHEN @status::text = 'PROCESSING' THEN clock_timestamp() + @lease::float8 * interval '1 microsecond' END,
+        source_topic = @tname, source_partition = @part, source_offset = @off,
+        expires_at = now() + @ttl::float8 * interval '1 microsecond'
+    WHERE o.scope = @scope AND o.key = @id AND o.status = 'PROCESSING' AND o.attempts = @attempts::int AND o.locked_until <= clock_timestamp()
+        AND NOT EXISTS (SELECT FROM n)
+    RETURNING false, ` + prefixedOldCols + `, clock_timestamp()
+)`
+	p2OldTakeoverRow = `
+UNION ALL
+SELECT * FROM o`
+
+	prefixedOldCols = `o.scope, o.key, o.fingerprint, o.status, o.result, o.attempts, o.source_topic, o.source_partition,
+       o.source_offset, o.created_at, o.completed_at, o.locked_until, o.expires_at`
+
+	// p2UpdateSQL wraps an update of the request's row in {P} (n, SET
+	// clause and extra WHERE in /*set*/ and /*where*/) and of its legacy
+	// row when it has none in {P}, and counts the rows updated.
+	p2UpdateSQL = `WITH n AS (UPDATE {P} AS k SET /*set*/ WHERE ` + p2Key + ` /*where*/ RETURNING 1)/*oldupdate*/
+SELECT (SELECT count(*) FROM n)/*oldcount*/`
+	p2OldUpdate = `, o AS (UPDATE {L} AS o SET /*oldset*/ WHERE o.scope = @scope AND o.key = @id /*oldwhere*/
+    AND NOT EXISTS (SELECT FROM n) RETURNING 1)`
+	p2OldCount = ` + (SELECT count(*) FROM o)`
+
+	p2GetSQL = `SELECT i, s, id, fp, st, r, a, t, p, off, c, done, lk, e, now FROM (
+    SELECT false AS i, ` + p2Cols + `, clock_timestamp(), 0 AS pref FROM {P} k WHERE ` + p2Key + `
+    /*oldget*/) AS x(i, s, id, fp, st, r, a, t, p, off, c, done, lk, e, now, pref)
+ORDER BY pref LIMIT 1`
+	p2OldGet = `UNION ALL
+    SELECT false, ` + prefixedOldCols + `, clock_timestamp(), 1 FROM {L} o WHERE o.scope = @scope AND o.key = @id`
+
+	// p2CleanupSQL deletes one batch of expired keys from the partition
+	// of keys that are not time-ordered ({P} is that partition here).
+	p2CleanupSQL = `DELETE FROM {P} WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM {P}
+    WHERE expires_at < now() AND (status = 'C' OR locked_until < now())
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED))`
+)
+
+// newPartitionedQueries builds the partitioned layout's statements, with
+// the legacy table's parts when legacy is not "".
+func newPartitionedQueries(parent, names, legacy string) queries {
+	splice := func(stmt string, parts ...string) string {
+		for i := 0; i+1 < len(parts); i += 2 {
+			with := ""
+			if legacy != "" {
+				with = parts[i+1]
+			}
+			stmt = strings.ReplaceAll(stmt, parts[i], with)
+		}
+		return strings.NewReplacer("{P}", parent, "{N}", names, "{L}", legacy).Replace(stmt)
+	}
+	update := func(set, where, oldSet, oldWhere string) string {
+		s := splice(p2UpdateSQL, "/*oldupdate*/", p2OldUpdate, "/*oldcount*/", p2OldCount)
+		return strings.NewReplacer("/*set*/", set, "/*where*/", where, "/*oldset*/", oldSet, "/*oldwhere*/", oldWhere).Replace(s)
+	}
+	return queries{
+		claim:    splice(p2ClaimSQL, "/*old*/", p2OldCTE, "/*noold*/", p2NoOld, "/*andnoold*/", p2AndNoOld),
+		lock:     splice(p2LockSQL),
+		takeover: splice(p2TakeoverSQL, "/*oldtakeover*/", p2OldTakeover, "/*oldtakeoverrow*/", p2OldTakeoverRow),
+		result: update("result = @result", "AND k.status = 'C'",
+			"result = @result", "AND o.status = 'COMPLETED'"),
+		complete: update(`status = 'C', result = @result, completed_at = now(), locked_until = NULL,
+    expires_at = now() + @ttl::float8 * interval '1 microsecond'`, "AND k.status = 'P' AND k.attempts = @attempts::int",
+			`status = 'COMPLETED', result = @result, completed_at = now(), locked_until = NULL,
+    expires_at = now() + @ttl::float8 * interval '1 microsecond'`, "AND o.status = 'PROCESSING' AND o.attempts = @attempts::int"),
+		release: update("locked_until = clock_timestamp()", "AND k.status = 'P' AND k.attempts = @attempts::int",
+			"locked_until = clock_timestamp()", "AND o.status = 'PROCESSING' AND o.attempts = @attempts::int"),
+		get: splice(p2GetSQL, "/*oldget*/", p2OldGet),
 	}
 }

@@ -31,6 +31,8 @@ type Store struct {
 	lockID int64
 	// beginSQL opens Do's transactions at Config.IsoLevel.
 	beginSQL string
+	// part is set for LayoutPartitioned.
+	part *partitioned
 }
 
 var _ dedupe.Store[pgx.Tx] = (*Store)(nil)
@@ -46,8 +48,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		return nil, err
 	}
 	table := pgx.Identifier{c.Schema, c.Table}.Sanitize()
-	return &Store{pool: pool, cfg: c, table: table, q: newQueries(table), lockID: advisory.LockID("cleanup/" + c.Schema + "." + c.Table),
-		beginSQL: "begin isolation level " + strings.ToLower(string(c.IsoLevel))}, nil
+	s := &Store{pool: pool, cfg: c, table: table, q: newQueries(table), lockID: advisory.LockID("cleanup/" + c.Schema + "." + c.Table),
+		beginSQL: "begin isolation level " + strings.ToLower(string(c.IsoLevel))}
+	if c.Layout == LayoutPartitioned {
+		s.part = newPartitioned(c.Schema, c.Table)
+	}
+	return s, nil
 }
 
 // Config returns the store's configuration with defaults filled in.
@@ -116,11 +122,12 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, c dedupe.Claim, resul
 	if result == nil {
 		return nil
 	}
-	tag, err := tx.Exec(ctx, s.q.result, c.Record.Key.Scope, c.Record.Key.ID, result)
+	n, err := s.update(ctx, tx, c.Record.Key, func(q *queries) string { return q.result },
+		func() []any { return []any{c.Record.Key.Scope, c.Record.Key.ID, result} }, pgx.NamedArgs{"result": result})
 	if err != nil {
 		return classify("complete "+c.Record.Key.String(), err)
 	}
-	if tag.RowsAffected() != 1 {
+	if n != 1 {
 		return fmt.Errorf("pgstore: complete %s: key not claimed in this transaction", c.Record.Key)
 	}
 	return nil
@@ -142,11 +149,14 @@ func (s *Store) Complete(ctx context.Context, c dedupe.Claim, result []byte) err
 		return err
 	}
 	k := c.Record.Key
-	tag, err := s.pool.Exec(ctx, s.q.complete, k.Scope, k.ID, c.Record.Attempts, result, micros(s.ttl(dedupe.Request{TTL: c.TTL})))
+	ttl := micros(s.ttl(dedupe.Request{TTL: c.TTL}))
+	n, err := s.update(ctx, s.pool, k, func(q *queries) string { return q.complete },
+		func() []any { return []any{k.Scope, k.ID, c.Record.Attempts, result, ttl} },
+		pgx.NamedArgs{"attempts": c.Record.Attempts, "result": result, "ttl": ttl})
 	if err != nil {
 		return classify("complete "+k.String(), err)
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return fmt.Errorf("pgstore: complete %s (attempt %d): %w", k, c.Record.Attempts, dedupe.ErrLeaseLost)
 	}
 	return nil
@@ -155,11 +165,12 @@ func (s *Store) Complete(ctx context.Context, c dedupe.Claim, result []byte) err
 // Release implements dedupe.Store.
 func (s *Store) Release(ctx context.Context, c dedupe.Claim) error {
 	k := c.Record.Key
-	tag, err := s.pool.Exec(ctx, s.q.release, k.Scope, k.ID, c.Record.Attempts)
+	n, err := s.update(ctx, s.pool, k, func(q *queries) string { return q.release },
+		func() []any { return []any{k.Scope, k.ID, c.Record.Attempts} }, pgx.NamedArgs{"attempts": c.Record.Attempts})
 	if err != nil {
 		return classify("release "+k.String(), err)
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return fmt.Errorf("pgstore: release %s (attempt %d): %w", k, c.Record.Attempts, dedupe.ErrLeaseLost)
 	}
 	return nil
@@ -170,7 +181,13 @@ func (s *Store) Release(ctx context.Context, c dedupe.Claim) error {
 // start-up: a missing table is a configuration error (an error wrapping
 // dedupe.ErrMisconfigured that names the fix), and every message would
 // otherwise fail with it.
+//
+// For LayoutPartitioned, Check also creates the time partitions when there
+// are none yet, as Cleanup does.
 func (s *Store) Check(ctx context.Context) error {
+	if s.part != nil {
+		return s.checkPartitioned(ctx)
+	}
 	_, err := s.pool.Exec(ctx, "SELECT "+cols+" FROM "+s.table+" LIMIT 0")
 	return classify("check "+s.table, err)
 }
@@ -182,7 +199,17 @@ func (s *Store) Get(ctx context.Context, key dedupe.Key) (dedupe.Record, error) 
 
 // GetTx is Get on db (a transaction sees its own uncommitted keys).
 func (s *Store) GetTx(ctx context.Context, db DBTX, key dedupe.Key) (dedupe.Record, error) {
-	row, err := scanKeyRow(db.QueryRow(ctx, s.q.get, key.Scope, key.ID))
+	var row keyRow
+	var err error
+	if s.part == nil {
+		row, err = scanKeyRow(db.QueryRow(ctx, s.q.get, key.Scope, key.ID))
+	} else {
+		var a claimArgs
+		if a, err = s.keyArgs(ctx, key); err != nil {
+			return dedupe.Record{}, err
+		}
+		row, err = scanKeyRow(db.QueryRow(ctx, a.q.get, a.named(nil)))
+	}
 	if err != nil {
 		return dedupe.Record{}, classify("get "+key.String(), err)
 	}
@@ -227,8 +254,17 @@ func (s *Store) Cleanup(ctx context.Context, cfg *dedupe.CleanupConfig) (int64, 
 		}
 	}()
 	var total int64
+	cleanup := s.q.cleanup
+	if s.part != nil {
+		retired, err := s.maintain(ctx, conn)
+		total += retired
+		if err != nil {
+			return total, err
+		}
+		cleanup = strings.ReplaceAll(strings.ReplaceAll(p2CleanupSQL, "{P}", s.part.other), "@limit", "$1")
+	}
 	for n := 0; maxBatches == 0 || n < maxBatches; n++ {
-		tag, err := conn.Exec(ctx, s.q.cleanup, batch)
+		tag, err := conn.Exec(ctx, cleanup, batch)
 		if err != nil {
 			return total, classify("cleanup", err)
 		}
@@ -268,17 +304,28 @@ func (s *Store) RunCleanup(ctx context.Context, every time.Duration, cfg *dedupe
 	}
 }
 
-// Stats implements dedupe.Store. It counts the whole table: run it on a
-// metrics interval, not per message.
-func (s *Store) Stats(ctx context.Context) (dedupe.Stats, error) {
-	var st dedupe.Stats
-	var oldest *time.Time
-	err := s.pool.QueryRow(ctx, s.q.stats, s.table).Scan(&st.Processing, &st.Completed, &st.Expired, &oldest, &st.TableBytes)
+// keyArgs are the partitioned layout's arguments for statements on an
+// existing key.
+func (s *Store) keyArgs(ctx context.Context, key dedupe.Key) (claimArgs, error) {
+	return s.newClaimArgs(ctx, dedupe.Request{Key: key, Fingerprint: zeroFingerprint}, dedupe.StatusCompleted, 0)
+}
+
+// zeroFingerprint stands for a fingerprint where a statement needs none.
+var zeroFingerprint = dedupe.Fingerprint(strings.Repeat("0", 64))
+
+// update runs an update of one key (resultSQL, completeSQL, releaseSQL)
+// and returns how many rows it changed: legacy takes the legacy
+// statement's arguments, named the partitioned one's besides the key's.
+func (s *Store) update(ctx context.Context, db DBTX, key dedupe.Key, stmt func(*queries) string, legacy func() []any, named pgx.NamedArgs) (int64, error) {
+	if s.part == nil {
+		tag, err := db.Exec(ctx, stmt(&s.q), legacy()...)
+		return tag.RowsAffected(), err
+	}
+	a, err := s.keyArgs(ctx, key)
 	if err != nil {
-		return st, classify("stats", err)
+		return 0, err
 	}
-	if oldest != nil {
-		st.Oldest = *oldest
-	}
-	return st, nil
+	var n int64
+	err = db.QueryRow(ctx, stmt(a.q), a.named(named)).Scan(&n)
+	return n, err
 }

@@ -19,4 +19,4 @@ CREATE TABLE exactly_keys (
 CREATE INDEX exactly_keys_expires_at_idx ON exactly_keys (expires_at);
 
 -- +goose Down
-DROP TABLE exactly_keys;
+DROP TABLE IF EXISTS exactly_keys;

@@ -1,0 +1,231 @@
+package pgstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/dedupe"
+)
+
+// Layout is how a Store keeps its keys.
+type Layout int
+
+const (
+	// LayoutLegacy keeps every key in one table (exactly_keys, migration
+	// 00001): text columns, retired by DELETE and VACUUM.
+	LayoutLegacy Layout = iota
+	// LayoutPartitioned keeps keys compact (the ID as 16 bytes when it is a
+	// UUID or a ULID, a 32-byte fingerprint, small codes for scope, topic and
+	// status) in a table range-partitioned on the ID (exactly_keys2,
+	// migration 00007). Keys with time-ordered IDs (UUIDv7, ULID) go to the
+	// time partition of their mint time, which Cleanup creates ahead and
+	// drops whole once every key in it is past its TTL; any other ID goes to
+	// one partition retired by DELETE. Today's exactly_keys serves as the
+	// oldest generation until its keys expire: claims look there first, and
+	// nothing is copied. See docs/keys.md.
+	LayoutPartitioned
+)
+
+func (l Layout) String() string {
+	switch l {
+	case LayoutLegacy:
+		return "legacy"
+	case LayoutPartitioned:
+		return "partitioned"
+	}
+	return fmt.Sprintf("Layout(%d)", int(l))
+}
+
+// The kinds of a stored ID (exactly_keys2.kind).
+const (
+	kindUUIDv7    = '7' // a UUIDv7, in its time partition
+	kindULID      = 'l' // a ULID, in its time partition
+	kindOldUUIDv7 = 'o' // a UUIDv7 older than the time partitions, first byte | 0xe0
+	kindOldULID   = 'p' // a ULID older than the time partitions, first byte | 0xe0
+	kindUUID      = 'u' // any other UUID, bytes 0 and 6 swapped
+	kindText      = 't' // anything else: 0xff and 15 bytes of its SHA-256, the ID in id_text
+)
+
+// storedID is an ID as the partitioned layout stores it.
+type storedID struct {
+	kid  [16]byte
+	kind byte
+	// text is the ID itself, stored for kindText only.
+	text *string
+	// minted is a time-ordered ID's time, which picks its partition.
+	minted time.Time
+	timed  bool
+}
+
+// encodeID encodes id for the partitioned layout; low is the start of the
+// oldest time partition (zero: none yet).
+func encodeID(id string, low time.Time) storedID {
+	if t, err := dedupe.ParseTimeID(id); err == nil && t.String() == id && t.Bytes[0] < 0x10 {
+		s := storedID{kid: t.Bytes, kind: kindUUIDv7, minted: t.Time(), timed: true}
+		if t.Kind == dedupe.ULID {
+			s.kind = kindULID
+		}
+		if low.IsZero() || s.minted.Before(low) {
+			s.kid[0] |= 0xe0
+			s.kind, s.timed = map[byte]byte{kindUUIDv7: kindOldUUIDv7, kindULID: kindOldULID}[s.kind], false
+		}
+		return s
+	}
+	if u, ok := parseUUID(id); ok && u[6]>>4 != 0 {
+		u[0], u[6] = u[6], u[0]
+		return storedID{kid: u, kind: kindUUID}
+	}
+	sum := sha256.Sum256([]byte(id))
+	s := storedID{kind: kindText, text: &id}
+	s.kid[0] = 0xff
+	copy(s.kid[1:], sum[:15])
+	return s
+}
+
+// parseUUID parses a UUID in canonical form (lowercase, hyphenated): only
+// that form is stored as 16 bytes, so that the ID is written back exactly.
+func parseUUID(id string) ([16]byte, bool) {
+	var u [16]byte
+	if len(id) != 36 || id[8] != '-' || id[13] != '-' || id[18] != '-' || id[23] != '-' || strings.ToLower(id) != id {
+		return u, false
+	}
+	digits := id[0:8] + id[9:13] + id[14:18] + id[19:23] + id[24:36]
+	if _, err := hex.Decode(u[:], []byte(digits)); err != nil {
+		return u, false
+	}
+	return u, true
+}
+
+// timeBound is the smallest kid of a time-ordered ID minted at t.
+func timeBound(t time.Time) string {
+	var b [16]byte
+	ms := uint64(t.UnixMilli())
+	for i := 5; i >= 0; i-- {
+		b[i] = byte(ms)
+		ms >>= 8
+	}
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
+}
+
+// partitioned is a Store's state for LayoutPartitioned.
+type partitioned struct {
+	schema, table string // unquoted
+	parent        string // the partitioned table, schema-qualified and quoted
+	other         string // its partition for keys that are not time-ordered
+	names, state  string // the code and state tables
+	q             queries
+	qLegacy       queries // the statements while a legacy table is probed
+
+	codes sync.Map // name → int16, committed codes only
+
+	mu     sync.Mutex
+	st     layoutState
+	readAt time.Time
+}
+
+// layoutState is the state row, as last read.
+type layoutState struct {
+	width time.Duration
+	// low is the start of the oldest time partition; zero before the first
+	// maintenance run.
+	low time.Time
+	// legacy is the schema-qualified, quoted table probed as the oldest
+	// generation, and its name; "" once it is retired.
+	legacy, legacyName string
+}
+
+// stateTTL is how long a Store trusts the state it read. Maintenance keeps
+// a retired legacy table readable for longer than this.
+const stateTTL = 10 * time.Second
+
+func newPartitioned(schema, table string) *partitioned {
+	q := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+	p := &partitioned{schema: schema, table: table, parent: q(table), other: q(table + "_other"),
+		names: q("exactly_key_names"), state: q(table + "_state")}
+	p.q = newPartitionedQueries(p.parent, p.names, "")
+	return p
+}
+
+// layoutState returns the state, read again when stale. The lock is never
+// held across the query: a claim holding a connection may need it.
+func (p *partitioned) layoutState(ctx context.Context, db DBTX) (layoutState, error) {
+	p.mu.Lock()
+	st, fresh := p.st, !p.readAt.IsZero() && time.Since(p.readAt) < stateTTL
+	p.mu.Unlock()
+	if fresh {
+		return st, nil
+	}
+	var (
+		width  time.Duration
+		low    *time.Time
+		legacy *string
+	)
+	if err := db.QueryRow(ctx, "SELECT width, low, legacy FROM "+p.state).Scan(&width, &low, &legacy); err != nil {
+		return layoutState{}, classify("read "+p.state, err)
+	}
+	st = layoutState{width: width}
+	if low != nil {
+		st.low = *low
+	}
+	if legacy != nil {
+		st.legacy = pgx.Identifier{p.schema, *legacy}.Sanitize()
+		st.legacyName = *legacy
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if st.legacy != "" && !strings.Contains(p.qLegacy.claim, st.legacy) {
+		p.qLegacy = newPartitionedQueries(p.parent, p.names, st.legacy)
+	}
+	p.st, p.readAt = st, time.Now()
+	return st, nil
+}
+
+// forget makes the next layoutState read the state again.
+func (p *partitioned) forget() {
+	p.mu.Lock()
+	p.readAt = time.Time{}
+	p.mu.Unlock()
+}
+
+// queriesFor returns the statements for st.
+func (p *partitioned) queriesFor(st layoutState) *queries {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	q := p.q
+	if st.legacy != "" {
+		q = p.qLegacy
+	}
+	return &q
+}
+
+// code returns name's code in the names table, adding it when missing, on
+// pool in its own statement (autocommit): a code is cached only once it is
+// committed, so every Store of the table agrees on it. Do and DoBatch
+// resolve their codes before they open their transaction; ClaimTx needs a
+// free connection in the pool the first time it meets a name.
+func (p *partitioned) code(ctx context.Context, pool DBTX, name string) (int16, error) {
+	if c, ok := p.codes.Load(name); ok {
+		return c.(int16), nil
+	}
+	var c int16
+	err := pool.QueryRow(ctx, `WITH ins AS (INSERT INTO `+p.names+` (name) VALUES ($1) ON CONFLICT (name) DO NOTHING RETURNING code)
+SELECT code FROM ins UNION ALL SELECT code FROM `+p.names+` WHERE name = $1 LIMIT 1`, name).Scan(&c)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Added by a transaction that committed while the insert waited.
+		err = pool.QueryRow(ctx, "SELECT code FROM "+p.names+" WHERE name = $1", name).Scan(&c)
+	}
+	if err != nil {
+		return 0, classify(fmt.Sprintf("code of %q", name), err)
+	}
+	p.codes.Store(name, c)
+	return c, nil
+}

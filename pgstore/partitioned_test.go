@@ -1,0 +1,397 @@
+package pgstore_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/dedupe/dedupetest"
+	"github.com/exactly-go/exactly/internal/testkit/pgtest"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
+	"github.com/exactly-go/exactly/pgstore"
+)
+
+// newPartitioned returns a partitioned store on a fresh schema, its
+// partitions created by Check, and a legacy store on the same schema.
+func newPartitioned(t testing.TB, cfg *pgstore.Config, width string) (*pgstore.Store, *pgstore.Store, *pgtest.DB) {
+	t.Helper()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	if width != "" {
+		if _, err := db.Pool.Exec(ctx, "UPDATE "+db.Table("exactly_keys2_state")+" SET width = $1::interval", width); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.Pool.Exec(ctx, "CREATE TABLE "+db.Table("applied")+" (id text PRIMARY KEY, n int NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	var c pgstore.Config
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Schema, c.Layout, c.Logger = db.Schema, pgstore.LayoutPartitioned, slog.New(slog.DiscardHandler)
+	s, err := pgstore.New(db.Pool, &c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacy, err := pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, legacy, db
+}
+
+type bytesReader []byte
+
+func (b bytesReader) Read(p []byte) (int, error) { return copy(p, b), nil }
+
+// The conformance suite on the partitioned layout, with the suite's own IDs
+// (text: the partition retired by DELETE), once with the legacy table
+// retired by Check and once with it still probed. Time partitions keep their expired keys until the
+// whole partition goes (TestPartitionRetirement), which the suite's
+// Cleanup test does not expect; their claims are exercised below.
+func TestConformancePartitioned(t *testing.T) {
+	harness := func(t *testing.T, probed bool) dedupetest.Harness[pgx.Tx] {
+		s, legacy, db := newPartitioned(t, &pgstore.Config{MaxResultBytes: 4096}, "")
+		ctx := context.Background()
+		_ = legacy
+		if err := s.Check(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if probed {
+			// Check retired the empty legacy table: probe it again.
+			if _, err := db.Pool.Exec(ctx, "UPDATE "+db.Table("exactly_keys2_state")+" SET legacy = 'exactly_keys'"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if probed {
+			var err error
+			if s, err = pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema, Layout: pgstore.LayoutPartitioned, MaxResultBytes: 4096}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var legacyProbed *string
+		if err := db.Pool.QueryRow(ctx, "SELECT legacy FROM "+db.Table("exactly_keys2_state")).Scan(&legacyProbed); err != nil {
+			t.Fatal(err)
+		}
+		if (legacyProbed != nil) != probed {
+			t.Fatalf("legacy table probed: %v", legacyProbed)
+		}
+		return dedupetest.Harness[pgx.Tx]{
+			Store:          s,
+			Begin:          func(ctx context.Context) (pgx.Tx, error) { return db.Pool.Begin(ctx) },
+			Commit:         func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
+			Rollback:       func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
+			Apply:          func(ctx context.Context, tx pgx.Tx, id string) error { return apply(ctx, db, tx, id) },
+			Applied:        func(ctx context.Context, id string) (int, error) { return applied(ctx, db, id) },
+			MaxResultBytes: 4096,
+		}
+	}
+	t.Run("legacy-retired", func(t *testing.T) {
+		dedupetest.Exercise(t, func(t *testing.T) dedupetest.Harness[pgx.Tx] { return harness(t, false) })
+	})
+	t.Run("legacy-probed", func(t *testing.T) {
+		dedupetest.Exercise(t, func(t *testing.T) dedupetest.Harness[pgx.Tx] { return harness(t, true) })
+	})
+}
+
+// Keys written by today's code (the legacy layout) keep deduplicating on
+// the partitioned layout until they expire, with nothing copied: completed
+// ones are duplicates with their stored result, a valid lease is in
+// flight, an expired lease is taken over and completed where it is, an
+// expired key is claimed again. Once none is live, the legacy table is no
+// longer read.
+func TestPartitionedUpgradeFromLegacy(t *testing.T) {
+	t.Parallel()
+	s, legacy, db := newPartitioned(t, nil, "")
+	ctx := context.Background()
+	ids := map[string]string{"done": uuid.NewString(), "leased": uuid.NewString(), "stale": uuid.NewString(),
+		"expired": uuid.NewString(), "text": "order-42", "v7": uuid.Must(uuid.NewV7()).String()}
+	for _, name := range []string{"done", "text", "v7"} {
+		c, err := legacy.Do(ctx, dedupetest.Req("s", ids[name], "p"), func(context.Context, pgx.Tx) ([]byte, error) { return []byte("r-" + name), nil })
+		if err != nil || c.Decision != dedupe.DecisionNew {
+			t.Fatalf("legacy claim %s: %v %v", name, c.Decision, err)
+		}
+	}
+	if _, err := legacy.Acquire(ctx, dedupetest.Req("s", ids["leased"], "p"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := legacy.Acquire(ctx, dedupetest.Req("s", ids["stale"], "p"), time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	short := dedupetest.Req("s", ids["expired"], "p")
+	short.TTL = time.Millisecond
+	if _, err := legacy.Do(ctx, short, noop); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"done", "text", "v7"} {
+		c, err := s.Do(ctx, dedupetest.Req("s", ids[name], "p"), func(context.Context, pgx.Tx) ([]byte, error) {
+			t.Errorf("%s ran again", name)
+			return nil, nil
+		})
+		if err != nil || c.Decision != dedupe.DecisionDuplicate || string(c.Record.Result) != "r-"+name || c.Record.Key.ID != ids[name] {
+			t.Fatalf("%s: %v %q %v", name, c.Decision, c.Record.Result, err)
+		}
+		if _, err := s.Do(ctx, dedupetest.Req("s", ids[name], "other payload"), noop); !errors.Is(err, dedupe.ErrKeyReused) {
+			t.Fatalf("%s with another payload: %v", name, err)
+		}
+	}
+	if _, err := s.Do(ctx, dedupetest.Req("s", ids["leased"], "p"), noop); !errors.Is(err, dedupe.ErrInFlight) {
+		t.Fatalf("leased: %v", err)
+	}
+	taken, err := s.Acquire(ctx, dedupetest.Req("s", ids["stale"], "p"), time.Hour)
+	if err != nil || taken.Decision != dedupe.DecisionTakeover || taken.Record.Attempts != 2 {
+		t.Fatalf("stale lease: %+v %v", taken, err)
+	}
+	if err := s.Complete(ctx, taken, []byte("late")); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := s.Do(ctx, short, noop); err != nil || c.Decision != dedupe.DecisionNew {
+		t.Fatalf("expired: %v %v", c.Decision, err)
+	}
+	var inLegacy, inNew int
+	if err := db.Pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+db.Table("exactly_keys")+"), (SELECT count(*) FROM "+
+		db.Table("exactly_keys2")+")").Scan(&inLegacy, &inNew); err != nil || inLegacy != 6 || inNew != 1 {
+		t.Fatalf("legacy %d keys, partitioned %d (%v); want 6 and 1: nothing copied", inLegacy, inNew, err)
+	}
+	if rec, err := s.Get(ctx, dedupe.Key{Scope: "s", ID: ids["stale"]}); err != nil || rec.Status != dedupe.StatusCompleted || string(rec.Result) != "late" {
+		t.Fatalf("stale after completion: %+v %v", rec, err)
+	}
+	st, err := s.Stats(ctx)
+	if err != nil || st.Completed != 5 || st.Processing != 1 {
+		t.Fatalf("stats %+v %v; want the 5 live completed keys and the lease", st, err)
+	}
+	// While a legacy key is live, the legacy table stays probed.
+	if _, err := s.Cleanup(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	legacyName := func() *string {
+		var l *string
+		if err := db.Pool.QueryRow(ctx, "SELECT legacy FROM "+db.Table("exactly_keys2_state")).Scan(&l); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	if legacyName() == nil {
+		t.Fatal("the legacy table was retired with live keys")
+	}
+	if _, err := db.Pool.Exec(ctx, "UPDATE "+db.Table("exactly_keys")+" SET expires_at = now() - interval '1 second', locked_until = NULL"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Cleanup(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if l := legacyName(); l != nil {
+		t.Fatalf("the legacy table %s is still probed with no live key", *l)
+	}
+}
+
+// A time partition is dropped once its range is past and every key in it
+// expired, never while a key in it is live; a later copy of a key from a
+// dropped range is claimed in the other partition. Partitions are 2 s wide.
+func TestPartitionRetirement(t *testing.T) {
+	t.Parallel()
+	s, _, db := newPartitioned(t, &pgstore.Config{PartitionsAhead: 2}, "2 seconds")
+	ctx := context.Background()
+	if err := s.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	parts := func() int {
+		var n int
+		if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass", db.Table("exactly_keys2")).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	first := parts()
+	short := dedupetest.Req("s", uuid.Must(uuid.NewV7()).String(), "p")
+	short.TTL = time.Second
+	live := dedupetest.Req("s", uuid.Must(uuid.NewV7()).String(), "p")
+	for _, r := range []dedupe.Request{short, live} {
+		if c, err := s.Do(ctx, r, noop); err != nil || c.Decision != dedupe.DecisionNew {
+			t.Fatalf("claim: %v %v", c.Decision, err)
+		}
+	}
+	var inTime int
+	if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+db.Table("exactly_keys2")+" WHERE kid < '10000000-0000-0000-0000-000000000000'").Scan(&inTime); err != nil || inTime != 2 {
+		t.Fatalf("%d keys in time partitions (%v), want 2", inTime, err)
+	}
+	// The live key holds its partition: maintenance creates new ones ahead
+	// and drops none of those its keys are in.
+	deadline := time.Now().Add(5 * time.Second)
+	testenv.WaitFor(t, 10*time.Second, "time to pass the keys' partition", func() bool { return time.Now().After(deadline) })
+	if _, err := s.Cleanup(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, live.Key); err != nil {
+		t.Fatalf("a live key went with its partition: %v", err)
+	}
+	if _, err := db.Pool.Exec(ctx, "UPDATE "+db.Table("exactly_keys2")+" SET expires_at = now() - interval '1 second'"); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.Cleanup(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, live.Key); !errors.Is(err, dedupe.ErrNotFound) {
+		t.Fatalf("expired key after its partition was retired: %v (cleanup said %d)", err, n)
+	}
+	var dead int64
+	if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+db.Table("exactly_keys2")).Scan(&dead); err != nil || dead != 0 {
+		t.Fatalf("%d keys left (%v)", dead, err)
+	}
+	if got := parts(); got < first {
+		t.Fatalf("%d partitions, fewer than the %d first created: none created ahead", got, first)
+	}
+	// A copy of the retired key goes to the other partition.
+	c, err := s.Do(ctx, live, noop)
+	if err != nil || c.Decision != dedupe.DecisionNew {
+		t.Fatalf("a copy after retirement: %v %v", c.Decision, err)
+	}
+	var other int
+	if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+db.Table("exactly_keys2_other")).Scan(&other); err != nil || other != 1 {
+		t.Fatalf("%d keys in the other partition (%v), want 1", other, err)
+	}
+	if c, err := s.Do(ctx, live, noop); err != nil || c.Decision != dedupe.DecisionDuplicate {
+		t.Fatalf("a second copy after retirement: %v %v", c.Decision, err)
+	}
+}
+
+// Copies of one key claimed concurrently while maintenance retires the
+// key's partition: every key is applied exactly once, whichever side of
+// the boundary each copy lands on (its time partition, which then holds
+// the partition back, or the other partition once the partition is gone).
+// Partitions are 1 s wide; each round mints keys in the partition that has
+// just passed and claims them from a store whose view of the partitions
+// may be stale while another store's maintenance retires them: at once
+// (even rounds: the claims race the retirement), or once the partition is
+// gone (odd rounds: the claims race the stale view).
+func TestPartitionBoundaryRace(t *testing.T) {
+	t.Parallel()
+	s, _, db := newPartitioned(t, &pgstore.Config{PartitionsAhead: 2}, "1 second")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := s.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	claimer, err := pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema, Layout: pgstore.LayoutPartitioned, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const rounds, keys, copies = 12, 20, 4
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_, _ = s.Cleanup(ctx, nil)
+		}
+	}()
+	errs := make(chan error, rounds*keys*copies)
+	var inOther, inTime int
+	for r := 0; r < rounds; r++ {
+		// Mint in the partition that ends at the next boundary, and claim
+		// as it ends (even rounds) or once it is gone (odd rounds).
+		next := time.Now().Truncate(time.Second).Add(2 * time.Second)
+		testenv.WaitFor(t, 5*time.Second, "the next partition boundary", func() bool { return time.Now().After(next.Add(-30 * time.Millisecond)) })
+		if r%2 == 1 {
+			// Claimed once the partition is gone, by a store that may still
+			// route them to it.
+			testenv.WaitFor(t, 30*time.Second, "the partition to be retired", func() bool {
+				var low time.Time
+				err := db.Pool.QueryRow(ctx, "SELECT low FROM "+db.Table("exactly_keys2_state")).Scan(&low)
+				return err == nil && !low.Before(next)
+			})
+		}
+		var roundStart time.Time
+		if err := db.Pool.QueryRow(ctx, "SELECT now()").Scan(&roundStart); err != nil {
+			t.Fatal(err)
+		}
+		var kg sync.WaitGroup
+		for k := 0; k < keys; k++ {
+			id := v7At(next.Add(-time.Duration(k+1) * 10 * time.Millisecond))
+			for c := 0; c < copies; c++ {
+				kg.Add(1)
+				go func() {
+					defer kg.Done()
+					// Live for the round (every copy is claimed within
+					// it), expired soon after, so that the partitions go.
+					req := dedupetest.Req("s", id, "p")
+					req.TTL = 2 * time.Second
+					fn := func(ctx context.Context, tx pgx.Tx) ([]byte, error) { return nil, apply(ctx, db, tx, id) }
+					_, err := claimer.Do(ctx, req, fn)
+					for errors.Is(err, dedupe.ErrInFlight) || isRetryable(err) {
+						_, err = claimer.Do(ctx, req, fn)
+					}
+					if err != nil {
+						errs <- fmt.Errorf("%s: %w", id, err)
+					}
+				}()
+			}
+		}
+		kg.Wait()
+		// Where this round's keys landed, before they expire.
+		var o, tp int
+		if err := db.Pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+db.Table("exactly_keys2_other")+" WHERE created_at >= $1), (SELECT count(*) FROM "+
+			db.Table("exactly_keys2")+" WHERE kid < '10000000-0000-0000-0000-000000000000' AND created_at >= $1)", roundStart).Scan(&o, &tp); err != nil {
+			t.Fatal(err)
+		}
+		inOther, inTime = inOther+o, inTime+tp
+	}
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	var doubled, total int
+	if err := db.Pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE n > 1), count(*) FROM "+db.Table("applied")).Scan(&doubled, &total); err != nil {
+		t.Fatal(err)
+	}
+	if doubled != 0 || total != rounds*keys {
+		t.Fatalf("%d of %d keys applied more than once; want 0 of %d", doubled, total, rounds*keys)
+	}
+	t.Logf("%d keys in their time partition, %d in the other partition", inTime, inOther)
+	if inOther == 0 || inTime == 0 {
+		t.Fatalf("%d keys in time partitions, %d in the other partition: the race never crossed a boundary", inTime, inOther)
+	}
+}
+
+// v7At is a UUIDv7 minted at t.
+func v7At(t time.Time) string {
+	u := uuid.New()
+	ms := uint64(t.UnixMilli())
+	for i := 5; i >= 0; i-- {
+		u[i] = byte(ms)
+		ms >>= 8
+	}
+	u[6] = u[6]&0x0f | 0x70
+	return u.String()
+}
+
+func noop(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }
+
+func sha256Of(s string) []byte { b := sha256.Sum256([]byte(s)); return b[:] }
+
+func isRetryable(err error) bool {
+	var r *dedupe.RetryableError
+	return errors.As(err, &r)
+}
