@@ -18,7 +18,10 @@
 # cell's Kafka too. Downloads are cached under ~/.cache/exactly.
 #
 # Environment:
-#   MATRIX_PKGS     the packages (default below)
+#   MATRIX_PKGS     the packages (default below), each a directory, with
+#                   @pg or @kafka when it talks to one server only: it runs
+#                   on that axis only (pgstore never reaches Kafka, so
+#                   running it against each Kafka tests nothing)
 #   MATRIX_PG       PostgreSQL releases (io.zonky.test.postgres versions)
 #   MATRIX_KAFKA    Kafka releases (org.apache.kafka:kafka_2.13 versions)
 #   MATRIX_SKIP     go test -skip pattern: tests that start a PostgreSQL of
@@ -36,8 +39,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 GO=${GO:-go}
-# The packages that talk to Postgres or Kafka, as directories.
-MATRIX_PKGS=${MATRIX_PKGS:-./pgstore ./migrations ./outbox ./consumer ./kafkapubsub ./examples/ledger-consumer/ledger}
+# The packages that talk to Postgres or Kafka, as directories; @pg or
+# @kafka limits one to an axis.
+MATRIX_PKGS=${MATRIX_PKGS:-./pgstore@pg ./migrations@pg ./outbox ./consumer ./kafkapubsub@kafka ./examples/ledger-consumer/ledger}
 MATRIX_PG=${MATRIX_PG:-13.23.0 14.24.0 15.19.0 16.15.0 17.11.0 18.6.0}
 MATRIX_KAFKA=${MATRIX_KAFKA:-3.9.2 4.4.0}
 MATRIX_SKIP=${MATRIX_SKIP:-^TestOpenDBStartsThrowawayServer$}
@@ -73,12 +77,16 @@ trap 'exit 130' INT TERM
 echo "matrix: building the test binaries (race detector) and pgserver"
 "$GO" build -o "$dir/bin/pgserver" ./internal/embedpg/cmd/pgserver
 "$GO" build -o "$dir/bin/testsum" ./scripts/testsum
-pkgs=()
-for p in $MATRIX_PKGS; do
+pkgs=() # "dir axis", axis pg, kafka or both
+for entry in $MATRIX_PKGS; do
+	p=${entry%@*}
+	axis=both
+	[ "$p" = "$entry" ] || axis=${entry##*@}
+	case $axis in pg | kafka | both) ;; *) die "MATRIX_PKGS: $entry: the axis after @ is pg or kafka" ;; esac
 	name=$(echo "${p#./}" | tr / _)
 	"$GO" test -c -race -o "$dir/tests/$name.test" "$p"
 	[ -x "$dir/tests/$name.test" ] || die "$p has no tests"
-	pkgs+=("$p")
+	pkgs+=("$p $axis")
 done
 
 # kafka_start VERSION PORT: a broker of the matrix's, its version checked.
@@ -124,9 +132,10 @@ pg_start() {
 
 commits() { psql "$1" -XtAc "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"; }
 
-# cell NAME PGRELEASE PGPORT KAFKAVERSION KAFKAPORT: runs every package.
+# cell NAME AXIS PGRELEASE PGPORT KAFKAVERSION KAFKAPORT: runs the axis's
+# packages.
 cell() {
-	local name=$1 rel=$2 port=$3 kv=$4 kp=$5
+	local name=$1 cellaxis=$2 rel=$3 port=$4 kv=$5 kp=$6
 	local out="$dir/logs/$name" t0=$SECONDS
 	mkdir -p "$out"
 	local url
@@ -136,15 +145,22 @@ cell() {
 	local before ok=0 p
 	before=$(commits "$url")
 	: >"$out/packages"
-	for p in "${pkgs[@]}"; do
-		local bin t1=$SECONDS rc=0
-		bin="$dir/tests/$(echo "${p#./}" | tr / _).test"
+	local entry
+	for entry in "${pkgs[@]}"; do
+		set -- $entry
+		p=$1
+		[ "$2" = both ] || [ "$2" = "$cellaxis" ] || continue
+		local name bin t1=$SECONDS rc=0
+		name=$(echo "${p#./}" | tr / _)
+		bin="$dir/tests/$name.test"
 		# shellcheck disable=SC2086 # TESTFLAGS is a list
 		(cd "$root/$p" && env TEST_DATABASE_URL="$url" TEST_KAFKA_BROKERS="127.0.0.1:$kp" KAFKA_VERSION="$kv" CI=true \
 			"$GO" tool test2json -p "${p#./}" "$bin" -test.v=test2json -test.count=1 -test.timeout=20m \
-			-test.skip="$MATRIX_SKIP" ${TESTFLAGS:-} 2>&1 | "$dir/bin/testsum" >"$out/${p//\//_}.log") || rc=$?
+			-test.skip="$MATRIX_SKIP" ${TESTFLAGS:-} 2>&1 | "$dir/bin/testsum" >"$out/$name.log") || rc=$?
 		local counts
-		counts=$(tail -1 "$out/${p//\//_}.log" | sed -n 's/^tests: //p')
+		counts=$(tail -1 "$out/$name.log" | sed -n 's/^tests: //p')
+		# A package that ran no test on this cell tested nothing on it.
+		case $counts in "" | "0 passed"*) rc=1 ;; esac
 		if [ $rc -ne 0 ]; then ok=1; fi
 		printf '%s\t%s\t%ss\t%s\n' "${p#./}" "$([ $rc -eq 0 ] && echo ok || echo FAIL)" $((SECONDS - t1)) "${counts:-no count}" >>"$out/packages"
 	done
@@ -166,16 +182,16 @@ cell() {
 cells=()
 i=0
 for rel in $MATRIX_PG; do
-	cells+=("pg-$rel $rel $((pgport + i)) $default_kafka")
+	cells+=("pg-$rel pg $rel $((pgport + i)) $default_kafka")
 	i=$((i + 1))
 done
 for kv in $MATRIX_KAFKA; do
-	cells+=("kafka-$kv machine $((pgport + i)) $kv")
+	cells+=("kafka-$kv kafka machine $((pgport + i)) $kv")
 	i=$((i + 1))
 done
 
 # One broker per Kafka version that a cell needs.
-kversions=$( (for c in "${cells[@]}"; do set -- $c; echo "$4"; done) | awk '!seen[$0]++')
+kversions=$( (for c in "${cells[@]}"; do set -- $c; echo "$5"; done) | awk '!seen[$0]++')
 declare -A kports
 j=0
 for kv in $kversions; do
@@ -184,7 +200,7 @@ for kv in $kversions; do
 	j=$((j + 1))
 done
 
-echo "matrix: ${#cells[@]} cells, $MATRIX_JOBS at once; packages: ${pkgs[*]}"
+echo "matrix: ${#cells[@]} cells, $MATRIX_JOBS at once; packages: $MATRIX_PKGS"
 # Each cell has a PostgreSQL server of its own (a port of its own); the
 # cells of one Kafka version share its broker (tests make their own topics
 # and groups).
@@ -197,7 +213,7 @@ for c in "${cells[@]}"; do
 		running=$((running - 1))
 	fi
 	echo "matrix: start $1"
-	cell "$1" "$2" "$3" "$4" "${kports[$4]}" &
+	cell "$1" "$2" "$3" "$4" "$5" "${kports[$5]}" &
 	running=$((running + 1))
 done
 while [ "$running" -gt 0 ]; do
