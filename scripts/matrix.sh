@@ -22,8 +22,10 @@
 #                   @pg or @kafka when it talks to one server only: it runs
 #                   on that axis only (pgstore never reaches Kafka, so
 #                   running it against each Kafka tests nothing)
-#   MATRIX_PG       PostgreSQL releases (io.zonky.test.postgres versions)
-#   MATRIX_KAFKA    Kafka releases (org.apache.kafka:kafka_2.13 versions)
+#   MATRIX_PG       PostgreSQL releases (io.zonky.test.postgres versions;
+#                   set and empty: no PostgreSQL cell)
+#   MATRIX_KAFKA    Kafka releases (org.apache.kafka:kafka_2.13 versions;
+#                   set and empty: no Kafka cell)
 #   MATRIX_SKIP     go test -skip pattern: tests that start a PostgreSQL of
 #                   their own from the machine's binaries, which would not
 #                   be the cell's version
@@ -42,8 +44,8 @@ GO=${GO:-go}
 # The packages that talk to Postgres or Kafka, as directories; @pg or
 # @kafka limits one to an axis.
 MATRIX_PKGS=${MATRIX_PKGS:-./pgstore@pg ./migrations@pg ./outbox ./consumer ./kafkapubsub@kafka ./examples/ledger-consumer/ledger}
-MATRIX_PG=${MATRIX_PG:-13.23.0 14.24.0 15.19.0 16.15.0 17.11.0 18.6.0}
-MATRIX_KAFKA=${MATRIX_KAFKA:-3.9.2 4.4.0}
+MATRIX_PG=${MATRIX_PG-13.23.0 14.24.0 15.19.0 16.15.0 17.11.0 18.6.0}
+MATRIX_KAFKA=${MATRIX_KAFKA-3.9.2 4.4.0}
 MATRIX_SKIP=${MATRIX_SKIP:-^TestOpenDBStartsThrowawayServer$}
 MATRIX_JOBS=${MATRIX_JOBS:-2}
 pgport=${MATRIX_PG_PORT:-57432}
@@ -189,6 +191,8 @@ for kv in $MATRIX_KAFKA; do
 	cells+=("kafka-$kv kafka machine $((pgport + i)) $kv")
 	i=$((i + 1))
 done
+
+[ ${#cells[@]} -gt 0 ] || die "no cells: MATRIX_PG and MATRIX_KAFKA are both empty"
 
 # One broker per Kafka version that a cell needs.
 kversions=$( (for c in "${cells[@]}"; do set -- $c; echo "$5"; done) | awk '!seen[$0]++')
