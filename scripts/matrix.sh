@@ -152,15 +152,15 @@ cell() {
 		set -- $entry
 		p=$1
 		[ "$2" = both ] || [ "$2" = "$cellaxis" ] || continue
-		local name bin t1=$SECONDS rc=0
-		name=$(echo "${p#./}" | tr / _)
-		bin="$dir/tests/$name.test"
+		local pkgname bin t1=$SECONDS rc=0
+		pkgname=$(echo "${p#./}" | tr / _)
+		bin="$dir/tests/$pkgname.test"
 		# shellcheck disable=SC2086 # TESTFLAGS is a list
 		(cd "$root/$p" && env TEST_DATABASE_URL="$url" TEST_KAFKA_BROKERS="127.0.0.1:$kp" KAFKA_VERSION="$kv" CI=true \
 			"$GO" tool test2json -p "${p#./}" "$bin" -test.v=test2json -test.count=1 -test.timeout=20m \
-			-test.skip="$MATRIX_SKIP" ${TESTFLAGS:-} 2>&1 | "$dir/bin/testsum" >"$out/$name.log") || rc=$?
+			-test.skip="$MATRIX_SKIP" ${TESTFLAGS:-} 2>&1 | "$dir/bin/testsum" >"$out/$pkgname.log") || rc=$?
 		local counts
-		counts=$(tail -1 "$out/$name.log" | sed -n 's/^tests: //p')
+		counts=$(tail -1 "$out/$pkgname.log" | sed -n 's/^tests: //p')
 		# A package that ran no test on this cell tested nothing on it.
 		case $counts in "" | "0 passed"*) rc=1 ;; esac
 		if [ $rc -ne 0 ]; then ok=1; fi
