@@ -5,7 +5,7 @@ GO ?= go
 # internal/embedpg, internal/kafkabench, internal/testkit/testservices).
 PKGS ?= $(shell GO="$(GO)" scripts/packages.sh)
 
-.PHONY: bench-keys throughput demo test test-short chaos chaos-short chaos-topology bench lint services services-stop up down images test-docker compose-test
+.PHONY: bench-keys throughput demo test test-matrix test-short chaos chaos-short chaos-topology bench lint services services-stop up down images test-docker compose-test
 
 # The ledger demo: Postgres at DATABASE_URL, else at localhost, else a
 # throwaway server for the demo's lifetime; Kafka in-process unless
@@ -19,6 +19,13 @@ demo:
 # them (scripts/postgres.sh, scripts/kafka.sh).
 test:
 	GO="$(GO)" PKGS="$(PKGS)" scripts/test.sh
+
+# The packages that talk to the servers against every supported PostgreSQL
+# (13 to 18, binaries from Maven Central) and Kafka (3.9, 4.x), one axis at
+# a time, each on servers of its own; see docs/versions.md and
+# scripts/matrix.sh (MATRIX_PKGS, MATRIX_PG, MATRIX_KAFKA, MATRIX_JOBS).
+test-matrix:
+	GO="$(GO)" scripts/matrix.sh
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)

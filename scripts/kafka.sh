@@ -16,11 +16,11 @@
 #                             a three-node cluster instead (see "Cluster" below)
 #
 # The broker and its dependencies come from Maven Central through
-# scripts/kafka/pom.xml (KAFKA_VERSION there) and are cached in
+# scripts/kafka/pom.xml (kafka.version there, or KAFKA_VERSION) and are cached in
 # ${XDG_CACHE_HOME:-~/.cache}/exactly/kafka-<version>, so later starts are
 # instant. Nothing downloaded is committed. Needs Java 17+ and Maven.
 #
-# Environment: KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093),
+# Environment: KAFKA_VERSION (the pom's; 3.9 and 4.x run), KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093),
 # KAFKA_RUN_DIR (${TMPDIR:-/tmp}/exactly-kafka-$KAFKA_PORT: config, data, log
 # and pid file), KAFKA_HEAP (512m), KAFKA_START_TIMEOUT seconds (60),
 # KAFKA_PROPERTIES (server.properties lines added by start; later lines win).
@@ -30,7 +30,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 pom="$here/kafka/pom.xml"
-version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$pom")
+version=${KAFKA_VERSION:-$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$pom")}
 port=${KAFKA_PORT:-9092}
 cport=${KAFKA_CONTROLLER_PORT:-9093}
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/exactly/kafka-$version
@@ -59,7 +59,7 @@ fetch() {
 	command -v mvn >/dev/null || die "Maven is not installed: it fetches Kafka $version from Maven Central (apt-get install maven)"
 	echo "kafka.sh: fetching Kafka $version from Maven Central into $cache" >&2
 	rm -rf "$cache.tmp"
-	mvn -q -B -Dstyle.color=never -f "$pom" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$cache.tmp/libs" >&2 ||
+	mvn -q -B -Dstyle.color=never -f "$pom" -Dkafka.version="$version" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$cache.tmp/libs" >&2 ||
 		die "could not fetch Kafka $version with Maven (see the output above)"
 	rm -rf "$cache"
 	mv "$cache.tmp" "$cache"

@@ -72,6 +72,8 @@ type Config struct {
 	// CacheDir keeps fetched binaries between runs. Defaults to
 	// os.UserCacheDir()/exactly.
 	CacheDir string
+	// Port the server listens on (on 127.0.0.1). Defaults to a free port.
+	Port int
 	// StartTimeout bounds initdb and the server's start. Defaults to 2 minutes.
 	StartTimeout time.Duration
 	// Logger reports what is fetched and started. Defaults to discarding.
@@ -124,6 +126,9 @@ func Start(ctx context.Context, cfg *Config) (*Server, error) {
 			return nil, fmt.Errorf("embedpg: no cache directory (set Config.CacheDir or HOME): %w", err)
 		}
 		c.CacheDir = filepath.Join(d, "exactly")
+	}
+	if c.Port < 0 || c.Port > 65535 {
+		return nil, fmt.Errorf("embedpg: Config.Port %d is not a TCP port: set one in 1-65535, or 0 for a free one", c.Port)
 	}
 	if c.StartTimeout <= 0 {
 		c.StartTimeout = 2 * time.Minute
@@ -195,8 +200,8 @@ func Start(ctx context.Context, cfg *Config) (*Server, error) {
 	// it: try again on another.
 	var srv *Server
 	for attempt := 1; ; attempt++ {
-		srv, err = launch(ctx, dir, bin, owner, pw)
-		if err == nil || attempt == 3 || ctx.Err() != nil || !strings.Contains(err.Error(), "could not bind") {
+		srv, err = launch(ctx, dir, bin, owner, pw, c.Port)
+		if err == nil || attempt == 3 || ctx.Err() != nil || c.Port != 0 || !strings.Contains(err.Error(), "could not bind") {
 			break
 		}
 	}
@@ -208,10 +213,12 @@ func Start(ctx context.Context, cfg *Config) (*Server, error) {
 	return srv, nil
 }
 
-func launch(ctx context.Context, dir, bin string, owner *credential, pw string) (*Server, error) {
-	port, err := freePort()
-	if err != nil {
-		return nil, err
+func launch(ctx context.Context, dir, bin string, owner *credential, pw string, port int) (*Server, error) {
+	if port == 0 {
+		var err error
+		if port, err = freePort(); err != nil {
+			return nil, err
+		}
 	}
 	logPath := filepath.Join(dir, "postgres.log")
 	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)

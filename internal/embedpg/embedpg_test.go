@@ -5,6 +5,8 @@ package embedpg_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"os"
 	"strings"
 	"syscall"
@@ -123,5 +125,32 @@ func TestStartCancelled(t *testing.T) {
 	}
 	for _, e := range left {
 		t.Errorf("a cancelled Start left %s in the temporary directory", e.Name())
+	}
+}
+
+// Config.Port puts the server on that port; a port that is not one is
+// refused before anything starts.
+func TestStartOnPort(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	srv, err := embedpg.Start(context.Background(), &embedpg.Config{Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("@127.0.0.1:%d/", port); !strings.Contains(srv.URL(), want) {
+		t.Fatalf("URL %s, want one on port %d", srv.URL(), port)
+	}
+	exercise(t, srv)
+
+	if srv, err := embedpg.Start(context.Background(), &embedpg.Config{Port: 70000}); err == nil {
+		_ = srv.Stop()
+		t.Fatal("Start with Port 70000 succeeded")
+	} else if !strings.Contains(err.Error(), "Config.Port") {
+		t.Fatalf("error %q does not name Config.Port", err)
 	}
 }

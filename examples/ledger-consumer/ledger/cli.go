@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/internal/backoff"
@@ -176,13 +177,16 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		defer pool.Close()
 		if *migrate {
 			// Waits for Postgres like the worker; a migration that fails on
-			// a reachable database is an error.
+			// a reachable database is an error. A failed connection is
+			// waited on even when Postgres answers by the time it is
+			// checked again.
 			for wait := backoff.New(100*time.Millisecond, 10*time.Second); ; {
 				err := Migrate(ctx, pool, *sch, logger)
 				if err == nil {
 					break
 				}
-				if pool.Ping(ctx) == nil || ctx.Err() != nil {
+				var connErr *pgconn.ConnectError
+				if ctx.Err() != nil || (!errors.As(err, &connErr) && pool.Ping(ctx) == nil) {
 					return fail(err)
 				}
 				d := wait.Next()

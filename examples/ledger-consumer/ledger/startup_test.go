@@ -47,6 +47,18 @@ func proxy(t *testing.T, addr, target string) (stop func()) {
 // it accepts (a dependency that is not up yet) and counts them.
 func gatedProxy(t *testing.T, addr, target string, opened bool) (stop, open func(), refused func() int) {
 	t.Helper()
+	return gatedProxyOn(t, addr, target, opened, nil)
+}
+
+// gatedProxyOnRefuse is a closed gatedProxy that calls onRefuse, with the
+// gate's open, after closing each connection it refuses.
+func gatedProxyOnRefuse(t *testing.T, addr, target string, onRefuse func(open func())) (stop, open func(), refused func() int) {
+	t.Helper()
+	return gatedProxyOn(t, addr, target, false, onRefuse)
+}
+
+func gatedProxyOn(t *testing.T, addr, target string, opened bool, onRefuse func(open func())) (stop, open func(), refused func() int) {
+	t.Helper()
 	var gate atomic.Bool
 	var refusedN atomic.Int64
 	gate.Store(opened)
@@ -81,6 +93,9 @@ func gatedProxy(t *testing.T, addr, target string, opened bool) (stop, open func
 			if !gate.Load() {
 				refusedN.Add(1)
 				c.Close()
+				if onRefuse != nil {
+					onRefuse(func() { gate.Store(true) })
+				}
 				continue
 			}
 			u, err := net.Dial("tcp", target)
@@ -198,6 +213,54 @@ func TestWorkerWaitsForPostgresAndKafka(t *testing.T) {
 func itoa(n uint16) string { return strconv.Itoa(int(n)) }
 
 func atoi(s string) int { n, _ := strconv.Atoi(s); return n }
+
+// `worker --migrate` whose first connection fails keeps waiting even when
+// Postgres answers by the time it checks again: the failure was the
+// connection's, not the migration's.
+func TestWorkerMigrateRetriesAFailedConnection(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	url, err := pgtest.URL()
+	if err != nil {
+		t.Skip(err)
+	}
+	db := pgtest.NewEmpty(t)
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgAddr := freeAddr(t)
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = pgAddr
+	// The gate opens as the first connection is refused: the worker's
+	// migration fails on that connection, and Postgres answers from then on.
+	gatedProxyOnRefuse(t, pgAddr, net.JoinHostPort(pcfg.ConnConfig.Host, itoa(pcfg.ConnConfig.Port)), func(open func()) { open() })
+	commands, group := kafkatest.Topic(t, 1), kafkatest.Name("g")
+	if code, out, errs := runCLI(context.Background(), "load", "--brokers", brokers[0], "--commands", commands, "--n", "5", "--accounts", "2"); code != 0 {
+		t.Fatalf("load: exit %d\n%s%s", code, out, errs)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		done <- ledger.Main(ctx, []string{"worker", "--migrate", "--database-url", u.String(), "--brokers", brokers[0], "--schema", db.Schema,
+			"--commands", commands, "--events", kafkatest.Topic(t, 1), "--dead-letter", kafkatest.Topic(t, 1), "--group", group,
+			"--metrics-addr", ""}, io.Discard, io.Discard)
+	}()
+	defer func() { cancel(); <-done }()
+	end := kafkatest.EndOffsets(t, commands, 1)
+	testenv.WaitFor(t, 2*time.Minute, "the worker to migrate and consume everything", func() bool {
+		select {
+		case code := <-done:
+			done <- code
+			t.Fatalf("the worker exited %d", code)
+		default:
+		}
+		return kafkatest.CommittedOffsets(t, group, commands, 1)[0] == end[0]
+	})
+}
 
 // `worker --migrate` started before Postgres waits for it, migrates, and
 // consumes.

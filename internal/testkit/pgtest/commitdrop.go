@@ -115,7 +115,8 @@ func (d *CommitDropper) Pool(t testing.TB) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", uint16(d.ln.Addr().(*net.TCPAddr).Port)
-	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	// Long enough for a SCRAM handshake on a loaded machine.
+	cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
