@@ -30,8 +30,8 @@
 #                   their own from the machine's binaries, which would not
 #                   be the cell's version
 #   MATRIX_JOBS     cells run at once (2)
-#   MATRIX_PG_PORT  first PostgreSQL port (57432; one per cell, in order)
-#   MATRIX_KAFKA_PORT first Kafka port (39092; one per version, controller
+#   MATRIX_PG_PORT  first PostgreSQL port (25432; one per cell, in order)
+#   MATRIX_KAFKA_PORT first Kafka port (26092; one per version, controller
 #                   port +100)
 #   MATRIX_DIR      run directories and logs (${TMPDIR:-/tmp}/exactly-matrix)
 #   TESTFLAGS       extra flags for the test binaries (-test.run=…)
@@ -48,8 +48,10 @@ MATRIX_PG=${MATRIX_PG-13.23.0 14.24.0 15.19.0 16.15.0 17.11.0 18.6.0}
 MATRIX_KAFKA=${MATRIX_KAFKA-3.9.2 4.4.0}
 MATRIX_SKIP=${MATRIX_SKIP:-^TestOpenDBStartsThrowawayServer$}
 MATRIX_JOBS=${MATRIX_JOBS:-2}
-pgport=${MATRIX_PG_PORT:-57432}
-kport=${MATRIX_KAFKA_PORT:-39092}
+# Below the kernel's ephemeral range (32768 on): a port there may be taken
+# by any client connection of the moment.
+pgport=${MATRIX_PG_PORT:-25432}
+kport=${MATRIX_KAFKA_PORT:-26092}
 dir=${MATRIX_DIR:-${TMPDIR:-/tmp}/exactly-matrix}
 default_kafka=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' scripts/kafka/pom.xml)
 
