@@ -201,8 +201,5 @@ func (w *Worker) missingTables(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: check the schema %s: %w", w.cfg.Schema, err)
 	}
-	if errors.Is(ctx.Err(), context.Canceled) {
-		return nil, ctx.Err()
-	}
 	return missing, nil
 }

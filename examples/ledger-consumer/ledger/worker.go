@@ -113,7 +113,6 @@ const Scope = "ledger-consumer"
 // with /metrics and /healthz.
 type Worker struct {
 	cfg     Config
-	pool    *pgxpool.Pool
 	w       *worker.Worker
 	store   *pgstore.Store
 	writer  *outbox.Writer
@@ -130,7 +129,7 @@ func NewWorker(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	lw := &Worker{cfg: cfg, pool: pool, writer: writer, Metrics: NewMetrics(cfg.Registry)}
+	lw := &Worker{cfg: cfg, writer: writer, Metrics: NewMetrics(cfg.Registry)}
 	wcfg := &worker.Config{
 		Scope: Scope, Topic: cfg.Commands, OutputTopic: cfg.Events, DeadLetterTopic: cfg.DeadLetter, Group: cfg.Group,
 		Brokers: cfg.Brokers, Security: cfg.Security, Partitioner: cfg.Partitioner, SessionTimeout: cfg.SessionTimeout,
