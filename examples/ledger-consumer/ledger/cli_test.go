@@ -101,10 +101,7 @@ func TestLoadFlags(t *testing.T) {
 func TestWorkerRunsWithoutDDLRights(t *testing.T) {
 	t.Parallel()
 	brokers := kafkatest.Brokers(t)
-	url, err := pgtest.URL()
-	if err != nil {
-		t.Skip(err)
-	}
+	url := pgtest.RequireURL(t)
 	db := pgtest.NewEmpty(t)
 	ctx := context.Background()
 	if code, out, errs := runCLI(ctx, "migrate", "--database-url", url, "--schema", db.Schema); code != 0 {

@@ -24,10 +24,7 @@ func demo(t *testing.T, noDedupe bool) ledger.Summary { return demoWith(t, noDed
 func demoWith(t *testing.T, noDedupe bool, batch int) ledger.Summary {
 	t.Helper()
 	brokers := kafkatest.Brokers(t)
-	url, err := pgtest.URL()
-	if err != nil {
-		t.Skip(err)
-	}
+	url := pgtest.RequireURL(t)
 	schema := pgtest.NewEmpty(t).Schema // dropped and re-created by the demo, dropped again at the end
 	load := ledger.DefaultLoad()
 	load.Commands, load.Accounts, load.Seed = 1500, 40, 42

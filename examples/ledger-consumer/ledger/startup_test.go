@@ -144,10 +144,7 @@ func TestWorkerWaitsForPostgresAndKafka(t *testing.T) {
 	if err := ledger.Produce(ctx, brokers, commands, wl.Records); err != nil {
 		t.Fatal(err)
 	}
-	url, err := pgtest.URL()
-	if err != nil {
-		t.Skip(err)
-	}
+	url := pgtest.RequireURL(t)
 	pgAddr, kafkaAddr, httpAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -220,10 +217,7 @@ func atoi(s string) int { n, _ := strconv.Atoi(s); return n }
 func TestWorkerMigrateRetriesAFailedConnection(t *testing.T) {
 	t.Parallel()
 	brokers := kafkatest.Brokers(t)
-	url, err := pgtest.URL()
-	if err != nil {
-		t.Skip(err)
-	}
+	url := pgtest.RequireURL(t)
 	db := pgtest.NewEmpty(t)
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -267,10 +261,7 @@ func TestWorkerMigrateRetriesAFailedConnection(t *testing.T) {
 func TestWorkerMigrateWaitsForPostgres(t *testing.T) {
 	t.Parallel()
 	brokers := kafkatest.Brokers(t)
-	url, err := pgtest.URL()
-	if err != nil {
-		t.Skip(err)
-	}
+	url := pgtest.RequireURL(t)
 	db := pgtest.NewEmpty(t)
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {

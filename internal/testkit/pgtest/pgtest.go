@@ -105,6 +105,17 @@ func ping(url string) error {
 	return c.Close(ctx)
 }
 
+// RequireURL returns the test server's URL, for a test that hands it to a
+// program of its own. It skips t (fails under CI) when there is no server.
+func RequireURL(t testing.TB) string {
+	t.Helper()
+	u, err := URL()
+	if err != nil {
+		testenv.Missing(t, "%v", err)
+	}
+	return u
+}
+
 // Pool returns the process-wide pool, search_path pinned to pg_catalog.
 // It skips t (fails under CI) when there is no server.
 func Pool(t testing.TB) *pgxpool.Pool {

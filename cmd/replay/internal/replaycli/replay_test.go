@@ -210,10 +210,7 @@ func TestBadInput(t *testing.T) {
 	t.Parallel()
 	kafkatest.RequireReal(t)
 	brokers := kafkatest.Brokers(t)
-	url, err := pgtest.URL()
-	if err != nil {
-		t.Skip(err)
-	}
+	url := pgtest.RequireURL(t)
 	topic := kafkatest.Topic(t, 1)
 	db := pgtest.NewEmpty(t)
 	if _, err := db.Pool.Exec(context.Background(), "CREATE TABLE "+db.Table("t")+" (x int)"); err != nil {
