@@ -59,7 +59,7 @@ func (c *chaosRun) runPlan(ctx context.Context) {
 	add(c.sc.pgPauses, "pg-pause")
 	add(c.sc.brokerPauses, "broker-pause")
 	if c.topo != nil {
-		for _, k := range topoFaultKinds {
+		for _, k := range c.topo.cfg.kinds {
 			add(c.topo.cfg.each, k)
 		}
 	}

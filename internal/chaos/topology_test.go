@@ -34,13 +34,36 @@ var topoFaultKinds = []string{"leader-kill", "controller-kill", "broker-session-
 // topology selects a topology run.
 type topology struct {
 	nodes int
-	each  int // faults of every kind in one run
+	each  int      // faults of every kind in one run
+	kinds []string // the fault kinds of the run, topoFaultKinds unless CHAOS_TOPOLOGY_KINDS
+}
+
+// topoKinds parses CHAOS_TOPOLOGY_KINDS, a comma-separated list of fault
+// kinds ("" for all of them).
+func topoKinds(env string) ([]string, error) {
+	if strings.TrimSpace(env) == "" {
+		return slices.Clone(topoFaultKinds), nil
+	}
+	var out []string
+	for _, k := range strings.Split(env, ",") {
+		k = strings.TrimSpace(k)
+		if !slices.Contains(topoFaultKinds, k) {
+			return nil, fmt.Errorf("CHAOS_TOPOLOGY_KINDS: unknown fault kind %q (the kinds: %s)", k, strings.Join(topoFaultKinds, ","))
+		}
+		if !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	return out, nil
 }
 
 func (tp *topology) repro(o options) string {
 	env := fmt.Sprintf("CHAOS_SEED=%d CHAOS_TOPOLOGY=1", o.seed)
 	if tp.each != 2 {
 		env += fmt.Sprintf(" CHAOS_TOPOLOGY_FAULTS=%d", tp.each)
+	}
+	if len(tp.kinds) != len(topoFaultKinds) {
+		env += " CHAOS_TOPOLOGY_KINDS=" + strings.Join(tp.kinds, ",")
 	}
 	if o.batch != 200 {
 		env += fmt.Sprintf(" CHAOS_BATCH=%d", o.batch)
@@ -61,6 +84,11 @@ func TestChaosTopology(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("CHAOS_TOPOLOGY_FAULTS")); err == nil && n >= 0 {
 		tp.each = n
 	}
+	kinds, err := topoKinds(os.Getenv("CHAOS_TOPOLOGY_KINDS"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp.kinds = kinds
 	// The short run's workload; worker kills between the cluster's faults,
 	// and no fault of the single-broker run.
 	sc := scaleOf(false)
@@ -368,7 +396,7 @@ func count(lead map[int]int, node int) int {
 // summary line.
 func (r *topoRun) summary(t *testing.T, f *findings, ackedLost int) {
 	t.Helper()
-	for _, k := range topoFaultKinds {
+	for _, k := range r.cfg.kinds {
 		ds := slices.Clone(r.recovered[k])
 		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 		fig := "none measured"
@@ -381,6 +409,18 @@ func (r *topoRun) summary(t *testing.T, f *findings, ackedLost int) {
 	t.Logf("chaos-topology: lost=%d doubled=%d wrong=%d missing-events=%d acked-lost=%d unapplied=%d phantom=%d aborted-applied=%d extra-events=%d stray-events=%d commands=%d problems=%d",
 		f.lostAccounts, f.doubledAccounts, f.wrongAccounts, f.missingEvents, ackedLost, f.unapplied, f.phantom, f.abortedApplied, f.extraEvents, f.strayEvents,
 		f.commands, len(f.problems))
+}
+
+func TestTopoKinds(t *testing.T) {
+	if got, err := topoKinds(""); err != nil || !slices.Equal(got, topoFaultKinds) {
+		t.Fatalf("all kinds: %v %v", got, err)
+	}
+	if got, err := topoKinds(" controller-kill,leader-kill,controller-kill"); err != nil || !slices.Equal(got, []string{"controller-kill", "leader-kill"}) {
+		t.Fatalf("two kinds: %v %v", got, err)
+	}
+	if _, err := topoKinds("leader-kill,leader-kil"); err == nil || !strings.Contains(err.Error(), "leader-kil\"") {
+		t.Fatalf("a misspelt kind: %v", err)
+	}
 }
 
 // TestAckSetMissing checks the acknowledged-records check on its own: a
