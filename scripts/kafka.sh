@@ -110,7 +110,7 @@ launch() {
 	touch "$logfile"
 	nohup java -Xms${KAFKA_HEAP:-512m} -Xmx${KAFKA_HEAP:-512m} -XX:+UseG1GC -Djava.awt.headless=true \
 		-Dlog4j2.configurationFile="$here/kafka/log4j2.properties" \
-		-cp "$cp" kafka.Kafka "$run/server.properties" >>"$logfile" 2>&1 </dev/null &
+		-cp "$cp" kafka.Kafka "$run/server.properties" >>"$logfile" 2>&1 </dev/null 9>&- &
 	local pid=$!
 	echo "$pid" >"$pidfile"
 	local deadline=$((SECONDS + timeout))
@@ -411,6 +411,16 @@ cluster() {
 	*) echo "usage: $0 cluster start|stop|status|kill N|restart N|pid N|log N|controller" >&2; exit 2 ;;
 	esac
 }
+
+# One command at a time on a broker's run directory (Watermill's
+# TestReconnect, for one, may ask for a restart while another runs). The
+# lock is the file beside the run directory; the broker does not inherit it.
+serialize() {
+	mkdir -p "$(dirname "$run")"
+	exec 9>"$run.lock"
+	flock 9
+}
+case "${1:-}" in start | stop | restart | kill) serialize ;; esac
 
 case "${1:-}" in
 start) start ;;

@@ -81,12 +81,14 @@ func summarize(r io.Reader, w io.Writer) bool {
 			delete(outputs, key)
 			if e.Test == "" {
 				fmt.Fprint(w, summaries[e.Package])
+				delete(summaries, e.Package) // a package may run again (make test's second go test)
 			}
 		case "skip":
 			if e.Test != "" {
 				skips = append(skips, skip{short(e.Package) + "." + e.Test, reason(outputs[key])})
 			} else {
 				fmt.Fprint(w, summaries[e.Package]) // no test files
+				delete(summaries, e.Package)
 			}
 			delete(outputs, key)
 		case "fail":
@@ -103,6 +105,7 @@ func summarize(r io.Reader, w io.Writer) bool {
 			delete(outputs, key)
 			if e.Test == "" {
 				fmt.Fprint(w, summaries[e.Package])
+				delete(summaries, e.Package) // a package may run again (make test's second go test)
 			}
 		}
 	}

@@ -91,6 +91,27 @@ func TestSummarizePackageOutput(t *testing.T) {
 	}
 }
 
+// A package run twice (make test runs kafkapubsub again without -race)
+// prints each run's summary line once.
+func TestSummarizePackageRunTwice(t *testing.T) {
+	in := `{"Action":"run","Package":"x/a","Test":"TestA"}
+{"Action":"pass","Package":"x/a","Test":"TestA"}
+{"Action":"output","Package":"x/a","Output":"ok  \tx/a\t0.01s\n"}
+{"Action":"pass","Package":"x/a"}
+{"Action":"run","Package":"x/a","Test":"TestB"}
+{"Action":"pass","Package":"x/a","Test":"TestB"}
+{"Action":"output","Package":"x/a","Output":"ok  \tx/a\t0.02s\n"}
+{"Action":"pass","Package":"x/a"}
+`
+	var out strings.Builder
+	if !summarize(strings.NewReader(in), &out) {
+		t.Fatalf("a passing run failed:\n%s", out.String())
+	}
+	if want := "ok  \tx/a\t0.01s\nok  \tx/a\t0.02s\ntests: 2 passed, 0 failed, 0 skipped\n"; out.String() != want {
+		t.Fatalf("got\n%s\nwant\n%s", out.String(), want)
+	}
+}
+
 func TestReasonShortened(t *testing.T) {
 	long := "    x_test.go:9: could not start a broker: " + strings.Repeat("log line ", 100) + "\n"
 	r := reason([]string{"=== RUN   TestX\n", long, "--- SKIP: TestX (0.00s)\n"})

@@ -1,0 +1,5 @@
+//go:build race
+
+package kafkapubsub_test
+
+const raceDetector = true
