@@ -346,7 +346,7 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 		t.Fatal(err)
 	}
 	var ends []*kgo.Record
-	for p := 0; p < partitions; p++ {
+	for p := 0; p < mon.commandParts(); p++ {
 		r := record(srcEnd, "end", []byte(`{"end_of_run":`+strconv.Itoa(p)+`}`), rnd.uuid())
 		r.Partition = int32(p)
 		ends = append(ends, r)
@@ -374,13 +374,13 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 				seen[r.part] = true
 			}
 		}
-		return len(seen) == partitions
+		return len(seen) == mon.commandParts()
 	}
-	committed, err := readTopic(actx, brokers, commandsTopic, partitions, true, endSeen)
+	committed, err := readTopic(actx, brokers, commandsTopic, mon.commandParts(), true, endSeen)
 	if err != nil {
 		t.Fatal(err)
 	}
-	all, err := readTopic(actx, brokers, commandsTopic, partitions, false, endSeen)
+	all, err := readTopic(actx, brokers, commandsTopic, mon.commandParts(), false, endSeen)
 	if err != nil {
 		t.Fatal(err)
 	}
