@@ -29,7 +29,7 @@ import (
 
 // topoFaultKinds are the cluster's fault kinds, in the order the summary
 // names them.
-var topoFaultKinds = []string{"leader-kill", "controller-kill", "broker-session-pause", "partitions-raised"}
+var topoFaultKinds = []string{"leader-kill", "controller-kill", "broker-session-pause", "partitions-raised", "pg-failover"}
 
 // topology selects a topology run.
 type topology struct {
@@ -197,6 +197,7 @@ func (a *ackSet) missing(all []rec, f *findings) int {
 type topoRun struct {
 	cfg     *topology
 	cl      *kcluster
+	pg      *pgPair // the Postgres pair, with pg-failover among the kinds
 	kc      *kafka.Client
 	prodCl  *kgo.Client
 	produce func(context.Context, *kgo.Client, []*kgo.Record) error
@@ -266,6 +267,9 @@ func (r *topoRun) fault(ctx context.Context, c *chaosRun, kind string) {
 	switch kind {
 	case "partitions-raised":
 		r.raisePartitions(ctx, c) // repartition_test.go
+		return
+	case "pg-failover":
+		r.pgFailover(ctx, c) // standby_test.go
 		return
 	}
 	start := time.Now()
