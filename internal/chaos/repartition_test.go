@@ -345,6 +345,12 @@ func TestAuditSpread(t *testing.T) {
 	if len(f.problems) != 0 || f.spreadAccounts != 1 {
 		t.Fatalf("spread account, worker's order: spread %d, problems %q", f.spreadAccounts, f.problems)
 	}
+	// A key left PROCESSING after the drain.
+	db.processing = 1
+	if f := audit(committed, committed, events, dlq, db); f.processing != 1 || !slices.ContainsFunc(f.problems, func(p string) bool { return strings.Contains(p, "PROCESSING") }) {
+		t.Fatalf("a key left PROCESSING: processing %d, problems %q", f.processing, f.problems)
+	}
+	db.processing = 0
 	// A balance no order explains: 1 more available.
 	db.accounts["a-1"] = [2]int64{10, 8}
 	if f := audit(committed, committed, events, dlq, db); f.doubledAccounts != 1 {
