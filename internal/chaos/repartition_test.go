@@ -50,6 +50,10 @@ func (r *topoRun) raisePartitions(ctx context.Context, c *chaosRun) {
 		c.t.Error(err)
 		return
 	}
+	// A group that is rebalancing anyway (a killed worker's replacement
+	// joining) would take the new partitions without watching for them:
+	// the raise comes once every worker is a member of a stable group.
+	stable := r.waitGroupStable(ctx, c, 90*time.Second)
 	from := c.mon.commandParts()
 	to := from + raiseStep
 	at := time.Now()
@@ -140,6 +144,9 @@ func (r *topoRun) raisePartitions(ctx context.Context, c *chaosRun) {
 		rec = "committed after " + d.Round(100*time.Millisecond).String()
 	case len(base) > 0:
 		rec = "NOT consumed within 2m"
+	}
+	if !stable {
+		rec += " (the group was not stable before the raise)"
 	}
 	line := fmt.Sprintf("%s %d→%d partitions (%d of the batch's %d records on the new ones): %s, fault took %s", kind, from, to, onNew, len(batch), rec,
 		time.Since(start).Round(100*time.Millisecond))
@@ -379,4 +386,47 @@ func spansPartitions(rs []rec) bool {
 		}
 	}
 	return false
+}
+
+// waitGroupStable waits until the workers' group is stable with every
+// running worker a member and the commands topic's partitions assigned,
+// then two seconds more; it reports whether that happened within d.
+func (r *topoRun) waitGroupStable(ctx context.Context, c *chaosRun, d time.Duration) bool {
+	var since time.Time
+	for deadline := time.Now().Add(d); time.Now().Before(deadline) && ctx.Err() == nil; {
+		c.ws.mu.Lock()
+		total := len(c.ws.all)
+		c.ws.mu.Unlock()
+		ok := len(c.targets()) == total
+		if ok {
+			gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			res, err := r.kc.DescribeGroups(gctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
+			cancel()
+			ok = err == nil && len(res.Groups) == 1 && res.Groups[0].Error == nil && res.Groups[0].GroupState == "Stable" &&
+				len(res.Groups[0].Members) == total && assigned(res.Groups[0]) == c.mon.commandParts()
+		}
+		switch {
+		case !ok:
+			since = time.Time{}
+		case since.IsZero():
+			since = time.Now()
+		case time.Since(since) >= 2*time.Second:
+			return true
+		}
+		time.Sleep(200 * time.Millisecond) // poll: a worker may be joining
+	}
+	return false
+}
+
+// assigned counts the commands topic's partitions assigned in g.
+func assigned(g kafka.DescribeGroupsResponseGroup) int {
+	n := 0
+	for _, m := range g.Members {
+		for _, t := range m.MemberAssignments.Topics {
+			if t.Topic == commandsTopic {
+				n += len(t.Partitions)
+			}
+		}
+	}
+	return n
 }

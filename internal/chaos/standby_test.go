@@ -256,8 +256,9 @@ func (r *topoRun) pgFailover(ctx context.Context, c *chaosRun) {
 	var base map[int]int64
 	promoted := make(chan struct{})
 	done := make(chan error, 1)
+	var syncedAt time.Time
 	go func() {
-		done <- r.pg.failover(ctx, func() {
+		err := r.pg.failover(ctx, func() {
 			promotedAt = time.Now()
 			base = map[int]int64{}
 			for p, off := range c.mon.lagging(ctx) {
@@ -267,6 +268,8 @@ func (r *topoRun) pgFailover(ctx context.Context, c *chaosRun) {
 			}
 			close(promoted)
 		})
+		syncedAt = time.Now()
+		done <- err
 	}()
 	select {
 	case <-promoted:
@@ -286,7 +289,36 @@ func (r *topoRun) pgFailover(ctx context.Context, c *chaosRun) {
 	if ferr != nil {
 		c.t.Errorf("chaos: %s: %v", kind, ferr)
 	}
-	took := time.Since(at)
+	took := syncedAt.Sub(at)
+	// The sessions the workers opened while the old primary was down all
+	// went to the promoted server. They are ended once its replacement
+	// streams, as a pool's idle timeout or a proxy would end them: the
+	// next connections choose between two running servers, one of which
+	// accepts writes. A batch follows, and the group must consume it.
+	reconn := ""
+	if ferr == nil {
+		ended, err := r.pg.endSessions(ctx)
+		if err != nil {
+			c.t.Errorf("chaos: %s: end the sessions on the new primary: %v", kind, err)
+		}
+		more := make([]*kgo.Record, 0, 1000)
+		for len(more) < cap(more) {
+			more = append(more, recoveryBatch(r.rnd, scale{recoveryBatch: 1, accountsB: c.sc.accountsB})...)
+		}
+		if err := r.produce(ctx, r.prodCl, more); err != nil {
+			c.t.Errorf("chaos: the batch after %s: %v", kind, err)
+		}
+		from := time.Now()
+		if again := c.mon.lagging(ctx); len(again) > 0 {
+			d2, ok2 := c.mon.progressed(ctx, again, from, 2*time.Minute)
+			if ok2 {
+				reconn = fmt.Sprintf(", %d sessions ended and consuming again after %s", ended, d2.Round(100*time.Millisecond))
+			} else {
+				reconn = fmt.Sprintf(", %d sessions ended and NOT consuming again within 2m", ended)
+				c.t.Errorf("chaos: %s: the workers did not consume again within 2m once their sessions on the new primary were ended (lagging %v): a new connection must reach the server that accepts writes", kind, again)
+			}
+		}
+	}
 	c.ws.mu.Lock()
 	exits := slices.Clone(c.ws.exits[exitsBefore:])
 	c.ws.mu.Unlock()
@@ -308,10 +340,26 @@ func (r *topoRun) pgFailover(ctx context.Context, c *chaosRun) {
 	if !promotedAt.IsZero() {
 		promo = "promoted after " + promotedAt.Sub(at).Round(100*time.Millisecond).String()
 	}
-	line := fmt.Sprintf("%s #%d (%d partitions with work, %d still at the promotion): %s, %s, new standby streaming after %s, %d worker exits, fault took %s", kind, r.done[kind], len(work), len(base), promo, rec,
-		took.Round(100*time.Millisecond), len(exits), time.Since(start).Round(100*time.Millisecond))
+	line := fmt.Sprintf("%s #%d (%d partitions with work, %d still at the promotion): %s, %s, new standby streaming after %s%s, %d worker exits, fault took %s", kind, r.done[kind], len(work), len(base), promo, rec,
+		took.Round(100*time.Millisecond), reconn, len(exits), time.Since(start).Round(100*time.Millisecond))
 	r.timeline = append(r.timeline, line)
 	c.t.Logf("chaos-topology: %s", line)
+}
+
+// endSessions ends every client session on the primary but its own, and
+// returns how many.
+func (p *pgPair) endSessions(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, p.primaryURL())
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(ctx)
+	var n int
+	err = conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()`).Scan(&n)
+	return n, err
 }
 
 // usesPair reports whether the topology run needs the Postgres pair: only
