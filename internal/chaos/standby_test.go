@@ -36,10 +36,9 @@ import (
 // pgPair is a primary and its synchronous standby, two clusters of the
 // suite's own on ports of their own.
 type pgPair struct {
-	mu        sync.Mutex
-	nodes     [2]*pgCluster
-	primary   int // the index of the primary in nodes
-	failovers int
+	mu      sync.Mutex
+	nodes   [2]*pgCluster
+	primary int // the index of the primary in nodes
 }
 
 // newPGPair makes prim (newPGCluster's) a primary with a synchronous
@@ -206,7 +205,6 @@ func (p *pgPair) failover(ctx context.Context, promoted func()) error {
 	}
 	p.mu.Lock()
 	p.primary = nw
-	p.failovers++
 	p.mu.Unlock()
 	if promoted != nil {
 		promoted()
