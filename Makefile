@@ -43,8 +43,9 @@ chaos-short:
 # The topology runs (CHAOS_TOPOLOGY=1): the chaos suite on a three-node
 # Kafka cluster (scripts/kafka.sh cluster), topics RF 3 and
 # min.insync.replicas=2, with a partition leader killed, the active
-# controller killed and a node paused past its session, each
-# CHAOS_TOPOLOGY_FAULTS times (2); CHAOS_TOPOLOGY_KINDS (comma-separated)
+# controller killed and a node paused past its session, the commands
+# topic's partitions raised, a Postgres primary failed over to its
+# synchronous standby, each CHAOS_TOPOLOGY_FAULTS times (2); CHAOS_TOPOLOGY_KINDS (comma-separated)
 # runs some kinds only; see docs/chaos-topology.md.
 chaos-topology:
 	CHAOS_TOPOLOGY=1 $(GO) test -race -count=1 -timeout 60m -run 'TestChaosTopology$$' -v ./internal/chaos/

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -160,6 +161,7 @@ type dbState struct {
 	doubleKeys   int
 	rejections   map[string]bool
 	pending, dea int
+	processing   int // keys left PROCESSING
 }
 
 func readDB(ctx context.Context, pool *pgxpool.Pool) (*dbState, error) {
@@ -210,6 +212,9 @@ func readDB(ctx context.Context, pool *pgxpool.Pool) (*dbState, error) {
 	if rows.Err() != nil {
 		return nil, rows.Err()
 	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM ledger.exactly_keys WHERE status = 'PROCESSING'`).Scan(&st.processing); err != nil {
+		return nil, err
+	}
 	err = pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'PENDING'), count(*) FILTER (WHERE status = 'DEAD') FROM ledger.exactly_outbox`).Scan(&st.pending, &st.dea)
 	return st, err
 }
@@ -223,6 +228,7 @@ type findings struct {
 	unapplied, phantom, abortedApplied              int
 	missingEvents, extraEvents, strayEvents         int
 	deadLettered, dlqMissing, dlqUnexpected         int
+	spreadAccounts, processing                      int
 	problems                                        []string
 }
 
@@ -298,9 +304,16 @@ func audit(committed, all, events, dlq []rec, db *dbState) *findings {
 			continue
 		}
 		// The winner: with one payload, its first record; with several
-		// (a key reused), the first on the partition that holds them all.
+		// (a key reused), the first on the partition that holds them all;
+		// with several on more than one partition (the partition count
+		// raised between them), the one the key row holds.
 		w := rs[0]
-		if len(order) > 1 {
+		if len(order) > 1 && spansPartitions(rs) {
+			var ok bool
+			if w, ok = crossPartitionWinner(rs, db.keys[k]); !ok {
+				w = rs[0] // the key-row check reports it
+			}
+		} else if len(order) > 1 {
 			var common map[int32]bool
 			for _, p := range order {
 				ps := map[int32]bool{}
@@ -351,20 +364,36 @@ func audit(committed, all, events, dlq []rec, db *dbState) *findings {
 		}
 		return winners[i].off < winners[j].off
 	})
-	m := &model{accounts: map[string]*[2]int64{}, holds: map[string]*holdState{}, rejected: map[string]bool{}}
-	for _, w := range winners {
-		m.apply(w.c)
-	}
-
-	// Balances.
 	partsOf := map[string][]int32{}
+	var cmds []command
 	for _, w := range winners {
+		cmds = append(cmds, w.c)
 		for _, r := range byKey[w.c.CommandID] {
 			if !slices.Contains(partsOf[w.c.Account], r.part) {
 				partsOf[w.c.Account] = append(partsOf[w.c.Account], r.part)
 			}
 		}
 	}
+	// An account whose order-dependent commands are on several partitions
+	// is applied as the worker decided (repartition_test.go).
+	spread := spreadAccounts(cmds, partsOf)
+	f.spreadAccounts = len(spread)
+	m := &model{accounts: map[string]*[2]int64{}, holds: map[string]*holdState{}, rejected: map[string]bool{}}
+	var decided []command
+	for _, w := range winners {
+		if spread[w.c.Account] {
+			decided = append(decided, w.c)
+			continue
+		}
+		m.apply(w.c)
+	}
+	bad := m.applyDecided(decided, db.rejections)
+	for _, id := range slices.Sorted(maps.Keys(bad)) {
+		f.wrongAccounts++
+		f.fail("spread", "account %s (commands on partitions %v): %s", id, partsOf[id], strings.Join(bad[id], "; "))
+	}
+
+	// Balances.
 	ids := map[string]bool{}
 	for id := range m.accounts {
 		ids[id] = true
@@ -522,6 +551,9 @@ func audit(committed, all, events, dlq []rec, db *dbState) *findings {
 			what = "a transaction marker (control record), delivered as a message,"
 		}
 		f.fail("dlq", "%s is dead-lettered: %s %q (reason %q)", what, k.uuid, trunc(k.payload), rs[0].reason)
+	}
+	if f.processing = db.processing; db.processing > 0 {
+		f.fail("keys", "%d keys are still PROCESSING after the drain", db.processing)
 	}
 	if db.pending > 0 || db.dea > 0 {
 		f.fail("outbox", "%d events still pending and %d DEAD in the outbox after the drain", db.pending, db.dea)

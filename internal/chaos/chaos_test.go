@@ -187,6 +187,12 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 		br, brErr = startBroker(root, base)
 	}()
 	pg := newPGCluster(t, base)
+	dbURL := pg.URL()
+	var pair *pgPair
+	if topo.usesPair() { // standby_test.go
+		pair = newPGPair(t, pg, base)
+		dbURL = pair.DSN()
+	}
 	wg.Wait()
 	if br != nil {
 		t.Cleanup(func() { _ = br.do("stop") })
@@ -207,7 +213,7 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 	} else {
 		brokers = []string{br.Addr()}
 	}
-	pcfg, err := pgxpool.ParseConfig(pg.URL())
+	pcfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,11 +242,11 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 
 	// Production workers run without DDL rights: the tables come from one
 	// migrate step before any worker starts.
-	if out, err := exec.Command(bin, "migrate", "--database-url", pg.URL(), "--schema", "ledger").CombinedOutput(); err != nil {
+	if out, err := exec.Command(bin, "migrate", "--database-url", dbURL, "--schema", "ledger").CombinedOutput(); err != nil {
 		t.Fatalf("ledger migrate: %v\n%s", err, out)
 	}
 	var n counts
-	ws := &workers{restarts: &n.workerRestarts, bin: bin, dir: base, batch: o.batch, args: []string{"worker", "--database-url", pg.URL(), "--brokers", strings.Join(brokers, ","),
+	ws := &workers{restarts: &n.workerRestarts, bin: bin, dir: base, batch: o.batch, args: []string{"worker", "--database-url", dbURL, "--brokers", strings.Join(brokers, ","),
 		"--schema", "ledger", "--commands", commandsTopic, "--metrics-addr", "127.0.0.1:0",
 		"--session-timeout", sessionTimeout.String()}}
 	for i := 0; i < sc.workers; i++ {
@@ -317,6 +323,7 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 	ch := &chaosRun{t: t, o: o, sc: sc, ws: ws, pg: pg, br: br, pool: pool, n: &n, mon: mon, rnd: rand.New(rand.NewPCG(o.seed, 99))}
 	if topo != nil {
 		ch.topo = newTopoRun(topo, kc3, brokers, mainCl, produce, &workloadRand{rand.New(rand.NewPCG(o.seed, 1234))})
+		ch.topo.pg = pair
 	}
 	next("faults")
 	faultStart := time.Now()
@@ -346,7 +353,7 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 		t.Fatal(err)
 	}
 	var ends []*kgo.Record
-	for p := 0; p < partitions; p++ {
+	for p := 0; p < mon.commandParts(); p++ {
 		r := record(srcEnd, "end", []byte(`{"end_of_run":`+strconv.Itoa(p)+`}`), rnd.uuid())
 		r.Partition = int32(p)
 		ends = append(ends, r)
@@ -374,13 +381,13 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 				seen[r.part] = true
 			}
 		}
-		return len(seen) == partitions
+		return len(seen) == mon.commandParts()
 	}
-	committed, err := readTopic(actx, brokers, commandsTopic, partitions, true, endSeen)
+	committed, err := readTopic(actx, brokers, commandsTopic, mon.commandParts(), true, endSeen)
 	if err != nil {
 		t.Fatal(err)
 	}
-	all, err := readTopic(actx, brokers, commandsTopic, partitions, false, endSeen)
+	all, err := readTopic(actx, brokers, commandsTopic, mon.commandParts(), false, endSeen)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -242,6 +242,7 @@ type monitor struct {
 	brokers []string
 	pool    *pgxpool.Pool
 	kc      *kafka.Client
+	parts   partCount // the commands topic's partition count once raised (repartition_test.go)
 
 	mu        sync.Mutex
 	committed map[int]int64
@@ -265,11 +266,11 @@ func newMonitor(brokers []string, pool *pgxpool.Pool) *monitor {
 func (m *monitor) poll(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	com, err := kafkaadmin.Committed(ctx, m.kc, group, commandsTopic, partitions)
+	com, err := kafkaadmin.Committed(ctx, m.kc, group, commandsTopic, m.commandParts())
 	if err != nil {
 		return
 	}
-	ends, err := kafkaadmin.EndOffsets(ctx, m.kc, commandsTopic, partitions)
+	ends, err := kafkaadmin.EndOffsets(ctx, m.kc, commandsTopic, m.commandParts())
 	if err != nil {
 		return
 	}
@@ -343,7 +344,7 @@ func (m *monitor) waitDrained(ctx context.Context, d time.Duration) (map[int]int
 				lag[p] = end - max(c, 0)
 			}
 		}
-		have := len(m.ends) == partitions
+		have := len(m.ends) == m.commandParts()
 		m.mu.Unlock()
 		if have && len(lag) == 0 {
 			var pending int

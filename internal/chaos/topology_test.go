@@ -29,7 +29,7 @@ import (
 
 // topoFaultKinds are the cluster's fault kinds, in the order the summary
 // names them.
-var topoFaultKinds = []string{"leader-kill", "controller-kill", "broker-session-pause"}
+var topoFaultKinds = []string{"leader-kill", "controller-kill", "broker-session-pause", "partitions-raised", "pg-failover"}
 
 // topology selects a topology run.
 type topology struct {
@@ -197,6 +197,7 @@ func (a *ackSet) missing(all []rec, f *findings) int {
 type topoRun struct {
 	cfg     *topology
 	cl      *kcluster
+	pg      *pgPair // the Postgres pair, with pg-failover among the kinds
 	kc      *kafka.Client
 	prodCl  *kgo.Client
 	produce func(context.Context, *kgo.Client, []*kgo.Record) error
@@ -263,6 +264,14 @@ func (r *topoRun) waitReplicated(ctx context.Context, d time.Duration) error {
 // have work; the recovery is the time from the fault until every partition
 // that had work at that moment is committed past where it was.
 func (r *topoRun) fault(ctx context.Context, c *chaosRun, kind string) {
+	switch kind {
+	case "partitions-raised":
+		r.raisePartitions(ctx, c) // repartition_test.go
+		return
+	case "pg-failover":
+		r.pgFailover(ctx, c) // standby_test.go
+		return
+	}
 	start := time.Now()
 	if err := r.waitReplicated(ctx, 3*time.Minute); err != nil {
 		c.t.Error(err)
@@ -376,7 +385,7 @@ func (r *topoRun) fault(ctx context.Context, c *chaosRun, kind string) {
 	} else if len(base) > 0 {
 		rec = "NOT consuming again within 2m"
 	}
-	line := fmt.Sprintf("%s node %d (leader of %d of %d partitions, %d with work): %s, fault took %s", kind, node, count(lead, node), partitions, len(base), rec,
+	line := fmt.Sprintf("%s node %d (leader of %d of %d partitions, %d with work): %s, fault took %s", kind, node, count(lead, node), c.mon.commandParts(), len(base), rec,
 		time.Since(start).Round(100*time.Millisecond))
 	r.timeline = append(r.timeline, line)
 	c.t.Logf("chaos-topology: %s", line)
@@ -406,9 +415,9 @@ func (r *topoRun) summary(t *testing.T, f *findings, ackedLost int) {
 		t.Logf("chaos-topology: fault %s ×%d: recovery (every partition with work consuming again) %v, %s, %d not within 2m",
 			k, r.done[k], roundAll(r.recovered[k]), fig, r.unrecov[k])
 	}
-	t.Logf("chaos-topology: lost=%d doubled=%d wrong=%d missing-events=%d acked-lost=%d unapplied=%d phantom=%d aborted-applied=%d extra-events=%d stray-events=%d commands=%d problems=%d",
+	t.Logf("chaos-topology: lost=%d doubled=%d wrong=%d missing-events=%d acked-lost=%d unapplied=%d phantom=%d aborted-applied=%d extra-events=%d stray-events=%d commands=%d problems=%d%s",
 		f.lostAccounts, f.doubledAccounts, f.wrongAccounts, f.missingEvents, ackedLost, f.unapplied, f.phantom, f.abortedApplied, f.extraEvents, f.strayEvents,
-		f.commands, len(f.problems))
+		f.commands, len(f.problems), topoExtra(f))
 }
 
 func TestTopoKinds(t *testing.T) {
