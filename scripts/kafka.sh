@@ -205,11 +205,17 @@ stop() {
 # and KAFKA_CONTROLLER_PORT when set, else from 19092 and 19192),
 # KAFKA_CLUSTER_ADVERTISED_PORTS (the ports clients are told to use, one per
 # node, for a proxy in front of each node; default the ports themselves),
+# KAFKA_CLUSTER_PROXIED_PORTS (one per node: a second listener, PROXIED, on
+# each, which advertises KAFKA_CLUSTER_ADVERTISED_PORTS while the first
+# advertises its own port; the nodes replicate on the first, so a proxy
+# from each advertised port to the node's PROXIED port sits between the
+# clients that bootstrap through it and the cluster, never between the
+# nodes; clients bootstrapping on the first ports go direct),
 # KAFKA_RUN_DIR (${TMPDIR:-/tmp}/exactly-kafka-cluster-<first port>: one
 # node-N directory per node), KAFKA_HEAP, KAFKA_START_TIMEOUT and
 # KAFKA_PROPERTIES as for the single broker (applied to every node).
 cluster_size=${KAFKA_CLUSTER_SIZE:-3}
-cluster_ports=() cluster_cports=() cluster_aports=()
+cluster_ports=() cluster_cports=() cluster_aports=() cluster_qports=()
 
 cluster_list() { # name default-base: the comma list in $name, or consecutive ports from base
 	local list=${!1:-} base=$2 i
@@ -231,6 +237,11 @@ cluster_init() {
 	fi
 	[ ${#cluster_ports[@]} -eq "$cluster_size" ] && [ ${#cluster_cports[@]} -eq "$cluster_size" ] && [ ${#cluster_aports[@]} -eq "$cluster_size" ] ||
 		die "KAFKA_CLUSTER_PORTS, KAFKA_CLUSTER_CONTROLLER_PORTS and KAFKA_CLUSTER_ADVERTISED_PORTS need $cluster_size ports each (KAFKA_CLUSTER_SIZE)"
+	if [ -n "${KAFKA_CLUSTER_PROXIED_PORTS:-}" ]; then
+		read -ra cluster_qports <<<"$(tr ',' ' ' <<<"$KAFKA_CLUSTER_PROXIED_PORTS")"
+		[ ${#cluster_qports[@]} -eq "$cluster_size" ] || die "KAFKA_CLUSTER_PROXIED_PORTS needs $cluster_size ports (KAFKA_CLUSTER_SIZE)"
+		[ -n "${KAFKA_CLUSTER_ADVERTISED_PORTS:-}" ] || die "KAFKA_CLUSTER_PROXIED_PORTS needs KAFKA_CLUSTER_ADVERTISED_PORTS: the ports the proxies listen on"
+	fi
 	cluster_run=${KAFKA_RUN_DIR:-${TMPDIR:-/tmp}/exactly-kafka-cluster-${cluster_ports[0]}}
 }
 
@@ -241,6 +252,7 @@ cluster_node() {
 	node=$1
 	port=${cluster_ports[$((node - 1))]}
 	cport=${cluster_cports[$((node - 1))]}
+	qport=${cluster_qports[$((node - 1))]:-}
 	run=$cluster_run/node-$node
 	pidfile=$run/broker.pid
 	logfile=$run/broker.log
@@ -255,7 +267,6 @@ cluster_props() {
 		# cluster node $node of $cluster_size
 		node.id=$node
 		controller.quorum.voters=$voters
-		advertised.listeners=PLAINTEXT://127.0.0.1:${cluster_aports[$((node - 1))]}
 		default.replication.factor=$cluster_size
 		min.insync.replicas=$isr
 		offsets.topic.replication.factor=$cluster_size
@@ -270,6 +281,16 @@ cluster_props() {
 		controller.quorum.fetch.timeout.ms=5000
 		controller.quorum.request.timeout.ms=5000
 	EOF
+	if [ -n "$qport" ]; then
+		cat <<-EOF
+			# clients through a proxy on ${cluster_aports[$((node - 1))]} reach PROXIED; the nodes replicate on PLAINTEXT
+			listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport,PROXIED://127.0.0.1:$qport
+			advertised.listeners=PLAINTEXT://127.0.0.1:$port,PROXIED://127.0.0.1:${cluster_aports[$((node - 1))]}
+			listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT
+		EOF
+	else
+		echo "advertised.listeners=PLAINTEXT://127.0.0.1:${cluster_aports[$((node - 1))]}"
+	fi
 	[ -z "${KAFKA_PROPERTIES:-}" ] || printf '%s\n' "$KAFKA_PROPERTIES"
 }
 
@@ -307,15 +328,17 @@ cluster_wait() {
 
 cluster_free() {
 	local p
-	for p in "$port" "$cport"; do
-		port_open "$p" && die "port $p (node $node) is taken by another process (ss -ltnp 'sport = :$p'); stop it or set KAFKA_CLUSTER_PORTS / KAFKA_CLUSTER_CONTROLLER_PORTS"
+	for p in "$port" "$cport" $qport; do
+		port_open "$p" && die "port $p (node $node) is taken by another process (ss -ltnp 'sport = :$p'); stop it or set KAFKA_CLUSTER_PORTS / KAFKA_CLUSTER_CONTROLLER_PORTS / KAFKA_CLUSTER_PROXIED_PORTS"
 	done
 	return 0
 }
 
 cluster_bootstrap() {
 	local i out=""
-	for ((i = 0; i < cluster_size; i++)); do out+="${out:+,}127.0.0.1:${cluster_aports[$i]}"; done
+	local ps=("${cluster_aports[@]}")
+	[ ${#cluster_qports[@]} -eq 0 ] || ps=("${cluster_ports[@]}") # the direct ports: the proxies are the caller's
+	for ((i = 0; i < cluster_size; i++)); do out+="${out:+,}127.0.0.1:${ps[$i]}"; done
 	echo "$out"
 }
 
