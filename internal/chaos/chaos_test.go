@@ -181,7 +181,7 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 	go func() {
 		defer wg.Done()
 		if topo != nil {
-			kc3, brErr = startCluster(root, base, topo.nodes)
+			kc3, brErr = startCluster(root, base, topo.nodes, topo.usesNet())
 			return
 		}
 		br, brErr = startBroker(root, base)
@@ -212,6 +212,24 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 		brokers, rf = kc3.addrs(), kc3.n
 	} else {
 		brokers = []string{br.Addr()}
+	}
+	// With a net-* kind the workers reach every server through a proxy
+	// (netfault_test.go); everything else connects directly.
+	workerDB, workerBrokers := dbURL, brokers
+	var np *netProxies
+	if topo.usesNet() {
+		pgPorts := []int{pg.port}
+		if pair != nil {
+			pgPorts = []int{pair.nodes[0].port, pair.nodes[1].port}
+		}
+		np, err = newNetProxies(t, o.seed, pgPorts, kc3.aports, kc3.qports)
+		if err != nil {
+			t.Fatal(err)
+		}
+		workerDB, workerBrokers = np.url(dbURL), np.brokers()
+		if workerDB == dbURL {
+			t.Fatalf("chaos: no proxy for the Postgres of %s", dbURL)
+		}
 	}
 	pcfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
@@ -246,7 +264,7 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 		t.Fatalf("ledger migrate: %v\n%s", err, out)
 	}
 	var n counts
-	ws := &workers{restarts: &n.workerRestarts, bin: bin, dir: base, batch: o.batch, args: []string{"worker", "--database-url", dbURL, "--brokers", strings.Join(brokers, ","),
+	ws := &workers{restarts: &n.workerRestarts, bin: bin, dir: base, batch: o.batch, args: []string{"worker", "--database-url", workerDB, "--brokers", strings.Join(workerBrokers, ","),
 		"--schema", "ledger", "--commands", commandsTopic, "--metrics-addr", "127.0.0.1:0",
 		"--session-timeout", sessionTimeout.String()}}
 	for i := 0; i < sc.workers; i++ {
@@ -323,7 +341,7 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 	ch := &chaosRun{t: t, o: o, sc: sc, ws: ws, pg: pg, br: br, pool: pool, n: &n, mon: mon, rnd: rand.New(rand.NewPCG(o.seed, 99))}
 	if topo != nil {
 		ch.topo = newTopoRun(topo, kc3, brokers, mainCl, produce, &workloadRand{rand.New(rand.NewPCG(o.seed, 1234))})
-		ch.topo.pg = pair
+		ch.topo.pg, ch.topo.net = pair, np
 	}
 	next("faults")
 	faultStart := time.Now()

@@ -29,7 +29,7 @@ import (
 
 // topoFaultKinds are the cluster's fault kinds, in the order the summary
 // names them.
-var topoFaultKinds = []string{"leader-kill", "controller-kill", "broker-session-pause", "partitions-raised", "pg-failover"}
+var topoFaultKinds = append([]string{"leader-kill", "controller-kill", "broker-session-pause", "partitions-raised", "pg-failover"}, netFaultKinds...)
 
 // topology selects a topology run.
 type topology struct {
@@ -105,27 +105,39 @@ type kcluster struct {
 	env    []string
 	n      int
 	ports  []int
+	// With proxied: the ports the nodes advertise on their PROXIED
+	// listener (where the proxies listen), and that listener's own.
+	aports, qports []int
 }
 
-func startCluster(root, base string, n int) (*kcluster, error) {
+// startCluster starts n nodes; proxied gives each a PROXIED listener for a
+// proxy in front of it (netfault_test.go).
+func startCluster(root, base string, n int, proxied bool) (*kcluster, error) {
 	c := &kcluster{script: filepath.Join(root, "scripts", "kafka.sh"), n: n}
-	var ports, cports []string
+	var ports, cports, aports, qports []string
 	for i := 0; i < n; i++ {
-		p, err := freePortErr()
-		if err != nil {
-			return nil, err
+		var ps [4]int
+		for j := range ps {
+			p, err := freePortErr()
+			if err != nil {
+				return nil, err
+			}
+			ps[j] = p
 		}
-		cp, err := freePortErr()
-		if err != nil {
-			return nil, err
+		c.ports = append(c.ports, ps[0])
+		ports, cports = append(ports, strconv.Itoa(ps[0])), append(cports, strconv.Itoa(ps[1]))
+		if proxied {
+			c.aports, c.qports = append(c.aports, ps[2]), append(c.qports, ps[3])
+			aports, qports = append(aports, strconv.Itoa(ps[2])), append(qports, strconv.Itoa(ps[3]))
 		}
-		c.ports = append(c.ports, p)
-		ports, cports = append(ports, strconv.Itoa(p)), append(cports, strconv.Itoa(cp))
 	}
 	c.env = append(os.Environ(), "KAFKA_CLUSTER_SIZE="+strconv.Itoa(n), "KAFKA_CLUSTER_PORTS="+strings.Join(ports, ","),
 		"KAFKA_CLUSTER_CONTROLLER_PORTS="+strings.Join(cports, ","), "KAFKA_RUN_DIR="+filepath.Join(base, "kafka"),
 		"KAFKA_HEAP=384m", "KAFKA_START_TIMEOUT=400",
 		"KAFKA_PROPERTIES=offsets.topic.num.partitions=3\ntransaction.state.log.num.partitions=3")
+	if proxied {
+		c.env = append(c.env, "KAFKA_CLUSTER_ADVERTISED_PORTS="+strings.Join(aports, ","), "KAFKA_CLUSTER_PROXIED_PORTS="+strings.Join(qports, ","))
+	}
 	return c, c.do("start")
 }
 
@@ -197,7 +209,8 @@ func (a *ackSet) missing(all []rec, f *findings) int {
 type topoRun struct {
 	cfg     *topology
 	cl      *kcluster
-	pg      *pgPair // the Postgres pair, with pg-failover among the kinds
+	pg      *pgPair     // the Postgres pair, with pg-failover among the kinds
+	net     *netProxies // the workers' proxies, with a net-* kind
 	kc      *kafka.Client
 	prodCl  *kgo.Client
 	produce func(context.Context, *kgo.Client, []*kgo.Record) error
@@ -270,6 +283,9 @@ func (r *topoRun) fault(ctx context.Context, c *chaosRun, kind string) {
 		return
 	case "pg-failover":
 		r.pgFailover(ctx, c) // standby_test.go
+		return
+	case "net-latency", "net-reset-commit", "net-half-open":
+		r.netFault(ctx, c, kind) // netfault_test.go
 		return
 	}
 	start := time.Now()
