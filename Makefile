@@ -45,7 +45,9 @@ chaos-short:
 # min.insync.replicas=2, with a partition leader killed, the active
 # controller killed and a node paused past its session, the commands
 # topic's partitions raised, a Postgres primary failed over to its
-# synchronous standby, each CHAOS_TOPOLOGY_FAULTS times (2); CHAOS_TOPOLOGY_KINDS (comma-separated)
+# synchronous standby, and a bad network between the workers and the
+# servers (toxiproxy: latency, COMMIT answers reset, half-open
+# connections), each CHAOS_TOPOLOGY_FAULTS times (2); CHAOS_TOPOLOGY_KINDS (comma-separated)
 # runs some kinds only; see docs/chaos-topology.md.
 chaos-topology:
 	CHAOS_TOPOLOGY=1 $(GO) test -race -count=1 -timeout 60m -run 'TestChaosTopology$$' -v ./internal/chaos/

@@ -14,8 +14,11 @@
 // Kafka cluster (scripts/kafka.sh cluster; topics with replication factor 3
 // and min.insync.replicas=2) and kills a partition leader, kills the active
 // controller and pauses a node past its broker session, raises the commands
-// topic's partition count (repartition_test.go) and fails a Postgres
-// primary over to its synchronous standby (standby_test.go), each
+// topic's partition count (repartition_test.go), fails a Postgres
+// primary over to its synchronous standby (standby_test.go) and puts a bad
+// network between the workers and every server (netfault_test.go:
+// toxiproxy proxies adding latency, resetting connections right after a
+// COMMIT is durable, leaving connections half-open), each
 // CHAOS_TOPOLOGY_FAULTS times (2), with worker kills between them; it also
 // checks that every record a producer had acknowledged is in the log, and
 // prints the recovery after each fault kind (see docs/chaos-topology.md).
