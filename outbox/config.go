@@ -39,8 +39,9 @@ type RelayConfig struct {
 	// is tried again on a new connection, instead of blocking the relay
 	// forever. The LISTEN connection waits for notifications as long as
 	// they take, and after StatementTimeout without one checks that its
-	// peer still answers. Marking a published batch keeps its own
-	// minute. Defaults to 30s.
+	// peer still answers. Marking a published batch keeps its own minute,
+	// on a connection taken within StatementTimeout (else on the relay's
+	// own). Defaults to 30s.
 	StatementTimeout time.Duration
 	// Hooks receives an event per batch. Defaults to none.
 	Hooks Hooks
