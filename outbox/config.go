@@ -1,7 +1,7 @@
 package outbox
 
 import (
-	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 )
@@ -78,9 +78,20 @@ func (c *RelayConfig) withDefaults(schema string) (RelayConfig, string, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	if o.BatchSize < 0 || o.MaxAttempts < 0 || o.PollInterval < 0 || o.RetryBackoff < 0 || o.MaxRetryBackoff < 0 || o.PublishedRetention < 0 ||
-		o.StatementTimeout < 0 {
-		return o, "", errors.New("outbox: RelayConfig sizes and durations must not be negative: leave a field 0 for its default")
+	for _, f := range []struct {
+		name string
+		v    int64
+		show any
+	}{
+		{"BatchSize", int64(o.BatchSize), o.BatchSize}, {"MaxAttempts", int64(o.MaxAttempts), o.MaxAttempts},
+		{"PollInterval", int64(o.PollInterval), o.PollInterval}, {"RetryBackoff", int64(o.RetryBackoff), o.RetryBackoff},
+		{"MaxRetryBackoff", int64(o.MaxRetryBackoff), o.MaxRetryBackoff},
+		{"PublishedRetention", int64(o.PublishedRetention), o.PublishedRetention},
+		{"StatementTimeout", int64(o.StatementTimeout), o.StatementTimeout},
+	} {
+		if f.v < 0 {
+			return o, "", fmt.Errorf("outbox: RelayConfig.%s is %v: sizes and durations must not be negative: leave it 0 for its default", f.name, f.show)
+		}
 	}
 	return o, table, nil
 }

@@ -76,8 +76,8 @@ func TestNewRelayRefusesNegatives(t *testing.T) {
 		"PublishedRetention": {PublishedRetention: -time.Second},
 		"StatementTimeout":   {StatementTimeout: -time.Second},
 	} {
-		if _, err := outbox.NewRelay(pool, &nopPublisher{}, &cfg); err == nil || !strings.Contains(err.Error(), "must not be negative") {
-			t.Errorf("%s negative: err %v, want a refusal", field, err)
+		if _, err := outbox.NewRelay(pool, &nopPublisher{}, &cfg); err == nil || !strings.Contains(err.Error(), "RelayConfig."+field+" is -") {
+			t.Errorf("%s negative: err %v, want a refusal naming RelayConfig.%s", field, err, field)
 		}
 	}
 	if _, err := outbox.NewRelay(pool, &nopPublisher{}, &outbox.RelayConfig{StatementTimeout: time.Second}); err != nil {
