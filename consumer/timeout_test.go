@@ -1,12 +1,15 @@
 package consumer_test
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/consumer"
@@ -95,5 +98,46 @@ func TestNewBatchConsumerRefusesNegatives(t *testing.T) {
 	}
 	if _, err := consumer.NewBatchConsumer(store, h, &consumer.BatchConfig{Scope: "s", Timeout: time.Second}); err != nil {
 		t.Errorf("a positive Timeout: %v", err)
+	}
+}
+
+// A batch attempt cut by BatchConfig.Timeout while the database answers (a
+// handler waiting on a lock that a silent session holds, say) is an
+// outage: the batch is nacked whole, not split, and no message is
+// dead-lettered or counted towards MaxAttempts, though a ping succeeds.
+func TestBatchTimeoutNacksTheBatchWhole(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	f := newFakeMsgs(10, func(i int) string { return fmt.Sprint("acc-", i%3) })
+	var calls atomic.Int64
+	stuck := func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
+		calls.Add(1)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	pub := &recordingPublisher{}
+	hooks := &countingHooks{}
+	c, err := consumer.NewBatchConsumer(w.store, stuck, &consumer.BatchConfig{
+		Scope: "ledger", MaxSize: 10, MaxWait: time.Second, MaxAttempts: 1, Timeout: 300 * time.Millisecond, Hooks: hooks,
+		Publisher: pub, DeadLetterTopic: "dlq", Logger: quietLogger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acked, nacked := f.run(t, c)
+	if len(acked) != 0 || len(nacked) != 10 {
+		t.Fatalf("acked %v, nacked %v; want all nacked", acked, nacked)
+	}
+	if dead := pub.get("dlq"); len(dead) > 0 {
+		t.Fatalf("%d messages dead-lettered, want none", len(dead))
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("the handler ran %d times, want once: the batch was split", n)
+	}
+	if n := hooks.get(consumer.OutcomeUnavailable); n != 10 {
+		t.Errorf("%d messages with outcome unavailable, want 10", n)
+	}
+	if n := w.applied(); n != 0 {
+		t.Errorf("%d messages applied, want none", n)
 	}
 }
