@@ -131,7 +131,9 @@ type Config struct {
 
 	// NoRelay leaves the outbox to a relay that runs elsewhere (another
 	// process with outbox.Relay). Defaults to false: the worker relays the
-	// outbox while it runs, and flushes it when it stops.
+	// outbox while it runs, and flushes it when it stops; each of the
+	// relay's database calls is bounded by outbox.RelayConfig's default
+	// StatementTimeout (30s).
 	NoRelay bool
 	// RelayPollInterval is the relay's polling floor (outbox.RelayConfig).
 	// Defaults to 200ms.
