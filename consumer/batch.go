@@ -104,9 +104,10 @@ type BatchConfig struct {
 	PerMessage []message.HandlerMiddleware
 	// Timeout bounds one batch attempt: claims, handler and commit. A
 	// connection whose peer is silently gone blocks a database call until
-	// its context ends; an attempt cut by Timeout is an outage (its
-	// messages are nacked, the batch whole, and delivered again), never
-	// the messages' fault, so set it above the slowest batch's time.
+	// its context ends; an attempt cut by Timeout counts as an outage, not
+	// as the messages' fault (they are nacked, the batch whole, and
+	// delivered again, never split or dead-lettered for it), so set it
+	// above the slowest batch's time.
 	// Defaults to 30s.
 	Timeout time.Duration
 

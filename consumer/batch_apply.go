@@ -216,8 +216,9 @@ func (c *BatchConsumer) notTheirs(ctx context.Context, err error) (Outcome, bool
 // BatchConfig.Timeout. An attempt that fails once its deadline passed
 // returns a *lateError: a call on a connection whose peer is gone, a lock
 // held by a session that no longer answers, or a handler slower than
-// Timeout; none of which splitting the batch would tell from the others,
-// and none of which a message is at fault for.
+// Timeout. Splitting the batch cannot tell these apart, and a message
+// dead-lettered for a dead connection would be lost to its handler, so the
+// attempt counts as an outage.
 func (c *BatchConsumer) attempt(ctx context.Context, items []item) ([]pgstore.BatchClaim, error) {
 	actx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
