@@ -22,7 +22,8 @@ import (
 // written to the outbox with BatchConfig.Outputs). msgs holds only the
 // messages to apply: duplicates and key reuses are filtered out before, and
 // each partition's messages are in offset order. An error rolls the whole
-// batch back; the batch is then split to find the failing message. The
+// batch back; the batch is then split to find the failing message (unless
+// the failure is the infrastructure's, BatchConfig.Timeout's included). The
 // same function runs with a single message on the per-message path.
 type BatchHandlerFunc func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) (outputs [][]*message.Message, err error)
 
@@ -98,8 +99,17 @@ type BatchConfig struct {
 	// it has no valid key or fingerprint, or its key was reused. Defaults to
 	// the PoisonQueue for DeadLetterTopic (when set), a middleware.Retry
 	// with ShouldRetry and ResetContextOnRetry (3 retries from 50ms), and a
-	// 30s middleware.Timeout.
+	// middleware.Timeout of Timeout. A PerMessage of your own should end
+	// with a middleware.Timeout too: nothing else bounds that path.
 	PerMessage []message.HandlerMiddleware
+	// Timeout bounds one batch attempt: claims, handler and commit. A
+	// connection whose peer is silently gone blocks a database call until
+	// its context ends; an attempt cut by Timeout counts as an outage, not
+	// as the messages' fault (they are nacked, the batch whole, and
+	// delivered again, never split or dead-lettered for it), so set it
+	// above the slowest batch's time.
+	// Defaults to 30s.
+	Timeout time.Duration
 
 	// NoDedupe runs batches without claiming keys: each batch is applied in
 	// a transaction of its own, and a redelivery applies it again. Only for
@@ -148,6 +158,9 @@ func NewBatchConsumer(store *pgstore.Store, handler BatchHandlerFunc, cfg *Batch
 	if c.Workers == 0 {
 		c.Workers = 1
 	}
+	if c.Timeout == 0 {
+		c.Timeout = 30 * time.Second
+	}
 	switch {
 	case c.Scope == "":
 		return nil, errors.New("consumer: BatchConfig.Scope is empty: set it to the handler's stable name")
@@ -157,6 +170,8 @@ func NewBatchConsumer(store *pgstore.Store, handler BatchHandlerFunc, cfg *Batch
 		return nil, fmt.Errorf("consumer: BatchConfig.Workers is %d: set 1 or more, or 0 for the default", c.Workers)
 	case c.MaxWait < 0:
 		return nil, fmt.Errorf("consumer: BatchConfig.MaxWait is %v: set a positive duration, or 0 for the default", c.MaxWait)
+	case c.Timeout < 0:
+		return nil, fmt.Errorf("consumer: BatchConfig.Timeout is %v: set a positive duration, or 0 for the default", c.Timeout)
 	case c.DeadLetterTopic != "" && c.Publisher == nil:
 		return nil, errors.New("consumer: BatchConfig.DeadLetterTopic needs a Publisher: set BatchConfig.Publisher")
 	case c.OutputTopic != "" && c.Publisher == nil:
@@ -180,7 +195,7 @@ func NewBatchConsumer(store *pgstore.Store, handler BatchHandlerFunc, cfg *Batch
 		}
 		retry := middleware.Retry{MaxRetries: 3, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second, Multiplier: 2,
 			ShouldRetry: ShouldRetry, ResetContextOnRetry: true}
-		c.PerMessage = append(c.PerMessage, retry.Middleware, middleware.Timeout(30*time.Second))
+		c.PerMessage = append(c.PerMessage, retry.Middleware, middleware.Timeout(c.Timeout))
 	}
 	bc := &BatchConsumer{store: store, handler: handler, cfg: c, mw: mw}
 	one := TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {

@@ -87,7 +87,7 @@ func (c *BatchConsumer) apply(ctx context.Context, items []item, start time.Time
 	if len(items) == 0 {
 		return false
 	}
-	answers, err := c.runBatch(ctx, items)
+	answers, err := c.attempt(ctx, items)
 	if err == nil {
 		return c.finish(ctx, items, answers, start)
 	}
@@ -202,14 +202,44 @@ func heldAt(claims []pgstore.BatchClaim, fresh []int) (*heldError, bool) {
 // not answer a ping now). Such a failure is no message's fault: the batch
 // is not split for it.
 func (c *BatchConsumer) notTheirs(ctx context.Context, err error) (Outcome, bool) {
+	var late *lateError
 	switch {
 	case errors.Is(err, dedupe.ErrMisconfigured) || pgstore.IsConfigurationError(err):
 		return OutcomeMisconfigured, true
-	case ctx.Err() != nil || c.mw.unavailable(ctx, err):
+	case errors.As(err, &late) || ctx.Err() != nil || c.mw.unavailable(ctx, err):
 		return OutcomeUnavailable, true
 	}
 	return "", false
 }
+
+// attempt runs one batch transaction (runBatch) bounded by
+// BatchConfig.Timeout. An attempt that fails once its deadline passed
+// returns a *lateError: a call on a connection whose peer is gone, a lock
+// held by a session that no longer answers, or a handler slower than
+// Timeout. Splitting the batch cannot tell these apart, and a message
+// dead-lettered for a dead connection would be lost to its handler, so the
+// attempt counts as an outage.
+func (c *BatchConsumer) attempt(ctx context.Context, items []item) ([]pgstore.BatchClaim, error) {
+	actx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	answers, err := c.runBatch(actx, items)
+	if err != nil && ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
+		err = &lateError{timeout: c.cfg.Timeout, err: err}
+	}
+	return answers, err
+}
+
+// lateError is a batch attempt that failed after BatchConfig.Timeout.
+type lateError struct {
+	timeout time.Duration
+	err     error
+}
+
+func (e *lateError) Error() string {
+	return fmt.Sprintf("consumer: the batch attempt outlived BatchConfig.Timeout (%v): %v", e.timeout, e.err)
+}
+
+func (e *lateError) Unwrap() error { return e.err }
 
 // runBatch runs one batch transaction: DoBatch, or a plain transaction
 // with NoDedupe.

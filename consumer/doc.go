@@ -183,7 +183,11 @@
 // retryable error after pgstore.Config.MaxTxAttempts, a lost or refused
 // connection, a database that does not answer a ping, shutdown: outcome
 // unavailable; a configuration error: misconfigured) and nacked whole,
-// never split or dead-lettered.
+// never split or dead-lettered. BatchConfig.Timeout (30s by default)
+// bounds each batch attempt (claims, handler and commit): a connection
+// whose peer is silently gone blocks a call until its context ends, and an
+// attempt cut by Timeout is unavailable too, nacked whole; the default
+// PerMessage's Timeout is the same.
 //
 // Hooks receive one Event per message on both paths, with the message's own
 // context (msg.Context()); on the batch path its Duration is the batch's. Duplicates re-publish their stored outputs with

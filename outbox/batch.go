@@ -137,6 +137,8 @@ func queueKey(x row) string {
 // fetch reads up to perLane rows of each lane, in id order.
 // Rows being marked (skip) are left out.
 func (r *Relay) fetch(ctx context.Context, conn *pgx.Conn, lanes []int, perLane int, skip []int64) ([]row, error) {
+	ctx, cancel := r.bounded(ctx)
+	defer cancel()
 	rs, err := conn.Query(ctx, r.q.fetch, laneOrder(lanes), perLane, skip)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: fetch: %w", err)
@@ -283,6 +285,8 @@ func toMessage(x row) (*message.Message, error) {
 // DEAD after MaxAttempts, and reports which.
 func (r *Relay) recordFailure(ctx context.Context, conn *pgx.Conn, x row, perr error) (dead bool, err error) {
 	backoff := min(r.cfg.RetryBackoff<<min(x.attempts, 20), r.cfg.MaxRetryBackoff)
+	ctx, cancel := r.bounded(ctx)
+	defer cancel()
 	var status string
 	if err := conn.QueryRow(ctx, r.q.failed, x.id, perr.Error(), float64(backoff.Microseconds()), r.cfg.MaxAttempts).Scan(&status); err != nil {
 		return false, fmt.Errorf("outbox: record failure of %s: %w", x.uuid, err)

@@ -10,7 +10,9 @@ import (
 func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
 	var total int64
 	for {
-		tag, err := r.pool.Exec(ctx, r.q.cleanup, float64(r.cfg.PublishedRetention.Microseconds()))
+		ectx, cancel := r.bounded(ctx)
+		tag, err := r.pool.Exec(ectx, r.q.cleanup, float64(r.cfg.PublishedRetention.Microseconds()))
+		cancel()
 		if err != nil {
 			return total, fmt.Errorf("outbox: cleanup: %w", err)
 		}

@@ -1,7 +1,7 @@
 package outbox
 
 import (
-	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 )
@@ -32,6 +32,17 @@ type RelayConfig struct {
 	// PublishedRetention is how long PUBLISHED rows are kept, for audits.
 	// Defaults to 24h.
 	PublishedRetention time.Duration
+	// StatementTimeout bounds each of the relay's database calls (a
+	// connection taken from the pool, a read, a lane lock, a failure
+	// recorded, a registration; a lane wait gets PollInterval more), so
+	// that a connection whose peer is silently gone fails the pass, which
+	// is tried again on a new connection, instead of blocking the relay
+	// forever. The LISTEN connection waits for notifications as long as
+	// they take, and after StatementTimeout without one checks that its
+	// peer still answers. Marking a published batch keeps its own minute,
+	// on a connection taken within StatementTimeout (else on the relay's
+	// own). Defaults to 30s.
+	StatementTimeout time.Duration
 	// Hooks receives an event per batch. Defaults to none.
 	Hooks Hooks
 	// Logger defaults to slog.Default().
@@ -60,14 +71,27 @@ func (c *RelayConfig) withDefaults(schema string) (RelayConfig, string, error) {
 	def(&o.RetryBackoff, 100*time.Millisecond)
 	def(&o.MaxRetryBackoff, time.Minute)
 	def(&o.PublishedRetention, 24*time.Hour)
+	def(&o.StatementTimeout, 30*time.Second)
 	if o.MaxAttempts == 0 {
 		o.MaxAttempts = 10
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	if o.BatchSize < 0 || o.MaxAttempts < 0 || o.PollInterval < 0 || o.RetryBackoff < 0 || o.MaxRetryBackoff < 0 || o.PublishedRetention < 0 {
-		return o, "", errors.New("outbox: RelayConfig sizes and durations must not be negative: leave a field 0 for its default")
+	for _, f := range []struct {
+		name string
+		v    int64
+		show any
+	}{
+		{"BatchSize", int64(o.BatchSize), o.BatchSize}, {"MaxAttempts", int64(o.MaxAttempts), o.MaxAttempts},
+		{"PollInterval", int64(o.PollInterval), o.PollInterval}, {"RetryBackoff", int64(o.RetryBackoff), o.RetryBackoff},
+		{"MaxRetryBackoff", int64(o.MaxRetryBackoff), o.MaxRetryBackoff},
+		{"PublishedRetention", int64(o.PublishedRetention), o.PublishedRetention},
+		{"StatementTimeout", int64(o.StatementTimeout), o.StatementTimeout},
+	} {
+		if f.v < 0 {
+			return o, "", fmt.Errorf("outbox: RelayConfig.%s is %v: sizes and durations must not be negative: leave it 0 for its default", f.name, f.show)
+		}
 	}
 	return o, table, nil
 }

@@ -21,7 +21,12 @@
 // consumers with the dedupe middleware absorb. Several relays may run at
 // once: keys are spread over [Lanes] lanes and one relay at a time works a
 // lane, under a session advisory lock. A relay wakes on LISTEN/NOTIFY (a
-// trigger notifies on insert) and polls as a floor.
+// trigger notifies on insert) and polls as a floor. Each of its database
+// calls is bounded by [RelayConfig].StatementTimeout (30s by default), so a
+// connection whose peer is silently gone fails a pass, which runs again on
+// a new connection, instead of stopping the relay; its LISTEN connection is
+// pinged after that long without a notification, and replaced when it does
+// not answer.
 //
 // # Order
 //

@@ -26,7 +26,10 @@ func (r *Relay) lockLanes(ctx context.Context, conn *pgxpool.Conn, want []int) (
 	}
 	rand.Shuffle(len(try), func(i, j int) { try[i], try[j] = try[j], try[i] })
 	var lanes []int16
-	if err := conn.QueryRow(ctx, lockLanesSQL, r.lockID, laneOrder(try)).Scan(&lanes); err != nil {
+	qctx, cancel := r.bounded(ctx)
+	err := conn.QueryRow(qctx, lockLanesSQL, r.lockID, laneOrder(try)).Scan(&lanes)
+	cancel()
+	if err != nil {
 		// The statement may have taken lanes before it failed: a
 		// connection that cannot tell what it holds is closed, never
 		// handed back to the pool holding them.
@@ -47,16 +50,19 @@ func (r *Relay) lockLanes(ctx context.Context, conn *pgxpool.Conn, want []int) (
 // then takes every other free lane too.
 func (r *Relay) waitLane(ctx context.Context, conn *pgxpool.Conn) ([]int, error) {
 	lane := rand.IntN(Lanes)
-	tx, err := conn.Begin(ctx)
+	// The wait itself takes up to PollInterval (lock_timeout) on the server.
+	wctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout+r.cfg.PollInterval)
+	defer cancel()
+	tx, err := conn.Begin(wctx)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: relay: lane wait: %w", err)
 	}
 	defer pgtx.Rollback(ctx, tx)
 	timeout := strconv.FormatInt(max(r.cfg.PollInterval.Milliseconds(), 1), 10)
-	if _, err := tx.Exec(ctx, lockTimeoutSQL, timeout); err != nil {
+	if _, err := tx.Exec(wctx, lockTimeoutSQL, timeout); err != nil {
 		return nil, fmt.Errorf("outbox: relay: lane wait: %w", err)
 	}
-	if _, err := tx.Exec(ctx, waitLaneSQL, r.lockID, lane); err != nil {
+	if _, err := tx.Exec(wctx, waitLaneSQL, r.lockID, lane); err != nil {
 		// Postgres may grant the lock just as lock_timeout fires (or a
 		// cancel arrives) and still fail the statement; a session lock
 		// outlives the aborted transaction. Look before the connection goes
@@ -70,7 +76,7 @@ func (r *Relay) waitLane(ctx context.Context, conn *pgxpool.Conn) ([]int, error)
 		if !held {
 			return nil, nil // still taken: the relay that holds it publishes
 		}
-	} else if err := tx.Commit(ctx); err != nil {
+	} else if err := tx.Commit(wctx); err != nil {
 		// A session lock outlives the transaction.
 		return nil, r.releaseAfter(ctx, conn, []int{lane}, fmt.Errorf("outbox: relay: lane wait: %w", err))
 	}

@@ -50,11 +50,17 @@ func (m *marker) start(ctx context.Context, ids []int64, ev BatchEvent, oldest t
 	// when ctx is done.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	if m.conn == nil {
-		conn, err := m.r.pool.Acquire(mctx)
+		actx, acancel := m.r.bounded(mctx)
+		conn, err := m.r.pool.Acquire(actx)
+		acancel()
 		if err != nil {
+			// No connection to spare (or only dead ones): mark on the
+			// caller's, which just read and published the batch, rather
+			// than leave published rows pending.
 			cancel()
-			m.res = nil
-			return fmt.Errorf("outbox: mark published: %w", err)
+			m.inline = true
+			res <- nil
+			return nil
 		}
 		m.conn = conn
 	}

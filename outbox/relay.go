@@ -118,7 +118,9 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	if !r.due(ctx) {
 		return 0, nil
 	}
-	conn, err := r.pool.Acquire(ctx)
+	actx, cancel := r.bounded(ctx)
+	conn, err := r.pool.Acquire(actx)
+	cancel()
 	if err != nil {
 		return 0, fmt.Errorf("outbox: relay: %w", err)
 	}
@@ -171,6 +173,8 @@ func (r *Relay) release(ctx context.Context, conn *pgxpool.Conn, held []int, m *
 // due reports whether some message could be published now (true when it
 // cannot tell).
 func (r *Relay) due(ctx context.Context) bool {
+	ctx, cancel := r.bounded(ctx)
+	defer cancel()
 	var due bool
 	if err := r.pool.QueryRow(ctx, r.q.due).Scan(&due); err != nil {
 		return true // cannot tell: look
@@ -181,9 +185,16 @@ func (r *Relay) due(ctx context.Context) bool {
 // nextWake is how long an idle relay sleeps: PollInterval, or less when a
 // failed message is due for its retry sooner.
 func (r *Relay) nextWake(ctx context.Context) time.Duration {
+	ctx, cancel := r.bounded(ctx)
+	defer cancel()
 	var us *float64
 	if err := r.pool.QueryRow(ctx, r.q.nextRetry).Scan(&us); err != nil || us == nil {
 		return r.cfg.PollInterval
 	}
 	return min(max(time.Duration(*us)*time.Microsecond, time.Millisecond), r.cfg.PollInterval)
+}
+
+// bounded bounds ctx by StatementTimeout, for one database call.
+func (r *Relay) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, r.cfg.StatementTimeout)
 }

@@ -18,6 +18,8 @@ type Stats struct {
 func (r *Relay) Stats(ctx context.Context) (Stats, error) {
 	var st Stats
 	var oldest *time.Time
+	ctx, cancel := r.bounded(ctx)
+	defer cancel()
 	if err := r.pool.QueryRow(ctx, r.q.stats).Scan(&st.Pending, &st.Dead, &oldest); err != nil {
 		return st, fmt.Errorf("outbox: stats: %w", err)
 	}

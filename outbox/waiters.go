@@ -17,6 +17,8 @@ const waitGrace = 10 * time.Millisecond
 // their trigger says; Run asks again before each sleep until it is there
 // (a migration may add it while the relay runs).
 func (r *Relay) hasWaiters(ctx context.Context) bool {
+	ctx, cancel := r.bounded(ctx)
+	defer cancel()
 	var ok bool
 	if err := r.pool.QueryRow(ctx, hasWaitersSQL, r.waiters).Scan(&ok); err != nil {
 		return false
@@ -29,7 +31,10 @@ func (r *Relay) hasWaiters(ctx context.Context) bool {
 // waitGrace, and reports whether it is registered.
 func (r *Relay) register(ctx context.Context) bool {
 	ttl := 2*r.cfg.PollInterval + 10*time.Second
-	if _, err := r.pool.Exec(ctx, r.q.register, r.id, float64(ttl.Microseconds())); err != nil {
+	ectx, cancel := r.bounded(ctx)
+	_, err := r.pool.Exec(ectx, r.q.register, r.id, float64(ttl.Microseconds()))
+	cancel()
+	if err != nil {
 		if ctx.Err() == nil {
 			r.cfg.Logger.Warn("outbox: relay could not register as a waiter; it will poll", "table", r.table, "err", err)
 		}

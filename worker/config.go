@@ -113,7 +113,11 @@ type Config struct {
 	// LogDuplicates logs each duplicate at INFO. Defaults to false: at
 	// DEBUG (a replay of a million records prints no million lines).
 	LogDuplicates bool
-	// Timeout bounds one attempt: claim, handler and commit. Defaults to 30s.
+	// Timeout bounds one attempt: claim, handler and commit; in batch mode,
+	// one batch's (consumer.BatchConfig.Timeout: claims, handler and
+	// commit, nacked whole when cut) and each per-message attempt. A
+	// connection whose peer is silently gone holds an unbounded call
+	// forever. Defaults to 30s.
 	Timeout time.Duration
 
 	// BatchSize bounds a batch's messages in batch mode. Defaults to 100.
@@ -127,7 +131,9 @@ type Config struct {
 
 	// NoRelay leaves the outbox to a relay that runs elsewhere (another
 	// process with outbox.Relay). Defaults to false: the worker relays the
-	// outbox while it runs, and flushes it when it stops.
+	// outbox while it runs, and flushes it when it stops; each of the
+	// relay's database calls is bounded by outbox.RelayConfig's default
+	// StatementTimeout (30s).
 	NoRelay bool
 	// RelayPollInterval is the relay's polling floor (outbox.RelayConfig).
 	// Defaults to 200ms.

@@ -201,7 +201,7 @@ func (w *Worker) runBatch(ctx context.Context, sub message.Subscriber, pub messa
 	bc, err := consumer.NewBatchConsumer(w.store, w.cfg.BatchHandler, &consumer.BatchConfig{
 		Scope: w.cfg.Scope, KeyFunc: w.cfg.KeyFunc, FingerprintFunc: w.cfg.FingerprintFunc, MissingKey: w.cfg.MissingKey,
 		TTL: w.cfg.TTL, Outputs: w.outputs, MaxAttempts: w.cfg.MaxAttempts, Hooks: w.cfg.Hooks, Logger: w.cfg.Logger,
-		MaxSize: w.cfg.BatchSize, MaxWait: w.cfg.BatchWait, Workers: w.cfg.BatchWorkers,
+		MaxSize: w.cfg.BatchSize, MaxWait: w.cfg.BatchWait, Workers: w.cfg.BatchWorkers, Timeout: w.cfg.Timeout,
 		Publisher: pub, DeadLetterTopic: w.cfg.DeadLetterTopic, NoDedupe: w.cfg.NoDedupe,
 		PerMessage: []message.HandlerMiddleware{
 			mustPoison(pub, w.cfg.DeadLetterTopic),
