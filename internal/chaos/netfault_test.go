@@ -325,9 +325,10 @@ func (c *chaosRun) keyCount(ctx context.Context) (int64, error) {
 // netFault injects one fault of the network, after a batch of commands so
 // that partitions have work; the recovery is the time from the fault's
 // start until every partition that had work is committed past where it
-// was. Each kind checks that it reached the workers: COMMIT answers were
-// cut, and nothing was committed (to Kafka or Postgres) while the network
-// was half-open.
+// was, and the fault fails when that takes over two minutes past its end.
+// Each kind checks that it reached the workers: COMMIT answers were cut,
+// and nothing was committed (to Kafka or Postgres) while the network was
+// half-open.
 func (r *topoRun) netFault(ctx context.Context, c *chaosRun, kind string) {
 	start := time.Now()
 	if r.net == nil {
@@ -445,6 +446,10 @@ func (r *topoRun) netFault(ctx context.Context, c *chaosRun, kind string) {
 			r.recovered[kind] = append(r.recovered[kind], d)
 		} else {
 			r.unrecov[kind]++
+			// The network is whole again long before: a group that still
+			// does not consume has a worker waiting on a connection that
+			// will never answer.
+			c.t.Errorf("chaos: %s: the partitions with work were not consumed again within %s of the fault (lagging %v)", kind, dur+2*time.Minute, base)
 		}
 	}
 	if msg := <-ended; msg != "" {
