@@ -5,7 +5,9 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -24,29 +26,48 @@ func (s *Subscriber) runGroup(ctx context.Context, topic string, out chan<- *mes
 	if _, ok := s.waitForTopic(ctx, topic); !ok {
 		return
 	}
-	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                    s.cfg.ConsumerGroup,
-		Brokers:               s.cfg.Brokers,
-		Dialer:                s.cfg.Security.dialer(10 * time.Second),
-		Topics:                []string{topic},
-		StartOffset:           int64(s.cfg.StartOffset),
-		SessionTimeout:        s.cfg.SessionTimeout,
-		RebalanceTimeout:      s.cfg.RebalanceTimeout,
-		HeartbeatInterval:     s.cfg.HeartbeatInterval,
-		JoinGroupBackoff:      time.Second,
-		WatchPartitionChanges: true,
-		Timeout:               10 * time.Second,
-		ErrorLogger:           kafkaLogger(s.log(), slog.LevelDebug),
-	})
+	// kafka-go's group asks the first broker of its list that accepts a
+	// connection for the coordinator, every time: a broker that accepts and
+	// then fails every request (a proxy or a load balancer in front of a
+	// node that is gone) would fail every join until it comes back. After a
+	// failed join the group is made again with the list rotated.
+	brokers := slices.Clone(s.cfg.Brokers)
+	newGroup := func() (*kafka.ConsumerGroup, error) {
+		return kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
+			ID:                    s.cfg.ConsumerGroup,
+			Brokers:               brokers,
+			Dialer:                s.cfg.Security.dialer(10 * time.Second),
+			Topics:                []string{topic},
+			StartOffset:           int64(s.cfg.StartOffset),
+			SessionTimeout:        s.cfg.SessionTimeout,
+			RebalanceTimeout:      s.cfg.RebalanceTimeout,
+			HeartbeatInterval:     s.cfg.HeartbeatInterval,
+			JoinGroupBackoff:      time.Second,
+			WatchPartitionChanges: true,
+			Timeout:               10 * time.Second,
+			ErrorLogger:           kafkaLogger(s.log(), slog.LevelDebug),
+		})
+	}
+	cg, err := newGroup()
 	if err != nil {
 		s.log().Error("kafkapubsub: cannot create consumer group", "group", s.cfg.ConsumerGroup, "topic", topic, "err", err)
 		return
 	}
 	// Closing the group ends the current generation: its partitions drain
 	// and commit before Close returns.
-	stop := context.AfterFunc(ctx, func() { _ = cg.Close() })
+	var mu sync.Mutex
+	current := cg
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		_ = current.Close()
+	})
 	defer stop()
-	defer cg.Close()
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		_ = current.Close()
+	}()
 	bo := retryBackoff()
 	started := time.Now()
 	for {
@@ -58,6 +79,19 @@ func (s *Subscriber) runGroup(ctx context.Context, topic string, out chan<- *mes
 			pause := bo.Next()
 			s.log().Log(ctx, joinFailureLevel(err, time.Since(started)), "kafkapubsub: joining group failed; retrying",
 				"group", s.cfg.ConsumerGroup, "topic", topic, "err", err, "backoff", pause)
+			if len(brokers) > 1 {
+				brokers = append(slices.Clone(brokers[1:]), brokers[0])
+				next, nerr := newGroup()
+				if nerr == nil {
+					mu.Lock()
+					_ = current.Close()
+					current, cg = next, next
+					mu.Unlock()
+					if ctx.Err() != nil { // the AfterFunc may have closed the old one only
+						return
+					}
+				}
+			}
 			if clock.Sleep(ctx, pause) != nil {
 				return
 			}
