@@ -381,6 +381,10 @@ func (r *topoRun) fault(ctx context.Context, c *chaosRun, kind string) {
 			r.recovered[kind] = append(r.recovered[kind], d)
 		} else {
 			r.unrecov[kind]++
+			// Two nodes of three serve: leaders and the group coordinator
+			// move within the broker session; a group that consumes
+			// nothing for two minutes is stuck.
+			c.t.Errorf("chaos: %s of node %d: the partitions with work were not consumed again within 2m (lagging %v)", kind, node, base)
 		}
 	}
 	if resumed != nil {
