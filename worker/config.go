@@ -12,6 +12,7 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/outbox"
+	"github.com/exactly-go/exactly/pgstore"
 )
 
 // Config configures a Worker. Scope, Topic, one of Handler and
@@ -101,6 +102,16 @@ type Config struct {
 	// Schema holds exactly's tables. Defaults to the first schema of the
 	// pool's search_path, else "public" (as pgstore.Config.Schema).
 	Schema string
+	// KeyLayout is how the keys are kept (pgstore.Config.Layout):
+	// pgstore.LayoutLegacy, one table, or pgstore.LayoutPartitioned,
+	// compact rows in day partitions that clean-up drops whole once their
+	// keys expired (docs/keys.md, with the upgrade from the first). With
+	// LayoutPartitioned the start-up check creates the first partitions
+	// and the key clean-up (CleanupInterval) creates the next ones: both
+	// run DDL, so the worker's role must own the tables (as for Migrate),
+	// or clean-up must run in a process whose role does. Defaults to
+	// LayoutLegacy.
+	KeyLayout pgstore.Layout
 
 	// KeyFunc, FingerprintFunc, MissingKey, TTL and MaxAttempts are the
 	// middleware's (consumer.Config). Default to the message UUID, the

@@ -15,6 +15,7 @@ import (
 	"github.com/exactly-go/exactly/internal/clock"
 	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/kafkapubsub"
+	"github.com/exactly-go/exactly/pgstore"
 )
 
 // The dependencies that Health names.
@@ -111,6 +112,13 @@ func (w *Worker) probe(ctx context.Context, create bool) []string {
 		log.Warn("worker: the schema lacks tables: run the migrations (migrations.Migrate, or worker.Config.Migrate with a role that may create tables)",
 			"schema", w.cfg.Schema, "missing", strings.Join(missing, ", "))
 		down = append(down, downSchema)
+	} else if w.cfg.KeyLayout == pgstore.LayoutPartitioned {
+		// The layout's state, and its first partitions when it has none.
+		if err := w.store.Check(ctx); err != nil {
+			log.Warn("worker: the partitioned key table is not ready (its first partitions are created by a role that owns the tables)",
+				"schema", w.cfg.Schema, "err", redact.Password(err.Error()))
+			down = append(down, downSchema)
+		}
 	}
 	if len(w.cfg.Brokers) == 0 {
 		return down // a Pub/Sub of the user's: nothing to ask Kafka

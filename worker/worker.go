@@ -53,7 +53,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	store, err := pgstore.New(pool, &pgstore.Config{Schema: c.Schema, Logger: c.Logger})
+	store, err := pgstore.New(pool, &pgstore.Config{Schema: c.Schema, Logger: c.Logger, Layout: c.KeyLayout})
 	if err != nil {
 		return nil, err
 	}

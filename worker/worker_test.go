@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/consumer"
@@ -18,6 +20,7 @@ import (
 	"github.com/exactly-go/exactly/internal/testkit/pgtest"
 	"github.com/exactly-go/exactly/internal/testkit/testenv"
 	"github.com/exactly-go/exactly/kafkapubsub"
+	"github.com/exactly-go/exactly/pgstore"
 	"github.com/exactly-go/exactly/worker"
 )
 
@@ -318,5 +321,87 @@ func TestNewRefusesMisconfiguration(t *testing.T) {
 	}
 	if _, err := worker.New(nil, &base); err == nil {
 		t.Error("New accepted a nil pool")
+	}
+}
+
+// With KeyLayout LayoutPartitioned the worker keeps its keys in the
+// partitioned table (its first partitions created at start-up) and
+// deduplicates against the keys a LayoutLegacy worker wrote before it:
+// after the switch, the old messages delivered again are not applied
+// again, and the new ones are applied once, their keys in exactly_keys2.
+func TestWorkerPartitionedKeys(t *testing.T) {
+	for _, mode := range []string{"per-message", "batch"} {
+		t.Run(mode, func(t *testing.T) {
+			w := newWorld(t, 2)
+			setMode := func(c *worker.Config) {
+				if mode == "batch" {
+					c.Handler, c.BatchSize = nil, 20
+					c.BatchHandler = func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
+						outs := make([][]*message.Message, len(msgs))
+						for i, m := range msgs {
+							o, err := w.handler(ctx, tx, m)
+							if err != nil {
+								return nil, err
+							}
+							outs[i] = o
+						}
+						return outs, nil
+					}
+				}
+			}
+			v7 := func(n int) []string {
+				out := make([]string, n)
+				for i := range out {
+					out[i] = uuid.Must(uuid.NewV7()).String()
+				}
+				return out
+			}
+			old, fresh := v7(30), v7(30)
+			group := kafkatest.Name("g")
+			run := func(layout pgstore.Layout, send []string, want int) {
+				t.Helper()
+				var handled atomic.Int64
+				cfg := w.config(func(c *worker.Config) {
+					c.Group, c.KeyLayout = group, layout
+					// No clean-up runner: the first partitions come from the
+					// start-up check alone.
+					c.CleanupInterval = -1
+					c.Hooks = consumer.HooksFunc(func(_ context.Context, ev consumer.Event) {
+						if ev.Outcome == consumer.OutcomeApplied || ev.Outcome == consumer.OutcomeDuplicate {
+							handled.Add(1)
+						}
+					})
+					setMode(c)
+				})
+				_, stop := w.start(cfg)
+				w.send(send...)
+				testenv.WaitFor(t, time.Minute, fmt.Sprintf("%d messages handled", want), func() bool { return handled.Load() >= int64(want) })
+				if err := stop(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			run(pgstore.LayoutLegacy, old, 2*len(old))
+			// The old messages once more (a replay after the switch), and new ones.
+			run(pgstore.LayoutPartitioned, append(slices.Clone(old), fresh...), 2*(len(old)+len(fresh)))
+			if n := w.count("SELECT count(*) FROM " + w.db.Table("applied") + " WHERE n = 1"); n != len(old)+len(fresh) {
+				t.Errorf("%d messages applied once, want %d (twice or more: %d)", n, len(old)+len(fresh),
+					w.count("SELECT count(*) FROM "+w.db.Table("applied")+" WHERE n > 1"))
+			}
+			if n := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys")); n != len(old) {
+				t.Errorf("%d keys in exactly_keys, want the %d of the legacy worker", n, len(old))
+			}
+			if n := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys2")); n != len(fresh) {
+				t.Errorf("%d keys in exactly_keys2, want the %d new ones", n, len(fresh))
+			}
+			if n := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys2_other")); n != 0 {
+				t.Errorf("%d time-ordered keys in the partition of other IDs, want 0 (in their day partitions)", n)
+			}
+			if n := w.records(w.events, 3); n != int64(len(old)+len(fresh)) {
+				t.Errorf("%d records on the events topic, want %d", n, len(old)+len(fresh))
+			}
+			if n := w.records(w.dlq, 1); n != 0 {
+				t.Errorf("%d dead letters, want 0", n)
+			}
+		})
 	}
 }
