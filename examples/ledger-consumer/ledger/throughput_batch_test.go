@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
@@ -45,7 +46,10 @@ const (
 //     transaction per message (the worker's default mode);
 //   - batch-dedupe: consumer.BatchConsumer, batches of up to 500 messages
 //     claimed with Store.DoBatch and applied set-based (handleBatch);
-//   - batch-plain: the same batch pipeline without the claim.
+//   - batch-plain: the same batch pipeline without the claim;
+//   - batch-dedupe-v7: batch-dedupe with time-ordered command IDs (UUIDv7)
+//     instead of Watermill's random ones: its keys land on the right edge of
+//     the key index (docs/keys.md).
 //
 // Events go to the outbox in every mode (no relay runs). Run:
 //
@@ -54,17 +58,18 @@ func BenchmarkThroughput(b *testing.B) { benchBatchThroughput(b) }
 
 func benchBatchThroughput(b *testing.B) {
 	for _, mode := range []struct {
-		name            string
-		batch, noDedupe bool
+		name                string
+		batch, noDedupe, v7 bool
 	}{
-		{"per-message-dedupe", false, false},
-		{"batch-dedupe", true, false},
-		{"batch-plain", true, true},
+		{"per-message-dedupe", false, false, false},
+		{"batch-dedupe", true, false, false},
+		{"batch-plain", true, true, false},
+		{"batch-dedupe-v7", true, false, true},
 	} {
 		b.Run(mode.name, func(b *testing.B) {
 			var total time.Duration
 			for range b.N {
-				total += throughputRun(b, mode.batch, mode.noDedupe, 0, nil)
+				total += throughputRun(b, mode.batch, mode.noDedupe, mode.v7, 0, nil)
 			}
 			b.ReportMetric(float64(throughputMessages*b.N)/total.Seconds(), "msgs/s")
 		})
@@ -92,7 +97,7 @@ func BenchmarkLatency(b *testing.B) {
 		b.Run(mode.name, func(b *testing.B) {
 			var lat []time.Duration
 			for range b.N {
-				throughputRun(b, mode.batch, false, mode.rate, &lat)
+				throughputRun(b, mode.batch, false, false, mode.rate, &lat)
 			}
 			slices.Sort(lat)
 			b.ReportMetric(float64(mode.rate), "rate-msgs/s")
@@ -129,10 +134,11 @@ func (h *benchHooks) OnMessage(_ context.Context, ev consumer.Event) {
 }
 
 // throughputRun consumes throughputMessages topups with one pipeline and
-// returns how long they took from the first one handled. With rate > 0 the
+// returns how long they took from the first one handled; v7 gives the
+// commands time-ordered IDs instead of random ones. With rate > 0 the
 // topups are produced at that rate while the pipeline runs, and their
 // latencies are appended to lat.
-func throughputRun(b *testing.B, batch, noDedupe bool, rate int, lat *[]time.Duration) time.Duration {
+func throughputRun(b *testing.B, batch, noDedupe, v7 bool, rate int, lat *[]time.Duration) time.Duration {
 	b.StopTimer()
 	defer b.StartTimer()
 	ctx := context.Background()
@@ -147,7 +153,11 @@ func throughputRun(b *testing.B, batch, noDedupe bool, rate int, lat *[]time.Dur
 	topic, events, dlq := kafkatest.Topic(b, 6), kafkatest.Topic(b, 1), kafkatest.Topic(b, 1)
 	recs := make([]kafka.Message, throughputMessages)
 	for i := range recs {
-		c := Command{CommandID: watermill.NewUUID(), Type: Topup, Account: fmt.Sprintf("acc-%03d", i%throughputAccounts), Amount: 1}
+		id := watermill.NewUUID()
+		if v7 {
+			id = uuid.Must(uuid.NewV7()).String()
+		}
+		c := Command{CommandID: id, Type: Topup, Account: fmt.Sprintf("acc-%03d", i%throughputAccounts), Amount: 1}
 		payload, _ := json.Marshal(c)
 		recs[i] = kafka.Message{Key: []byte(c.Account), Value: payload, Headers: []kafka.Header{{Key: kafkapubsub.UUIDHeader, Value: []byte(c.CommandID)}}}
 	}
