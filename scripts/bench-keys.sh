@@ -8,6 +8,7 @@
 #   CASES      layout/ids cases (default legacy/v4,legacy/v7,new/v4,new/v7)
 #   SHARED_BUFFERS the server's shared_buffers, inside the cap (default 16MB)
 #   BENCH_ARGS more flags for internal/keybench (-dur, -rounds, -clients)
+#   BENCH_CONF more postgresql.conf lines for the server (e.g. plan_cache_mode = force_custom_plan)
 #   BENCH_PG_PORT, BENCH_DIR  where the server listens and lives (default 56432, /tmp/exactly-bench-keys)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,6 +56,7 @@ work_mem = 2MB
 maintenance_work_mem = 8MB
 max_wal_size = 8GB
 checkpoint_timeout = 5min
+${BENCH_CONF:-}
 CONF
 # Filled with memory to spare (keybench -fill-mem), measured under the cap.
 echo 4G >"$limit"
