@@ -22,9 +22,11 @@ func TestRelayStatementTimeoutOnHalfOpenConnection(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 2)
 	hole := pgtest.NewBlackHole(t)
+	app := "relay-" + f.db.Schema
 	pool := hole.Pool(t, func(cfg *pgxpool.Config) {
 		cfg.MaxConns = 6
 		cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+		cfg.ConnConfig.RuntimeParams["application_name"] = app
 	})
 	r, err := outbox.NewRelay(pool, f.pub, &outbox.RelayConfig{Config: outbox.Config{Schema: f.db.Schema},
 		PollInterval: 200 * time.Millisecond, StatementTimeout: 2 * time.Second, Logger: quiet()})
@@ -47,6 +49,14 @@ func TestRelayStatementTimeoutOnHalfOpenConnection(t *testing.T) {
 	f.write(t, 10, 20, 10) // on a pool of its own, past the black hole
 	time.Sleep(3 * time.Second)
 	hole.Release()
+	// The server ends the sessions whose peer is gone, as its TCP
+	// keepalives would (after hours by default): a session swallowed while
+	// its relay held lanes would otherwise hold them for the rest of the
+	// test. That releases nothing on the relay's side: a call on a
+	// swallowed connection still waits until its own deadline.
+	if _, err := f.db.Pool.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", app); err != nil {
+		t.Fatal(err)
+	}
 
 	testenv.WaitFor(t, time.Minute, "the rows written during the black hole to be published", func() bool { return f.pending(t) == 0 })
 	f.check(t, false)
