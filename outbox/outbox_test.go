@@ -462,6 +462,13 @@ func (f *fixture) startRelay(t *testing.T, poll time.Duration) (app string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(pool.Close) // after the relay stopped: cleanups run last first
+	runRelay(t, r)
+	return app
+}
+
+// runRelay runs r until t ends, and fails t if Run returns an error.
+func runRelay(t *testing.T, r *outbox.Relay) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -470,9 +477,7 @@ func (f *fixture) startRelay(t *testing.T, poll time.Duration) (app string) {
 		if err := <-done; err != nil {
 			t.Error(err)
 		}
-		pool.Close()
 	})
-	return app
 }
 
 // waitIdle waits until the relay named app listens for notifications with

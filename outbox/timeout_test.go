@@ -33,15 +33,7 @@ func TestRelayStatementTimeoutOnHalfOpenConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
+	runRelay(t, r)
 
 	f.write(t, 5, 20, 10)
 	testenv.WaitFor(t, time.Minute, "the rows written before the black hole to be published", func() bool { return f.pending(t) == 0 })

@@ -55,6 +55,19 @@ func (w *world) handler(ctx context.Context, tx pgx.Tx, msg *message.Message) ([
 	return []*message.Message{message.NewMessage("out-"+msg.UUID, msg.Payload)}, nil
 }
 
+// batchHandler is handler on each message of a batch, in order.
+func (w *world) batchHandler(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
+	outs := make([][]*message.Message, len(msgs))
+	for i, m := range msgs {
+		o, err := w.handler(ctx, tx, m)
+		if err != nil {
+			return nil, err
+		}
+		outs[i] = o
+	}
+	return outs, nil
+}
+
 func (w *world) config(mod func(*worker.Config)) *worker.Config {
 	c := &worker.Config{Scope: "test", Schema: w.db.Schema, Brokers: w.brokers, Topic: w.commands, OutputTopic: w.events,
 		DeadLetterTopic: w.dlq, Group: kafkatest.Name("g"), Handler: w.handler, Tables: []string{"applied"},
@@ -167,17 +180,7 @@ func TestWorkerAppliesOnceAndFlushesOnStop(t *testing.T) {
 					c.MaxInFlight, c.KeyOrdered = 8, true
 				case "batch":
 					c.Handler, c.BatchSize = nil, 50
-					c.BatchHandler = func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
-						outs := make([][]*message.Message, len(msgs))
-						for i, m := range msgs {
-							o, err := w.handler(ctx, tx, m)
-							if err != nil {
-								return nil, err
-							}
-							outs[i] = o
-						}
-						return outs, nil
-					}
+					c.BatchHandler = w.batchHandler
 				}
 			})
 			_, stop := w.start(cfg)
@@ -336,17 +339,7 @@ func TestWorkerPartitionedKeys(t *testing.T) {
 			setMode := func(c *worker.Config) {
 				if mode == "batch" {
 					c.Handler, c.BatchSize = nil, 20
-					c.BatchHandler = func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
-						outs := make([][]*message.Message, len(msgs))
-						for i, m := range msgs {
-							o, err := w.handler(ctx, tx, m)
-							if err != nil {
-								return nil, err
-							}
-							outs[i] = o
-						}
-						return outs, nil
-					}
+					c.BatchHandler = w.batchHandler
 				}
 			}
 			v7 := func(n int) []string {

@@ -13,10 +13,10 @@ import (
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/Shopify/toxiproxy/v2/stream"
 	"github.com/Shopify/toxiproxy/v2/toxics"
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/internal/kafkaadmin"
 )
@@ -111,6 +111,37 @@ type cutToxic struct {
 
 func (t *cutToxic) Pipe(stub *toxics.ToxicStub) {
 	st := netStateOf(t.Run)
+	pipe(stub, func(c *stream.StreamChunk) verdict {
+		st.mu.Lock()
+		p := st.cutKafka
+		if t.Kind == "pg" {
+			p = st.cutPG
+		}
+		st.mu.Unlock()
+		if p <= 0 || t.Kind == "pg" && !bytes.Contains(c.Data, pgCommitComplete) || !st.coin(p) {
+			return pass
+		}
+		if t.Kind == "pg" {
+			st.pgCuts.Add(1)
+		} else {
+			st.kafkaCuts.Add(1)
+		}
+		return cut
+	})
+}
+
+// verdict is what a toxic does with a chunk.
+type verdict int
+
+const (
+	pass verdict = iota // on to the next toxic
+	drop                // dropped, the link left as it is
+	cut                 // dropped, and the link closed
+)
+
+// pipe runs a toxic's loop on stub, each chunk as judge says. A cut link
+// is drained until its reader ends.
+func pipe(stub *toxics.ToxicStub, judge func(*stream.StreamChunk) verdict) {
 	for {
 		select {
 		case <-stub.Interrupt:
@@ -120,37 +151,20 @@ func (t *cutToxic) Pipe(stub *toxics.ToxicStub) {
 				stub.Close()
 				return
 			}
-			cut := false
-			switch t.Kind {
-			case "pg":
-				st.mu.Lock()
-				p := st.cutPG
-				st.mu.Unlock()
-				cut = p > 0 && bytes.Contains(c.Data, pgCommitComplete) && st.coin(p)
-				if cut {
-					st.pgCuts.Add(1)
-				}
-			case "kafka":
-				st.mu.Lock()
-				p := st.cutKafka
-				st.mu.Unlock()
-				cut = st.coin(p)
-				if cut {
-					st.kafkaCuts.Add(1)
-				}
-			}
-			if !cut {
+			switch judge(c) {
+			case pass:
 				stub.Output <- c
-				continue
-			}
-			stub.Close()
-			for { // drain until the link's reader ends
-				select {
-				case <-stub.Interrupt:
-					return
-				case c := <-stub.Input:
-					if c == nil {
+			case drop:
+			case cut:
+				stub.Close()
+				for {
+					select {
+					case <-stub.Interrupt:
 						return
+					case c := <-stub.Input:
+						if c == nil {
+							return
+						}
 					}
 				}
 			}
@@ -174,22 +188,13 @@ func (t *holeToxic) Pipe(stub *toxics.ToxicStub) {
 	if link == nil {
 		link = &holeLink{born: time.Now()}
 	}
-	for {
-		select {
-		case <-stub.Interrupt:
-			return
-		case c := <-stub.Input:
-			if c == nil {
-				stub.Close()
-				return
-			}
-			if st.dead(link.born) {
-				st.dropped.Add(1)
-				continue
-			}
-			stub.Output <- c
+	pipe(stub, func(*stream.StreamChunk) verdict {
+		if st.dead(link.born) {
+			st.dropped.Add(1)
+			return drop
 		}
-	}
+		return pass
+	})
 }
 
 func init() {
@@ -339,12 +344,7 @@ func (r *topoRun) netFault(ctx context.Context, c *chaosRun, kind string) {
 		c.t.Error(err)
 		return
 	}
-	batch := make([]*kgo.Record, 0, 1000)
-	for len(batch) < cap(batch) {
-		batch = append(batch, recoveryBatch(r.rnd, scale{recoveryBatch: 1, accountsB: c.sc.accountsB})...)
-	}
-	if err := r.produce(ctx, r.prodCl, batch); err != nil {
-		c.t.Errorf("chaos: the batch before %s: %v", kind, err)
+	if _, ok := r.workBatch(ctx, c, "before "+kind); !ok {
 		return
 	}
 	base := c.mon.lagging(ctx)

@@ -96,12 +96,8 @@ func (r *topoRun) raisePartitions(ctx context.Context, c *chaosRun) {
 			r.prodCl.ForceMetadataRefresh()
 			time.Sleep(time.Second) // the refresh is asynchronous
 		}
-		b := make([]*kgo.Record, 0, 1000)
-		for len(b) < cap(b) {
-			b = append(b, recoveryBatch(r.rnd, scale{recoveryBatch: 1, accountsB: c.sc.accountsB})...)
-		}
-		if err := r.produce(ctx, r.prodCl, b); err != nil {
-			c.t.Errorf("chaos: the batch after %s: %v", kind, err)
+		b, ok := r.workBatch(ctx, c, "after "+kind)
+		if !ok {
 			return
 		}
 		for _, rec := range b {

@@ -14,7 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // The pg-failover fault: the topology run's Postgres is a primary with a
@@ -234,12 +233,7 @@ func (r *topoRun) pgFailover(ctx context.Context, c *chaosRun) {
 		c.t.Error(err)
 		return
 	}
-	batch := make([]*kgo.Record, 0, 1000)
-	for len(batch) < cap(batch) {
-		batch = append(batch, recoveryBatch(r.rnd, scale{recoveryBatch: 1, accountsB: c.sc.accountsB})...)
-	}
-	if err := r.produce(ctx, r.prodCl, batch); err != nil {
-		c.t.Errorf("chaos: the batch before %s: %v", kind, err)
+	if _, ok := r.workBatch(ctx, c, "before "+kind); !ok {
 		return
 	}
 	c.ws.mu.Lock()
@@ -299,13 +293,7 @@ func (r *topoRun) pgFailover(ctx context.Context, c *chaosRun) {
 		if err != nil {
 			c.t.Errorf("chaos: %s: end the sessions on the new primary: %v", kind, err)
 		}
-		more := make([]*kgo.Record, 0, 1000)
-		for len(more) < cap(more) {
-			more = append(more, recoveryBatch(r.rnd, scale{recoveryBatch: 1, accountsB: c.sc.accountsB})...)
-		}
-		if err := r.produce(ctx, r.prodCl, more); err != nil {
-			c.t.Errorf("chaos: the batch after %s: %v", kind, err)
-		}
+		_, _ = r.workBatch(ctx, c, "after "+kind) // an error is reported; the check below goes on
 		from := time.Now()
 		if again := c.mon.lagging(ctx); len(again) > 0 {
 			d2, ok2 := c.mon.progressed(ctx, again, from, 2*time.Minute)

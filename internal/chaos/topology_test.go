@@ -293,12 +293,7 @@ func (r *topoRun) fault(ctx context.Context, c *chaosRun, kind string) {
 		c.t.Error(err)
 		return
 	}
-	batch := make([]*kgo.Record, 0, 1000)
-	for len(batch) < cap(batch) {
-		batch = append(batch, recoveryBatch(r.rnd, scale{recoveryBatch: 1, accountsB: c.sc.accountsB})...)
-	}
-	if err := r.produce(ctx, r.prodCl, batch); err != nil {
-		c.t.Errorf("chaos: the batch before %s: %v", kind, err)
+	if _, ok := r.workBatch(ctx, c, "before "+kind); !ok {
 		return
 	}
 	lead, err := r.leaders(ctx, commandsTopic)
@@ -409,6 +404,20 @@ func (r *topoRun) fault(ctx context.Context, c *chaosRun, kind string) {
 		time.Since(start).Round(100*time.Millisecond))
 	r.timeline = append(r.timeline, line)
 	c.t.Logf("chaos-topology: %s", line)
+}
+
+// workBatch writes 1,000 commands with acks=all, so that partitions have
+// work around a fault; when names the moment in an error.
+func (r *topoRun) workBatch(ctx context.Context, c *chaosRun, when string) ([]*kgo.Record, bool) {
+	b := make([]*kgo.Record, 0, 1000)
+	for len(b) < cap(b) {
+		b = append(b, recoveryBatch(r.rnd, scale{recoveryBatch: 1, accountsB: c.sc.accountsB})...)
+	}
+	if err := r.produce(ctx, r.prodCl, b); err != nil {
+		c.t.Errorf("chaos: the batch %s: %v", when, err)
+		return nil, false
+	}
+	return b, true
 }
 
 func count(lead map[int]int, node int) int {
