@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/backoff"
@@ -195,11 +197,7 @@ func (s *Store) claimBatchTx(ctx context.Context, tx pgx.Tx, reqs []dedupe.Reque
 	slices.SortFunc(order, func(a, b int) int {
 		return cmp.Or(strings.Compare(reqs[a].Key.Scope, reqs[b].Key.Scope), strings.Compare(reqs[a].Key.ID, reqs[b].Key.ID))
 	})
-	if len(order) > 0 && s.part != nil {
-		if err := s.claimEach(ctx, tx, reqs, order, out, begin); err != nil {
-			return nil, err
-		}
-	} else if len(order) > 0 {
+	if len(order) > 0 {
 		if err := s.claimBatch(ctx, tx, reqs, order, out, begin); err != nil {
 			return nil, err
 		}
@@ -256,109 +254,111 @@ func batchRecord(c BatchClaim, req dedupe.Request) (dedupe.Record, error) {
 // claimBatch claims the keys of reqs at order (sorted, distinct, valid)
 // and writes their answers into out.
 func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request, order []int, out []BatchClaim, begin bool) error {
-	n := len(order)
-	scopes, ids, fps := make([]string, n), make([]string, n), make([]string, n)
-	topics, parts, offsets, ttls := make([]*string, n), make([]*int32, n), make([]*int64, n), make([]float64, n)
-	at := make(map[dedupe.Key]int, n)
-	for j, i := range order {
-		r := reqs[i]
-		scopes[j], ids[j], fps[j], ttls[j] = r.Key.Scope, r.Key.ID, string(r.Fingerprint), micros(s.ttl(r))
-		if r.Source != (dedupe.Source{}) {
-			src := r.Source
-			topics[j], parts[j], offsets[j] = &src.Topic, &src.Partition, &src.Offset
+	var (
+		st    batchStmts
+		alone []int // requests claimed one at a time after the batch statement
+		err   error
+	)
+	if s.part != nil {
+		if st, alone, begin, err = s.partBatchStmts(ctx, tx, reqs, order, out, begin); err != nil {
+			return err
 		}
-		at[r.Key] = i
-	}
-	op := fmt.Sprintf("claim a batch of %d keys", n)
-	var rows pgx.Rows
-	var err error
-	var br pgx.BatchResults
-	if begin {
-		b := &pgx.Batch{}
-		b.Queue(s.beginSQL)
-		b.Queue(s.sql(batchClaimSQL), scopes, ids, fps, topics, parts, offsets, ttls, n)
-		br = tx.SendBatch(ctx, b)
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return classify("begin", err)
-		}
-		rows, err = br.Query()
 	} else {
-		rows, err = tx.Query(ctx, s.sql(batchClaimSQL), scopes, ids, fps, topics, parts, offsets, ttls, n)
+		st = s.legacyBatchStmts(reqs, order)
 	}
-	if err != nil {
-		if br != nil {
-			_ = br.Close()
-		}
-		return classify(op, err)
-	}
+	n := len(st.order)
+	op := fmt.Sprintf("claim a batch of %d keys", n)
 	found := make(map[dedupe.Key]bool, n)
-	for rows.Next() {
-		kr, err := scanKeyRow(rows)
-		if err != nil {
-			rows.Close()
-			return classify(op, err)
-		}
-		rec, inserted, now := kr.rec, kr.inserted, kr.now
-		i, ok := at[rec.Key]
-		if !ok || found[rec.Key] {
-			continue
-		}
-		found[rec.Key] = true
-		if inserted {
-			out[i].Claim = dedupe.Claim{Decision: dedupe.DecisionNew, Record: rec, TTL: reqs[i].TTL}
-			continue
-		}
-		s.decide(&out[i], reqs[i], rec, now)
+	at := make(map[dedupe.Key]int, n)
+	for _, i := range st.order {
+		at[reqs[i].Key] = i
 	}
-	if err := rows.Err(); err != nil {
-		if br != nil {
-			_ = br.Close()
-		}
-		return classify(op, err)
-	}
-	if br != nil {
-		if err := br.Close(); err != nil {
-			return classify(op, err)
-		}
-	}
-	// The keys that conflicted with a row that the claim's snapshot did not
-	// show: a transaction it waited for committed them. Read them locked.
-	var lockScopes, lockIDs []string
-	for j, i := range order {
-		if !found[reqs[i].Key] {
-			lockScopes, lockIDs = append(lockScopes, scopes[j]), append(lockIDs, ids[j])
-		}
-	}
-	if len(lockIDs) > 0 {
-		rows, err := tx.Query(ctx, s.sql(batchLockSQL), lockScopes, lockIDs)
-		if err != nil {
-			return classify(op, err)
-		}
+	// read scans the rows of the claim or the lock statement.
+	read := func(rows pgx.Rows) error {
 		for rows.Next() {
 			kr, err := scanKeyRow(rows)
 			if err != nil {
 				rows.Close()
-				return classify(op, err)
+				return err
 			}
-			rec, now := kr.rec, kr.now
-			if i, ok := at[rec.Key]; ok && !found[rec.Key] {
-				found[rec.Key] = true
-				s.decide(&out[i], reqs[i], rec, now)
+			i, ok := at[kr.rec.Key]
+			if !ok || found[kr.rec.Key] {
+				continue
 			}
+			found[kr.rec.Key] = true
+			if kr.inserted {
+				kr.rec.Fingerprint, kr.rec.Source = reqs[i].Fingerprint, reqs[i].Source
+				out[i].Claim = dedupe.Claim{Decision: dedupe.DecisionNew, Record: kr.rec, TTL: reqs[i].TTL}
+				continue
+			}
+			s.decide(&out[i], reqs[i], kr.rec, kr.now)
 		}
-		if err := rows.Err(); err != nil {
+		return rows.Err()
+	}
+	switch {
+	case n > 0 && begin:
+		b := &pgx.Batch{}
+		b.Queue(s.beginSQL)
+		b.Queue(st.claim, st.claimArgs...)
+		br := tx.SendBatch(ctx, b)
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return classify("begin", err)
+		}
+		rows, err := br.Query()
+		if err == nil {
+			err = read(rows)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return s.batchClaimError(op, err)
+		}
+	case n > 0:
+		rows, err := tx.Query(ctx, st.claim, st.claimArgs...)
+		if err == nil {
+			err = read(rows)
+		}
+		if err != nil {
+			return s.batchClaimError(op, err)
+		}
+	case begin:
+		if _, err := tx.Exec(ctx, s.beginSQL); err != nil {
+			return classify("begin", err)
+		}
+	}
+	// The keys that conflicted with a row that the claim's snapshot did not
+	// show: a transaction it waited for committed them. Read them locked.
+	var locks []int
+	for j, i := range st.order {
+		if !found[reqs[i].Key] {
+			locks = append(locks, j)
+		}
+	}
+	if len(locks) > 0 {
+		rows, err := tx.Query(ctx, st.lock, st.lockArgs(locks)...)
+		if err == nil {
+			err = read(rows)
+		}
+		if err != nil {
 			return classify(op, err)
 		}
 	}
 	// What is left needs the one-key protocol: expired leases to take over
-	// (fenced, so a race with another worker is decided again) and keys
-	// that cleanup deleted between the two statements.
-	for _, i := range order {
-		c := &out[i]
-		if found[reqs[i].Key] && (c.Err != nil || c.Decision != dedupe.DecisionTakeover) {
-			continue
+	// (fenced, so a race with another worker is decided again), keys that
+	// cleanup deleted between the two statements, and the keys that the
+	// partitioned layout finds live in the legacy table.
+	for _, i := range st.order {
+		if c := &out[i]; !found[reqs[i].Key] || (c.Err == nil && c.Decision == dedupe.DecisionTakeover) {
+			alone = append(alone, i)
 		}
+	}
+	slices.SortFunc(alone, func(a, b int) int {
+		return cmp.Or(strings.Compare(reqs[a].Key.Scope, reqs[b].Key.Scope), strings.Compare(reqs[a].Key.ID, reqs[b].Key.ID))
+	})
+	for _, i := range alone {
+		c := &out[i]
 		claim, err := s.claim(ctx, tx, reqs[i], dedupe.StatusCompleted, 0)
 		switch {
 		case err == nil:
@@ -372,27 +372,194 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 	return nil
 }
 
-// claimEach claims the keys of reqs at order (sorted, distinct, valid) one
-// statement each, in order, and writes their answers into out: the
-// partitioned layout's batch claim.
-func (s *Store) claimEach(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request, order []int, out []BatchClaim, begin bool) error {
-	if begin {
-		if _, err := tx.Exec(ctx, s.beginSQL); err != nil {
-			return classify("begin", err)
+// batchStmts are a batch claim's statements for the store's layout: claim
+// inserts the keys of reqs at order (sorted, distinct) and answers the
+// rows of those that conflicted, when its snapshot shows them; lock reads
+// the keys at order[j] for j in js, locked, in the same order.
+type batchStmts struct {
+	order     []int
+	claim     string
+	claimArgs []any
+	lock      string
+	lockArgs  func(js []int) []any
+}
+
+// legacyBatchStmts are the legacy layout's batch statements.
+func (s *Store) legacyBatchStmts(reqs []dedupe.Request, order []int) batchStmts {
+	n := len(order)
+	scopes, ids, fps := make([]string, n), make([]string, n), make([]string, n)
+	topics, parts, offsets, ttls := make([]*string, n), make([]*int32, n), make([]*int64, n), make([]float64, n)
+	for j, i := range order {
+		r := reqs[i]
+		scopes[j], ids[j], fps[j], ttls[j] = r.Key.Scope, r.Key.ID, string(r.Fingerprint), micros(s.ttl(r))
+		if r.Source != (dedupe.Source{}) {
+			src := r.Source
+			topics[j], parts[j], offsets[j] = &src.Topic, &src.Partition, &src.Offset
 		}
 	}
+	return batchStmts{
+		order: order,
+		claim: s.sql(batchClaimSQL), claimArgs: []any{scopes, ids, fps, topics, parts, offsets, ttls, n},
+		lock: s.sql(batchLockSQL),
+		lockArgs: func(js []int) []any {
+			ls, li := make([]string, len(js)), make([]string, len(js))
+			for k, j := range js {
+				ls[k], li[k] = scopes[j], ids[j]
+			}
+			return []any{ls, li}
+		},
+	}
+}
+
+// partBatchStmts are the partitioned layout's batch statements, for the
+// keys of order that it claims together: a key whose ID was minted beyond
+// the partitions created ahead gets its InvalidKeyError in out, and, while
+// the legacy table serves as the oldest generation, the keys live there
+// are returned in alone, to be claimed one at a time where they are (the
+// read that finds them goes in the transaction, so begin is then false).
+func (s *Store) partBatchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request, order []int, out []BatchClaim,
+	begin bool) (st batchStmts, alone []int, stillBegin bool, err error) {
+	args := make([]claimArgs, 0, len(order))
+	kept := make([]int, 0, len(order))
+	legacy := ""
 	for _, i := range order {
-		claim, err := s.claim(ctx, tx, reqs[i], dedupe.StatusCompleted, 0)
-		switch {
-		case err == nil:
-			out[i].Claim = claim
-		case isPerRequest(err):
+		a, err := s.newClaimArgs(ctx, reqs[i], dedupe.StatusCompleted, 0)
+		if err != nil {
+			if isPerRequest(err) {
+				out[i].Err = err
+				continue
+			}
+			return batchStmts{}, nil, begin, err
+		}
+		if err := s.beyondPartitions(reqs[i], &a); err != nil {
 			out[i].Err = err
-		default:
-			return err
+			continue
+		}
+		if a.part.legacyUsed {
+			if st, err := s.part.layoutState(ctx, s.pool); err == nil {
+				legacy = st.legacy
+			}
+		}
+		args, kept = append(args, a), append(kept, i)
+	}
+	if legacy != "" && len(kept) > 0 {
+		live, err := s.legacyLive(ctx, tx, legacy, reqs, kept, begin)
+		if err != nil {
+			return batchStmts{}, nil, begin, err
+		}
+		begin = false
+		j := 0
+		for k, i := range kept {
+			if live[reqs[i].Key] {
+				alone = append(alone, i)
+				continue
+			}
+			kept[j], args[j] = i, args[k]
+			j++
+		}
+		kept, args = kept[:j], args[:j]
+	}
+	n := len(kept)
+	// The keys go in the order of the partitioned table's primary key, so
+	// that concurrent batches lock them in one order.
+	idx := make([]int, n)
+	for j := range idx {
+		idx[j] = j
+	}
+	slices.SortFunc(idx, func(a, b int) int {
+		pa, pb := args[a].part, args[b].part
+		return cmp.Or(cmp.Compare(pa.scopeCode, pb.scopeCode), bytes.Compare(pa.sid.kid[:], pb.sid.kid[:]), cmp.Compare(pa.sid.kind, pb.sid.kind))
+	})
+	var (
+		scopes, ids, kinds = make([]string, n), make([]string, n), make([]string, n)
+		scodes, topics     = make([]int16, n), make([]*int16, n)
+		kids               = make([][16]byte, n)
+		texts              = make([]*string, n)
+		fps                = make([][]byte, n)
+		parts, offsets     = make([]*int32, n), make([]*int64, n)
+		ttls               = make([]float64, n)
+	)
+	st.order = make([]int, n)
+	for j, k := range idx {
+		a := &args[k]
+		st.order[j] = kept[k]
+		scopes[j], ids[j], scodes[j], kids[j], kinds[j], texts[j] = a.scope, a.id, a.part.scopeCode, a.part.sid.kid, string(a.part.sid.kind), a.part.sid.text
+		fps[j], topics[j], parts[j], offsets[j], ttls[j] = a.part.fp, a.part.topicCode, a.partition, a.offset, a.ttlMicros
+	}
+	p := s.part
+	st.claim = strings.NewReplacer("{P}", p.parent, "{N}", p.names).Replace(p2BatchClaimSQL)
+	st.claimArgs = []any{scopes, ids, scodes, kids, kinds, texts, fps, topics, parts, offsets, ttls, n}
+	st.lock = strings.NewReplacer("{P}", p.parent, "{N}", p.names).Replace(p2BatchLockSQL)
+	st.lockArgs = func(js []int) []any {
+		ls, li, lc, lk, lt, lx := make([]string, len(js)), make([]string, len(js)), make([]int16, len(js)), make([][16]byte, len(js)), make([]string, len(js)), make([]*string, len(js))
+		for m, j := range js {
+			ls[m], li[m], lc[m], lk[m], lt[m], lx[m] = scopes[j], ids[j], scodes[j], kids[j], kinds[j], texts[j]
+		}
+		return []any{ls, li, lc, lk, lt, lx}
+	}
+	return st, alone, begin, nil
+}
+
+// legacyLive reads, in the transaction (sending its BEGIN first when
+// begin), which keys of reqs at kept are live in the legacy table.
+func (s *Store) legacyLive(ctx context.Context, tx pgx.Tx, legacy string, reqs []dedupe.Request, kept []int, begin bool) (map[dedupe.Key]bool, error) {
+	scopes, ids := make([]string, len(kept)), make([]string, len(kept))
+	for j, i := range kept {
+		scopes[j], ids[j] = reqs[i].Key.Scope, reqs[i].Key.ID
+	}
+	stmt := strings.ReplaceAll(p2BatchLegacySQL, "{L}", legacy)
+	var rows pgx.Rows
+	var br pgx.BatchResults
+	var err error
+	if begin {
+		b := &pgx.Batch{}
+		b.Queue(s.beginSQL)
+		b.Queue(stmt, scopes, ids)
+		br = tx.SendBatch(ctx, b)
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, classify("begin", err)
+		}
+		rows, err = br.Query()
+	} else {
+		rows, err = tx.Query(ctx, stmt, scopes, ids)
+	}
+	live := make(map[dedupe.Key]bool)
+	if err == nil {
+		for rows.Next() {
+			var k dedupe.Key
+			if err = rows.Scan(&k.Scope, &k.ID); err != nil {
+				break
+			}
+			live[k] = true
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
 		}
 	}
-	return nil
+	if br != nil {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		return nil, classify("read the legacy keys of a batch", err)
+	}
+	return live, nil
+}
+
+// batchClaimError classifies a batch claim statement's error: in the
+// partitioned layout, a key with no partition to go to makes the whole
+// batch retry once the layout's state has been read again.
+func (s *Store) batchClaimError(op string, err error) error {
+	var pgErr *pgconn.PgError
+	if s.part != nil && errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition") {
+		s.part.forget()
+		return dedupe.Retryable(fmt.Errorf("pgstore: %s: a key's time has no partition of %s: the partitions changed "+
+			"meanwhile, or Cleanup (which creates them ahead) has not run for a while: %w", op, s.part.parent, err))
+	}
+	return classify(op, err)
 }
 
 // prepareCodes reads (or adds) the codes of the scopes and topics of reqs
@@ -501,7 +668,7 @@ const (
          AS u(scope, key, fp, topic, part, off, ttl)
     ORDER BY u.scope COLLATE "C", u.key COLLATE "C"
     ON CONFLICT (scope, key) DO NOTHING
-    RETURNING true AS inserted, ` + cols + `
+    RETURNING true AS inserted, ` + insertedCols + `
 )
 SELECT *, clock_timestamp() FROM ins
 UNION ALL
@@ -520,6 +687,12 @@ FOR UPDATE OF k`
 	batchResultSQL = `UPDATE {T} AS k SET result = u.result
 FROM unnest($1::text[], $2::text[], $3::bytea[]) AS u(scope, key, result)
 WHERE k.scope = u.scope AND k.key = u.key AND k.status = 'COMPLETED'`
+
+	// insertedCols reads a row that the statement inserted in the
+	// columns of cols, leaving out what the request already holds (its
+	// fingerprint and source, filled in by claimBatch).
+	insertedCols = `k.scope, k.key, ''::text, k.status, NULL::bytea, k.attempts, NULL::text, NULL::int, NULL::bigint,
+       k.created_at, k.completed_at, k.locked_until, k.expires_at`
 
 	prefixedCols = `k.scope, k.key, k.fingerprint, k.status, k.result, k.attempts, k.source_topic, k.source_partition,
        k.source_offset, k.created_at, k.completed_at, k.locked_until, k.expires_at`

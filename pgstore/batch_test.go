@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -39,6 +40,40 @@ func applyBatch(db *pgtest.DB, reqs []dedupe.Request, calls *atomic.Int64) pgsto
 	}
 }
 
+// storeMaker returns a store on a fresh schema, with an "applied" table.
+type storeMaker func(testing.TB, *pgstore.Config) (*pgstore.Store, *pgtest.DB)
+
+// eachLayout runs test on both key layouts, in parallel; the partitioned
+// store has its partitions (Check) and no legacy table to probe.
+func eachLayout(t *testing.T, test func(*testing.T, storeMaker)) {
+	t.Parallel()
+	for _, l := range []pgstore.Layout{pgstore.LayoutLegacy, pgstore.LayoutPartitioned} {
+		t.Run(l.String(), func(t *testing.T) {
+			t.Parallel()
+			test(t, storeMakers[l])
+		})
+	}
+}
+
+var storeMakers = map[pgstore.Layout]storeMaker{
+	pgstore.LayoutLegacy: newStore,
+	pgstore.LayoutPartitioned: func(tb testing.TB, cfg *pgstore.Config) (*pgstore.Store, *pgtest.DB) {
+		s, _, db := newPartitioned(tb, cfg, "")
+		if err := s.Check(context.Background()); err != nil {
+			tb.Fatal(err)
+		}
+		return s, db
+	},
+}
+
+// layoutOf is the layout of the stores that make makes.
+func layoutOf(make storeMaker) pgstore.Layout {
+	if reflect.ValueOf(make).Pointer() == reflect.ValueOf(storeMakers[pgstore.LayoutLegacy]).Pointer() {
+		return pgstore.LayoutLegacy
+	}
+	return pgstore.LayoutPartitioned
+}
+
 func reqsOf(scope string, ids ...string) []dedupe.Request {
 	out := make([]dedupe.Request, len(ids))
 	for i, id := range ids {
@@ -56,8 +91,9 @@ func wantApplied(t *testing.T, db *pgtest.DB, want map[string]int) {
 	}
 }
 
-func TestDoBatchFreshThenDuplicates(t *testing.T) {
-	t.Parallel()
+func TestDoBatchFreshThenDuplicates(t *testing.T) { eachLayout(t, testDoBatchFreshThenDuplicates) }
+
+func testDoBatchFreshThenDuplicates(t *testing.T, newStore storeMaker) {
 	s, db := newStore(t, nil)
 	ctx := context.Background()
 	reqs := reqsOf("s", "c", "a", "b")
@@ -106,8 +142,9 @@ func TestDoBatchFreshThenDuplicates(t *testing.T) {
 
 // A key reused with another payload, an invalid key and a key held under a
 // lease are answered per request; the rest of the batch applies.
-func TestDoBatchPerRequestErrors(t *testing.T) {
-	t.Parallel()
+func TestDoBatchPerRequestErrors(t *testing.T) { eachLayout(t, testDoBatchPerRequestErrors) }
+
+func testDoBatchPerRequestErrors(t *testing.T, newStore storeMaker) {
 	s, db := newStore(t, nil)
 	ctx := context.Background()
 	if _, err := s.DoBatch(ctx, reqsOf("s", "old"), applyBatch(db, reqsOf("s", "old"), nil)); err != nil {
@@ -152,16 +189,16 @@ func TestDoBatchPerRequestErrors(t *testing.T) {
 
 // A lease that expired (a lease-mode worker crashed) is taken over by the
 // batch, fenced, with Attempts+1.
-func TestDoBatchTakesOverExpiredLease(t *testing.T) {
-	t.Parallel()
+func TestDoBatchTakesOverExpiredLease(t *testing.T) { eachLayout(t, testDoBatchTakesOverExpiredLease) }
+
+func testDoBatchTakesOverExpiredLease(t *testing.T, newStore storeMaker) {
 	s, db := newStore(t, nil)
 	ctx := context.Background()
 	req := dedupetest.Req("s", "crashed", "payload of crashed")
-	if _, err := db.Pool.Exec(ctx, "INSERT INTO "+db.Table("exactly_keys")+` (scope, key, fingerprint, status, attempts, locked_until, expires_at)
-		VALUES ($1, $2, $3, 'PROCESSING', 1, now() - interval '1 second', now() + interval '1 hour')`,
-		req.Key.Scope, req.Key.ID, string(req.Fingerprint)); err != nil {
+	if _, err := s.Acquire(ctx, req, time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
+	time.Sleep(20 * time.Millisecond)
 	reqs := []dedupe.Request{req, dedupetest.Req("s", "other", "payload of other")}
 	out, err := s.DoBatch(ctx, reqs, applyBatch(db, reqs, nil))
 	if err != nil {
@@ -179,8 +216,9 @@ func TestDoBatchTakesOverExpiredLease(t *testing.T) {
 
 // The same key twice or more in one batch: the first claims it, the later
 // copies are its duplicates (same payload, with its result) or key reuses.
-func TestDoBatchSameKeyTwice(t *testing.T) {
-	t.Parallel()
+func TestDoBatchSameKeyTwice(t *testing.T) { eachLayout(t, testDoBatchSameKeyTwice) }
+
+func testDoBatchSameKeyTwice(t *testing.T, newStore storeMaker) {
 	s, db := newStore(t, nil)
 	ctx := context.Background()
 	reqs := []dedupe.Request{
@@ -226,7 +264,10 @@ func TestDoBatchSameKeyTwice(t *testing.T) {
 // key alone, never against a record made up for it: under a valid lease it
 // is in flight, after an expired lease it takes the key over and applies.
 func TestDoBatchCopyAfterReuseOfLeasedKey(t *testing.T) {
-	t.Parallel()
+	eachLayout(t, testDoBatchCopyAfterReuseOfLeasedKey)
+}
+
+func testDoBatchCopyAfterReuseOfLeasedKey(t *testing.T, newStore storeMaker) {
 	for _, tc := range []struct {
 		name  string
 		lease time.Duration
@@ -262,8 +303,9 @@ func TestDoBatchCopyAfterReuseOfLeasedKey(t *testing.T) {
 }
 
 // A failing fn rolls back the whole batch, keys included.
-func TestDoBatchFnErrorRollsBack(t *testing.T) {
-	t.Parallel()
+func TestDoBatchFnErrorRollsBack(t *testing.T) { eachLayout(t, testDoBatchFnErrorRollsBack) }
+
+func testDoBatchFnErrorRollsBack(t *testing.T, newStore storeMaker) {
 	s, db := newStore(t, nil)
 	ctx := context.Background()
 	reqs := reqsOf("s", "a", "b")
@@ -291,7 +333,10 @@ func TestDoBatchFnErrorRollsBack(t *testing.T) {
 // The connection dies after fn wrote and before COMMIT: nothing is stored;
 // the whole transaction runs again, and every message applies once.
 func TestDoBatchConnectionKilledBeforeCommit(t *testing.T) {
-	t.Parallel()
+	eachLayout(t, testDoBatchConnectionKilledBeforeCommit)
+}
+
+func testDoBatchConnectionKilledBeforeCommit(t *testing.T, newStore storeMaker) {
 	for _, attempts := range []int{1, 5} {
 		t.Run(fmt.Sprintf("MaxTxAttempts=%d", attempts), func(t *testing.T) {
 			t.Parallel()
@@ -340,11 +385,12 @@ func TestDoBatchConnectionKilledBeforeCommit(t *testing.T) {
 
 // The COMMIT's answer is lost: DoBatch runs the transaction again, finds
 // the keys that its own unanswered COMMIT wrote, and reports them as new.
-func TestDoBatchCommitAnswerLost(t *testing.T) {
-	t.Parallel()
+func TestDoBatchCommitAnswerLost(t *testing.T) { eachLayout(t, testDoBatchCommitAnswerLost) }
+
+func testDoBatchCommitAnswerLost(t *testing.T, newStore storeMaker) {
 	_, db := newStore(t, nil)
 	d := pgtest.NewCommitDropper(t)
-	s, err := pgstore.New(d.Pool(t), &pgstore.Config{Schema: db.Schema, RetryBackoff: time.Millisecond})
+	s, err := pgstore.New(d.Pool(t), &pgstore.Config{Schema: db.Schema, RetryBackoff: time.Millisecond, Layout: layoutOf(newStore)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -371,8 +417,9 @@ func TestDoBatchCommitAnswerLost(t *testing.T) {
 // Batches over overlapping keys, in different orders, at once: every key
 // is applied once, and no batch fails (claims are sorted by key, so they
 // wait for each other instead of deadlocking).
-func TestDoBatchConcurrentOverlapping(t *testing.T) {
-	t.Parallel()
+func TestDoBatchConcurrentOverlapping(t *testing.T) { eachLayout(t, testDoBatchConcurrentOverlapping) }
+
+func testDoBatchConcurrentOverlapping(t *testing.T, newStore storeMaker) {
 	s, db := newStore(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

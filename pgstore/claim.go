@@ -248,14 +248,28 @@ func (s *Store) claimError(req dedupe.Request, a *claimArgs, err error) error {
 		return classify("claim "+req.Key.String(), err)
 	}
 	s.part.forget()
+	if err := s.beyondPartitions(req, a); err != nil {
+		return err
+	}
+	minted := a.part.sid.minted
+	return dedupe.Retryable(fmt.Errorf("pgstore: claim %s: no partition of %s holds its time %s: the partitions changed "+
+		"meanwhile, or Cleanup (which creates them ahead) has not run for a while: %w",
+		req.Key, s.part.parent, minted.UTC().Format(time.RFC3339), err))
+}
+
+// beyondPartitions returns the InvalidKeyError of a request whose ID was
+// minted beyond the time partitions created ahead, which no maintenance
+// run would create in time; nil for any other.
+func (s *Store) beyondPartitions(req dedupe.Request, a *claimArgs) error {
+	if a.part == nil || !a.part.sid.timed {
+		return nil
+	}
 	minted := a.part.sid.minted
 	if horizon := time.Now().Add(time.Duration(s.cfg.PartitionsAhead+1) * a.part.width); minted.After(horizon) {
 		return &dedupe.InvalidKeyError{Key: req.Key, Reason: fmt.Sprintf("its ID was minted at %s, beyond the key partitions "+
 			"created ahead (until about %s): the producer's clock is ahead", minted.UTC().Format(time.RFC3339), horizon.UTC().Format(time.RFC3339))}
 	}
-	return dedupe.Retryable(fmt.Errorf("pgstore: claim %s: no partition of %s holds its time %s: the partitions changed "+
-		"meanwhile, or Cleanup (which creates them ahead) has not run for a while: %w",
-		req.Key, s.part.parent, minted.UTC().Format(time.RFC3339), err))
+	return nil
 }
 
 // scanKeyRow reads one row of (inserted, cols..., clock_timestamp()); no

@@ -180,6 +180,57 @@ ORDER BY pref LIMIT 1`
 	p2OldGet = `UNION ALL
     SELECT false, ` + prefixedOldCols + `, clock_timestamp(), 1 FROM {L} o WHERE o.scope = @scope AND o.key = @id`
 
+	// p2BatchCols reads a row of {P} aliased k, claimed for the request in
+	// u, in the legacy columns.
+	p2BatchCols = `u.scope, u.id, encode(k.fingerprint, 'hex'),
+       CASE k.status WHEN 'C' THEN 'COMPLETED' ELSE 'PROCESSING' END, k.result, k.attempts::int,
+       (SELECT n.name FROM {N} n WHERE n.code = k.source_topic), k.source_partition, k.source_offset, k.created_at,
+       CASE WHEN k.status = 'C' THEN COALESCE(k.completed_at, k.created_at) END, k.locked_until, k.expires_at`
+
+	// p2BatchKey matches the row in {P} aliased k of the request in u.
+	p2BatchKey = `k.scope = u.scode AND k.kid = u.kid AND k.kind = u.kind::"char" AND (k.kind <> 't' OR k.id_text = u.id)`
+
+	// p2BatchClaimSQL is p2ClaimSQL for many keys, from arrays sorted in
+	// the primary key's order: it inserts them all, COMPLETED, and reports
+	// the stored rows of those that conflicted when its snapshot shows
+	// them (the second branch runs only when some key was not inserted;
+	// $12 is the number of keys). Each conflicting key is read in its own
+	// partition (the lateral subquery is a parameterized scan, pruned at
+	// run time).
+	p2BatchClaimSQL = `WITH u AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::int2[], $4::uuid[], $5::text[], $6::text[], $7::bytea[],
+                         $8::int2[], $9::int4[], $10::int8[], $11::float8[])
+        WITH ORDINALITY AS u(scope, id, scode, kid, kind, idtext, fp, topic, part, off, ttl, ord)
+), ins AS (
+    INSERT INTO {P} AS k (kid, created_at, expires_at, completed_at, locked_until, source_offset, source_partition,
+                        scope, source_topic, attempts, kind, status, fingerprint, id_text)
+    SELECT u.kid, now(), now() + u.ttl * interval '1 microsecond', NULL, NULL, u.off, u.part,
+           u.scode, u.topic, 1, u.kind::"char", 'C', u.fp, u.idtext
+    FROM u ORDER BY u.ord
+    ON CONFLICT (scope, kid, kind) DO NOTHING
+    RETURNING k.scope, k.kid, k.kind, k.id_text, k.created_at, k.expires_at
+)
+SELECT true, u.scope, u.id, '', 'COMPLETED', NULL::bytea, 1, NULL::text, NULL::int, NULL::bigint, k.created_at, k.created_at, NULL::timestamptz,
+       k.expires_at, clock_timestamp()
+FROM ins k JOIN u ON ` + p2BatchKey + `
+UNION ALL
+SELECT false, ` + p2BatchCols + `, clock_timestamp()
+FROM u CROSS JOIN LATERAL (SELECT * FROM {P} k WHERE ` + p2BatchKey + ` OFFSET 0) k
+WHERE (SELECT count(*) FROM ins) < $12::int`
+
+	// p2BatchLockSQL reads, locked and in the arrays' order, the keys that
+	// p2BatchClaimSQL's snapshot did not show.
+	p2BatchLockSQL = `SELECT false, ` + p2BatchCols + `, clock_timestamp()
+FROM (SELECT * FROM unnest($1::text[], $2::text[], $3::int2[], $4::uuid[], $5::text[], $6::text[])
+          WITH ORDINALITY AS u(scope, id, scode, kid, kind, idtext, ord) ORDER BY ord) u
+CROSS JOIN LATERAL (SELECT * FROM {P} k WHERE ` + p2BatchKey + ` OFFSET 0 FOR UPDATE) k`
+
+	// p2BatchLegacySQL lists the keys of a batch that are live in the
+	// legacy table {L} (aliased o).
+	p2BatchLegacySQL = `SELECT o.scope, o.key FROM {L} o JOIN unnest($1::text[], $2::text[]) AS u(scope, key)
+    ON o.scope = u.scope AND o.key = u.key
+WHERE o.expires_at >= now() OR (o.status = 'PROCESSING' AND o.locked_until >= now())`
+
 	// p2CleanupSQL deletes one batch of expired keys from the partition
 	// of keys that are not time-ordered ({P} is that partition here).
 	p2CleanupSQL = `DELETE FROM {P} WHERE ctid = ANY(ARRAY(

@@ -26,6 +26,7 @@ import (
 	"github.com/exactly-go/exactly/internal/testkit/pgtest"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/migrations"
+	"github.com/exactly-go/exactly/pgstore"
 )
 
 // throughputMessages is what each iteration of a throughput sub-benchmark
@@ -49,7 +50,9 @@ const (
 //   - batch-plain: the same batch pipeline without the claim;
 //   - batch-dedupe-v7: batch-dedupe with time-ordered command IDs (UUIDv7)
 //     instead of Watermill's random ones: its keys land on the right edge of
-//     the key index (docs/keys.md).
+//     the key index (docs/keys.md);
+//   - batch-dedupe-partitioned, batch-dedupe-v7-partitioned: the same two
+//     on the partitioned key layout (pgstore.LayoutPartitioned).
 //
 // Events go to the outbox in every mode (no relay runs). Run:
 //
@@ -60,16 +63,19 @@ func benchBatchThroughput(b *testing.B) {
 	for _, mode := range []struct {
 		name                string
 		batch, noDedupe, v7 bool
+		layout              pgstore.Layout
 	}{
-		{"per-message-dedupe", false, false, false},
-		{"batch-dedupe", true, false, false},
-		{"batch-plain", true, true, false},
-		{"batch-dedupe-v7", true, false, true},
+		{"per-message-dedupe", false, false, false, pgstore.LayoutLegacy},
+		{"batch-dedupe", true, false, false, pgstore.LayoutLegacy},
+		{"batch-plain", true, true, false, pgstore.LayoutLegacy},
+		{"batch-dedupe-v7", true, false, true, pgstore.LayoutLegacy},
+		{"batch-dedupe-partitioned", true, false, false, pgstore.LayoutPartitioned},
+		{"batch-dedupe-v7-partitioned", true, false, true, pgstore.LayoutPartitioned},
 	} {
 		b.Run(mode.name, func(b *testing.B) {
 			var total time.Duration
 			for range b.N {
-				total += throughputRun(b, mode.batch, mode.noDedupe, mode.v7, 0, nil)
+				total += throughputRun(b, mode.batch, mode.noDedupe, mode.v7, mode.layout, 0, nil)
 			}
 			b.ReportMetric(float64(throughputMessages*b.N)/total.Seconds(), "msgs/s")
 		})
@@ -97,7 +103,7 @@ func BenchmarkLatency(b *testing.B) {
 		b.Run(mode.name, func(b *testing.B) {
 			var lat []time.Duration
 			for range b.N {
-				throughputRun(b, mode.batch, false, false, mode.rate, &lat)
+				throughputRun(b, mode.batch, false, false, pgstore.LayoutLegacy, mode.rate, &lat)
 			}
 			slices.Sort(lat)
 			b.ReportMetric(float64(mode.rate), "rate-msgs/s")
@@ -138,7 +144,7 @@ func (h *benchHooks) OnMessage(_ context.Context, ev consumer.Event) {
 // commands time-ordered IDs instead of random ones. With rate > 0 the
 // topups are produced at that rate while the pipeline runs, and their
 // latencies are appended to lat.
-func throughputRun(b *testing.B, batch, noDedupe, v7 bool, rate int, lat *[]time.Duration) time.Duration {
+func throughputRun(b *testing.B, batch, noDedupe, v7 bool, layout pgstore.Layout, rate int, lat *[]time.Duration) time.Duration {
 	b.StopTimer()
 	defer b.StartTimer()
 	ctx := context.Background()
@@ -194,8 +200,17 @@ func throughputRun(b *testing.B, batch, noDedupe, v7 bool, rate int, lat *[]time
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	done := make(chan error, 1)
+	store := w.store
+	if layout == pgstore.LayoutPartitioned {
+		if store, err = pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema, Layout: layout, Logger: log}); err != nil {
+			b.Fatal(err)
+		}
+		if err := store.Check(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
 	if batch {
-		bc, err := consumer.NewBatchConsumer(w.store, w.handleBatch, &consumer.BatchConfig{Scope: Scope,
+		bc, err := consumer.NewBatchConsumer(store, w.handleBatch, &consumer.BatchConfig{Scope: Scope,
 			Outputs: w.writer.Outputs(events), Hooks: hooks, Logger: log, MaxSize: throughputBatchSize,
 			Publisher: pub, DeadLetterTopic: dlq, NoDedupe: noDedupe, Workers: benchWorkers()})
 		if err != nil {

@@ -1,0 +1,49 @@
+package pgstore_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/dedupe/dedupetest"
+	"github.com/exactly-go/exactly/pgstore"
+)
+
+// BenchmarkDoBatch claims batches of 500 new keys with a function that
+// does nothing, on each layout, with random and time-ordered IDs: the
+// claim's own cost. Run:
+//
+//	go test -run '^$' -bench DoBatch -benchtime 40x ./pgstore
+func BenchmarkDoBatch(b *testing.B) {
+	const size = 500
+	for _, layout := range []pgstore.Layout{pgstore.LayoutLegacy, pgstore.LayoutPartitioned} {
+		for _, ids := range []string{"v4", "v7"} {
+			b.Run(fmt.Sprintf("%s/%s", layout, ids), func(b *testing.B) {
+				s := storeMakers[layout]
+				store, _ := s(b, nil)
+				ctx := context.Background()
+				reqs := make([]dedupe.Request, size)
+				b.ResetTimer()
+				for range b.N {
+					b.StopTimer()
+					for i := range reqs {
+						id := uuid.NewString()
+						if ids == "v7" {
+							id = uuid.Must(uuid.NewV7()).String()
+						}
+						reqs[i] = dedupetest.Req("bench", id, id)
+					}
+					b.StartTimer()
+					if _, err := store.DoBatch(ctx, reqs, func(context.Context, pgx.Tx, []int) ([][]byte, error) { return nil, nil }); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(size*b.N)/b.Elapsed().Seconds(), "keys/s")
+			})
+		}
+	}
+}
