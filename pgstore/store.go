@@ -192,6 +192,52 @@ func (s *Store) Check(ctx context.Context) error {
 	return classify("check "+s.table, err)
 }
 
+// CheckMaintenance reports whether the store's role can run Cleanup: an
+// error wrapping dedupe.ErrMisconfigured that names the missing right, or
+// nil. On the legacy layout Cleanup deletes expired keys (DELETE on the
+// table); on the partitioned layout it also creates, attaches, detaches and
+// drops partitions and moves the layout's state, which needs the role to
+// own the key table (or be a member of its owner), CREATE on its schema and
+// UPDATE on the state table. A role without them would fail every clean-up
+// run while the partitions created ahead run out, and then every claim.
+// Call it where clean-up runs (a worker does, at start, unless its
+// clean-up runs elsewhere).
+func (s *Store) CheckMaintenance(ctx context.Context) error {
+	var role string
+	var may, owns, create, state bool
+	stateTable := s.table
+	if s.part != nil {
+		stateTable = s.part.state
+	}
+	err := s.pool.QueryRow(ctx, `SELECT current_user, has_table_privilege($1::regclass, 'DELETE'),
+       pg_has_role(c.relowner, 'USAGE'), has_schema_privilege(c.relnamespace, 'CREATE'),
+       has_table_privilege($2::regclass, 'UPDATE')
+FROM pg_class c WHERE c.oid = $1::regclass`, s.table, stateTable).Scan(&role, &may, &owns, &create, &state)
+	if err != nil {
+		return classify("check the maintenance rights on "+s.table, err)
+	}
+	var missing []string
+	if !may {
+		missing = append(missing, "DELETE on "+s.table)
+	}
+	if s.part != nil {
+		if !owns {
+			missing = append(missing, "ownership of "+s.table+" (membership in its owner role)")
+		}
+		if !create {
+			missing = append(missing, "CREATE on schema "+pgx.Identifier{s.part.schema}.Sanitize())
+		}
+		if !state {
+			missing = append(missing, "UPDATE on "+s.part.state)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("pgstore: role %q cannot run the key clean-up of the %s layout: it lacks %s: run the clean-up "+
+			"(Store.RunCleanup) as the role that owns the tables: %w", role, s.cfg.Layout, strings.Join(missing, ", "), dedupe.ErrMisconfigured)
+	}
+	return nil
+}
+
 // Get implements dedupe.Store.
 func (s *Store) Get(ctx context.Context, key dedupe.Key) (dedupe.Record, error) {
 	return s.GetTx(ctx, s.pool, key)

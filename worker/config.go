@@ -151,6 +151,9 @@ type Config struct {
 	RelayPollInterval time.Duration
 	// CleanupInterval is how often expired keys are removed (one runner at
 	// a time across workers). Negative leaves clean-up to another process.
+	// While it runs here, Run refuses to start when the pool's role lacks
+	// the clean-up's rights (pgstore.Store.CheckMaintenance: DELETE on the
+	// keys, and for LayoutPartitioned the tables' ownership, for its DDL).
 	// Defaults to 1m.
 	CleanupInterval time.Duration
 	// StartupBackoff is the longest wait between two attempts to reach

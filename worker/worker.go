@@ -18,6 +18,7 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/pgtx"
+	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/migrations"
 	"github.com/exactly-go/exactly/outbox"
@@ -96,6 +97,17 @@ func (w *Worker) Run(ctx context.Context) error {
 	if !w.waitReady(ctx) {
 		w.closeOwn()
 		return nil
+	}
+	if w.cfg.CleanupInterval > 0 {
+		// A role that cannot run the key clean-up would fail it forever
+		// (and, on the partitioned layout, every claim once the partitions
+		// created ahead run out): refused here, at start.
+		if err := w.store.CheckMaintenance(ctx); errors.Is(err, dedupe.ErrMisconfigured) {
+			w.closeOwn()
+			return fmt.Errorf("worker: %w; or set Config.CleanupInterval to -1 and run it in a process of that role", err)
+		} else if err != nil {
+			log.Warn("worker: could not check the key clean-up's rights", "err", redact.Password(err.Error()))
+		}
 	}
 	if w.cfg.NoDedupe {
 		log.Warn("worker: deduplication is OFF (Config.NoDedupe): redeliveries will be applied again", "scope", w.cfg.Scope)
