@@ -60,6 +60,9 @@ type partArgs struct {
 	fp         []byte
 	width      time.Duration
 	legacyUsed bool
+	// parentQ are the statements on the parent table, for reads that must
+	// not fail when the key's partition was dropped meanwhile.
+	parentQ *queries
 }
 
 // newClaimArgs validates req and builds its claim's arguments. For the
@@ -101,7 +104,7 @@ func (s *Store) newClaimArgs(ctx context.Context, req dedupe.Request, status ded
 		pa.topicCode = &c
 	}
 	pa.fp, _ = hex.DecodeString(a.fingerprint) // validated: 64 hex digits
-	a.part, a.q = pa, p.queriesFor(st)
+	a.part, a.q, pa.parentQ = pa, p.queriesFor(st, p.target(st, pa.sid)), p.queriesFor(st, "")
 	return a, nil
 }
 
@@ -181,7 +184,7 @@ func (s *Store) resolveClaim(ctx context.Context, db DBTX, req dedupe.Request, a
 		if !row.found {
 			locked, err := scanKeyRow(db.QueryRow(ctx, a.q.lock, a.lockSQLArgs()...))
 			if err != nil {
-				return dedupe.Claim{}, classify("claim "+req.Key.String(), err)
+				return dedupe.Claim{}, s.claimError(req, a, err)
 			}
 			if !locked.found {
 				continue // deleted by cleanup meanwhile: claim again
@@ -197,7 +200,7 @@ func (s *Store) resolveClaim(ctx context.Context, db DBTX, req dedupe.Request, a
 		}
 		taken, err := scanKeyRow(db.QueryRow(ctx, a.q.takeover, a.takeoverSQLArgs(row.rec.Attempts)...))
 		if err != nil {
-			return dedupe.Claim{}, classify("take over "+req.Key.String(), err)
+			return dedupe.Claim{}, s.claimError(req, a, err)
 		}
 		if taken.found {
 			return dedupe.Claim{Decision: dedupe.DecisionTakeover, Record: taken.rec, TTL: req.TTL}, nil
@@ -228,6 +231,9 @@ func (s *Store) beginClaim(ctx context.Context, req dedupe.Request) (*connTx, de
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
 		tx.end(ctx, true)
+		if partitionGone(err) { // the batch's claim statement could not be prepared
+			return nil, dedupe.Claim{}, s.claimError(req, &a, err)
+		}
 		return nil, dedupe.Claim{}, classify("begin", err)
 	}
 	row, rowErr := scanKeyRow(br.QueryRow())
@@ -244,7 +250,8 @@ func (s *Store) beginClaim(ctx context.Context, req dedupe.Request) (*connTx, de
 // was minted beyond the partitions created ahead.
 func (s *Store) claimError(req dedupe.Request, a *claimArgs, err error) error {
 	var pgErr *pgconn.PgError
-	if a.part == nil || !errors.As(err, &pgErr) || pgErr.Code != "23514" || !strings.Contains(pgErr.Message, "no partition") {
+	// 23514: the parent found no partition for the key.
+	if a.part == nil || !(errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition") || partitionGone(err)) {
 		return classify("claim "+req.Key.String(), err)
 	}
 	s.part.forget()
@@ -255,6 +262,14 @@ func (s *Store) claimError(req dedupe.Request, a *claimArgs, err error) error {
 	return dedupe.Retryable(fmt.Errorf("pgstore: claim %s: no partition of %s holds its time %s: the partitions changed "+
 		"meanwhile, or Cleanup (which creates them ahead) has not run for a while: %w",
 		req.Key, s.part.parent, minted.UTC().Format(time.RFC3339), err))
+}
+
+// partitionGone reports whether err says that a table a statement names
+// does not exist: for a statement on a key's partition, the partition was
+// dropped after the layout's state listed it.
+func partitionGone(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
 }
 
 // beyondPartitions returns the InvalidKeyError of a request whose ID was

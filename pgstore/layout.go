@@ -122,14 +122,15 @@ type partitioned struct {
 	parent        string // the partitioned table, schema-qualified and quoted
 	other         string // its partition for keys that are not time-ordered
 	names, state  string // the code and state tables
-	q             queries
-	qLegacy       queries // the statements while a legacy table is probed
 
 	codes sync.Map // name → int16, committed codes only
 
 	mu     sync.Mutex
 	st     layoutState
 	readAt time.Time
+	// qs are the statements by the table they target (a partition, or ""
+	// for the parent) and the legacy table they probe ("" for none).
+	qs map[[2]string]*queries
 }
 
 // layoutState is the state row, as last read.
@@ -141,6 +142,8 @@ type layoutState struct {
 	// legacy is the schema-qualified, quoted table probed as the oldest
 	// generation, and its name; "" once it is retired.
 	legacy, legacyName string
+	// parts names the partitions that exist.
+	parts map[string]bool
 }
 
 // stateTTL is how long a Store trusts the state it read. Maintenance keeps
@@ -149,10 +152,8 @@ const stateTTL = 10 * time.Second
 
 func newPartitioned(schema, table string) *partitioned {
 	q := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
-	p := &partitioned{schema: schema, table: table, parent: q(table), other: q(table + "_other"),
-		names: q("exactly_key_names"), state: q(table + "_state")}
-	p.q = newPartitionedQueries(p.parent, p.names, "")
-	return p
+	return &partitioned{schema: schema, table: table, parent: q(table), other: q(table + "_other"),
+		names: q("exactly_key_names"), state: q(table + "_state"), qs: map[[2]string]*queries{}}
 }
 
 // layoutState returns the state, read again when stale. The lock is never
@@ -168,11 +169,17 @@ func (p *partitioned) layoutState(ctx context.Context, db DBTX) (layoutState, er
 		width  time.Duration
 		low    *time.Time
 		legacy *string
+		parts  []string
 	)
-	if err := db.QueryRow(ctx, "SELECT width, low, legacy FROM "+p.state).Scan(&width, &low, &legacy); err != nil {
+	if err := db.QueryRow(ctx, `SELECT width, low, legacy, ARRAY(SELECT c.relname::text FROM pg_catalog.pg_inherits i
+    JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1::regclass) FROM `+p.state, p.parent).
+		Scan(&width, &low, &legacy, &parts); err != nil {
 		return layoutState{}, classify("read "+p.state, err)
 	}
-	st = layoutState{width: width}
+	st = layoutState{width: width, parts: make(map[string]bool, len(parts))}
+	for _, n := range parts {
+		st.parts[n] = true
+	}
 	if low != nil {
 		st.low = *low
 	}
@@ -182,9 +189,6 @@ func (p *partitioned) layoutState(ctx context.Context, db DBTX) (layoutState, er
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if st.legacy != "" && !strings.Contains(p.qLegacy.claim, st.legacy) {
-		p.qLegacy = newPartitionedQueries(p.parent, p.names, st.legacy)
-	}
 	p.st, p.readAt = st, time.Now()
 	return st, nil
 }
@@ -196,15 +200,40 @@ func (p *partitioned) forget() {
 	p.mu.Unlock()
 }
 
-// queriesFor returns the statements for st.
-func (p *partitioned) queriesFor(st layoutState) *queries {
+// queriesFor returns the statements on target (a partition; "" for the
+// parent table) for st.
+func (p *partitioned) queriesFor(st layoutState, target string) *queries {
+	k := [2]string{target, st.legacy}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	q := p.q
-	if st.legacy != "" {
-		q = p.qLegacy
+	if q, ok := p.qs[k]; ok {
+		return q
 	}
+	t := p.parent
+	if target != "" {
+		t = p.quoted(target)
+	}
+	q := newPartitionedQueries(t, p.names, st.legacy)
+	p.qs[k] = &q
 	return &q
+}
+
+// target returns the partition that holds the key sid when st says it
+// exists, else "" (the parent table, which routes it). A statement on the
+// partition itself is planned once, as on the legacy layout; on the parent
+// it is planned again at each execution, to prune the other partitions.
+func (p *partitioned) target(st layoutState, sid storedID) string {
+	name := p.table + "_other"
+	if sid.timed {
+		if st.width <= 0 || sid.minted.Before(st.low) {
+			return ""
+		}
+		name = p.partName(st.low.Add(sid.minted.Sub(st.low) / st.width * st.width))
+	}
+	if !st.parts[name] {
+		return ""
+	}
+	return name
 }
 
 // code returns name's code in the names table, adding it when missing, on

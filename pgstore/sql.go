@@ -100,8 +100,19 @@ const (
 	// p2Cols reads a row of {P} aliased k in the legacy columns.
 	p2Cols = `@scope::text, @id::text, encode(k.fingerprint, 'hex'),
        CASE k.status WHEN 'C' THEN 'COMPLETED' ELSE 'PROCESSING' END, k.result, k.attempts::int,
-       (SELECT n.name FROM {N} n WHERE n.code = k.source_topic), k.source_partition, k.source_offset, k.created_at,
+       ` + p2TopicName + `, k.source_partition, k.source_offset, k.created_at,
        CASE WHEN k.status = 'C' THEN COALESCE(k.completed_at, k.created_at) END, k.locked_until, k.expires_at`
+
+	// p2InsCols is p2Cols for a row the statement inserted: its topic is
+	// the request's.
+	p2InsCols = `@scope::text, @id::text, encode(k.fingerprint, 'hex'),
+       CASE k.status WHEN 'C' THEN 'COMPLETED' ELSE 'PROCESSING' END, k.result, k.attempts::int,
+       @tname::text, k.source_partition, k.source_offset, k.created_at,
+       CASE WHEN k.status = 'C' THEN COALESCE(k.completed_at, k.created_at) END, k.locked_until, k.expires_at`
+
+	// p2TopicName reads the name of the source topic of a row of {P}
+	// aliased k (a row the statement inserted has the request's, @tname).
+	p2TopicName = `(SELECT n.name FROM {N} n WHERE n.code = k.source_topic)`
 
 	// p2Key matches the request's row in {P} aliased k.
 	p2Key = `k.scope = @scode AND k.kid = @kid AND k.kind = @kind::"char" AND (k.kind <> 't' OR k.id_text = @id)`
@@ -120,7 +131,7 @@ const (
     ON CONFLICT (scope, kid, kind) DO NOTHING
     RETURNING true AS inserted, k.*
 )
-SELECT k.inserted, ` + p2Cols + `, clock_timestamp() FROM ins k
+SELECT k.inserted, ` + p2InsCols + `, clock_timestamp() FROM ins k
 UNION ALL
 SELECT false, ` + p2Cols + `, clock_timestamp() FROM {P} k WHERE ` + p2Key + `
     AND NOT EXISTS (SELECT FROM ins)/*andnoold*/`

@@ -47,3 +47,35 @@ func BenchmarkDoBatch(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkDo claims one new key per transaction (Do with a function that
+// does nothing), on each layout, with random and time-ordered IDs, from 4
+// goroutines. Run:
+//
+//	go test -run '^$' -bench 'Do$' -benchtime 2000x ./pgstore
+func BenchmarkDo(b *testing.B) {
+	for _, layout := range []pgstore.Layout{pgstore.LayoutLegacy, pgstore.LayoutPartitioned} {
+		for _, ids := range []string{"v4", "v7"} {
+			b.Run(fmt.Sprintf("%s/%s", layout, ids), func(b *testing.B) {
+				store, _ := storeMakers[layout](b, nil)
+				ctx := context.Background()
+				b.SetParallelism(2)
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						id := uuid.NewString()
+						if ids == "v7" {
+							id = uuid.Must(uuid.NewV7()).String()
+						}
+						req := dedupetest.Req("bench", id, id)
+						req.Source = dedupe.Source{Topic: "bench-topic", Partition: 3, Offset: 7}
+						if _, err := store.Do(ctx, req, func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "claims/s")
+			})
+		}
+	}
+}
