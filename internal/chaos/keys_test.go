@@ -193,7 +193,7 @@ func readKeyStats(ctx context.Context, pool *pgxpool.Pool, firstLow time.Time, c
 			}
 		}
 	}
-	var low time.Time
+	var low *time.Time // NULL: no partition was ever created
 	if err := pool.QueryRow(ctx, `SELECT low FROM ledger.exactly_keys2_state`).Scan(&low); err != nil {
 		return nil, err
 	}
@@ -202,7 +202,7 @@ func readKeyStats(ctx context.Context, pool *pgxpool.Pool, firstLow time.Time, c
 		return nil, err
 	}
 	ks.width = time.Duration(ms) * time.Millisecond
-	if ks.width > 0 {
+	if ks.width > 0 && low != nil && !firstLow.IsZero() {
 		ks.retired = int(low.Sub(firstLow) / ks.width)
 	}
 	err := pool.QueryRow(ctx, `SELECT count(*), coalesce(min(c.relname), ''), coalesce(max(c.relname), '')
