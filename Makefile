@@ -5,7 +5,7 @@ GO ?= go
 # internal/embedpg, internal/kafkabench, internal/testkit/testservices).
 PKGS ?= $(shell GO="$(GO)" scripts/packages.sh)
 
-.PHONY: bench-keys throughput demo test test-matrix test-short chaos chaos-short chaos-topology bench lint services services-stop up down images test-docker compose-test
+.PHONY: bench-keys throughput demo test test-matrix test-short chaos chaos-short chaos-keys chaos-topology bench lint services services-stop up down images test-docker compose-test
 
 # The ledger demo: Postgres at DATABASE_URL, else at localhost, else a
 # throwaway server for the demo's lifetime; Kafka in-process unless
@@ -39,6 +39,12 @@ chaos:
 # The short chaos run (1.5 to 3 minutes).
 chaos-short:
 	CHAOS=1 $(GO) test -race -count=1 -timeout 20m -run 'TestChaos$$' -v ./internal/chaos/
+
+# The short chaos run on the partitioned key layout with partition
+# maintenance forced: partitions 2s wide, the key clean-up every second, half
+# the IDs UUIDv7s; see docs/chaos.md.
+chaos-keys:
+	CHAOS=1 CHAOS_KEY_LAYOUT=partitioned $(GO) test -race -count=1 -timeout 20m -run 'TestChaos$$' -v ./internal/chaos/
 
 # The topology runs (CHAOS_TOPOLOGY=1): the chaos suite on a three-node
 # Kafka cluster (scripts/kafka.sh cluster), topics RF 3 and

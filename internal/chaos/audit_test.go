@@ -158,14 +158,17 @@ func (m *model) apply(c command) {
 type dbState struct {
 	accounts     map[string][2]int64
 	keys         map[string]string // key -> fingerprint
+	keyKinds     map[string]string // key -> its kind in the partitioned layout
 	doubleKeys   int
 	rejections   map[string]bool
 	pending, dea int
 	processing   int // keys left PROCESSING
 }
 
-func readDB(ctx context.Context, pool *pgxpool.Pool) (*dbState, error) {
-	st := &dbState{accounts: map[string][2]int64{}, keys: map[string]string{}, rejections: map[string]bool{}}
+// readDB reads the state; with partitioned the keys come from the
+// partitioned layout's tables (keys_test.go).
+func readDB(ctx context.Context, pool *pgxpool.Pool, partitioned bool) (*dbState, error) {
+	st := &dbState{accounts: map[string][2]int64{}, keys: map[string]string{}, keyKinds: map[string]string{}, rejections: map[string]bool{}}
 	rows, err := pool.Query(ctx, `SELECT id, available, held FROM ledger.accounts`)
 	if err != nil {
 		return nil, err
@@ -181,22 +184,31 @@ func readDB(ctx context.Context, pool *pgxpool.Pool) (*dbState, error) {
 	if rows.Err() != nil {
 		return nil, rows.Err()
 	}
-	rows, err = pool.Query(ctx, `SELECT key, fingerprint FROM ledger.exactly_keys WHERE scope = 'ledger-consumer'`)
-	if err != nil {
-		return nil, err
-	}
-	for rows.Next() {
-		var k, fp string
-		if err := rows.Scan(&k, &fp); err != nil {
+	if partitioned {
+		if err := readKeys2(ctx, pool, st); err != nil {
 			return nil, err
 		}
-		st.keys[k] = strings.TrimSpace(fp)
-	}
-	if rows.Err() != nil {
-		return nil, rows.Err()
-	}
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT scope, key FROM ledger.exactly_keys GROUP BY scope, key HAVING count(*) > 1) d`).Scan(&st.doubleKeys); err != nil {
-		return nil, err
+	} else {
+		rows, err = pool.Query(ctx, `SELECT key, fingerprint FROM ledger.exactly_keys WHERE scope = 'ledger-consumer'`)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var k, fp string
+			if err := rows.Scan(&k, &fp); err != nil {
+				return nil, err
+			}
+			st.keys[k] = strings.TrimSpace(fp)
+		}
+		if rows.Err() != nil {
+			return nil, rows.Err()
+		}
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT scope, key FROM ledger.exactly_keys GROUP BY scope, key HAVING count(*) > 1) d`).Scan(&st.doubleKeys); err != nil {
+			return nil, err
+		}
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM ledger.exactly_keys WHERE status = 'PROCESSING'`).Scan(&st.processing); err != nil {
+			return nil, err
+		}
 	}
 	rows, err = pool.Query(ctx, `SELECT command_id FROM ledger.rejections`)
 	if err != nil {
@@ -211,9 +223,6 @@ func readDB(ctx context.Context, pool *pgxpool.Pool) (*dbState, error) {
 	}
 	if rows.Err() != nil {
 		return nil, rows.Err()
-	}
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM ledger.exactly_keys WHERE status = 'PROCESSING'`).Scan(&st.processing); err != nil {
-		return nil, err
 	}
 	err = pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'PENDING'), count(*) FILTER (WHERE status = 'DEAD') FROM ledger.exactly_outbox`).Scan(&st.pending, &st.dea)
 	return st, err

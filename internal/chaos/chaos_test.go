@@ -45,6 +45,9 @@ type options struct {
 	// this many commands (--batch), alongside per-message ones in one
 	// group; 0 runs every worker per message.
 	batch int
+	// keyLayout is the workers' --key-layout: "legacy" or "partitioned"
+	// (keys_test.go).
+	keyLayout string
 }
 
 func envBool(k string, def bool) bool {
@@ -62,6 +65,10 @@ func loadOptions() options {
 		o.seed = s
 	}
 	o.batch = 200
+	o.keyLayout = "legacy"
+	if l := os.Getenv("CHAOS_KEY_LAYOUT"); l != "" {
+		o.keyLayout = l
+	}
 	if b, err := strconv.Atoi(os.Getenv("CHAOS_BATCH")); err == nil && b >= 0 {
 		o.batch = b
 	}
@@ -86,6 +93,9 @@ func (o options) repro() string {
 	}
 	if o.batch != 200 {
 		env += fmt.Sprintf(" CHAOS_BATCH=%d", o.batch)
+	}
+	if o.keyLayout != "legacy" {
+		env += " CHAOS_KEY_LAYOUT=" + o.keyLayout
 	}
 	return env + " go test -race -count=1 -timeout 20m -run 'TestChaos$' -v ./internal/chaos/"
 }
@@ -140,6 +150,10 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 		repro = topo.repro(o)
 	}
 	t.Logf("chaos: seed %d (repeat: %s)", o.seed, repro)
+	if o.keyLayout != "legacy" && o.keyLayout != "partitioned" {
+		t.Fatalf("chaos: CHAOS_KEY_LAYOUT is %q: set it to legacy or partitioned", o.keyLayout)
+	}
+	partitioned := o.keyLayout == "partitioned"
 	base, err := os.MkdirTemp("", "exactly-chaos-")
 	if err != nil {
 		t.Fatal(err)
@@ -255,8 +269,7 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 		}
 	}
 
-	rnd := &workloadRand{rand.New(rand.NewPCG(o.seed, o.seed^0x9e3779b97f4a7c15))}
-	wl := generate(rnd, genConfig{commands: sc.commands, accountsA: sc.accountsA, accountsB: sc.accountsB, crossParts: o.cross})
+	rnd := &workloadRand{Rand: rand.New(rand.NewPCG(o.seed, o.seed^0x9e3779b97f4a7c15)), mixed: partitioned}
 
 	// Production workers run without DDL rights: the tables come from one
 	// migrate step before any worker starts.
@@ -267,6 +280,15 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 	ws := &workers{restarts: &n.workerRestarts, bin: bin, dir: base, batch: o.batch, args: []string{"worker", "--database-url", workerDB, "--brokers", strings.Join(workerBrokers, ","),
 		"--schema", "ledger", "--commands", commandsTopic, "--metrics-addr", "127.0.0.1:0",
 		"--session-timeout", sessionTimeout.String()}}
+	if partitioned {
+		// Partition maintenance every second, on partitions 2s wide
+		// (keys_test.go); the workers' role owns the tables, as the layout
+		// needs (it runs DDL).
+		if err := narrowPartitions(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+		ws.args = append(ws.args, "--key-layout", "partitioned", "--key-cleanup", keyCleanup.String())
+	}
 	for i := 0; i < sc.workers; i++ {
 		w := &worker{id: i, extra: ws.modeArgs(i)}
 		ws.all = append(ws.all, w)
@@ -275,6 +297,19 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 		}
 	}
 	defer ws.stopAll()
+	var firstLow time.Time
+	if partitioned {
+		// The UUIDv7s are minted as the workload is generated: once the
+		// first time partitions exist and the workers consume, so that they
+		// land in them.
+		if firstLow, err = waitPartitions(ctx, pool, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := waitConsuming(ctx, kc, sc.workers, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wl := generate(rnd, genConfig{commands: sc.commands, accountsA: sc.accountsA, accountsB: sc.accountsB, crossParts: o.cross})
 
 	mainCl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(commandsTopic), kgo.ProducerLinger(5*time.Millisecond))
 	if err != nil {
@@ -340,7 +375,7 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 	// Faults.
 	ch := &chaosRun{t: t, o: o, sc: sc, ws: ws, pg: pg, br: br, pool: pool, n: &n, mon: mon, rnd: rand.New(rand.NewPCG(o.seed, 99))}
 	if topo != nil {
-		ch.topo = newTopoRun(topo, kc3, brokers, mainCl, produce, &workloadRand{rand.New(rand.NewPCG(o.seed, 1234))})
+		ch.topo = newTopoRun(topo, kc3, brokers, mainCl, produce, &workloadRand{Rand: rand.New(rand.NewPCG(o.seed, 1234))})
 		ch.topo.pg, ch.topo.net = pair, np
 	}
 	next("faults")
@@ -372,7 +407,7 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 	}
 	var ends []*kgo.Record
 	for p := 0; p < mon.commandParts(); p++ {
-		r := record(srcEnd, "end", []byte(`{"end_of_run":`+strconv.Itoa(p)+`}`), rnd.uuid())
+		r := record(srcEnd, "end", []byte(`{"end_of_run":`+strconv.Itoa(p)+`}`), rnd.id())
 		r.Partition = int32(p)
 		ends = append(ends, r)
 	}
@@ -417,11 +452,18 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db, err := readDB(actx, pool)
+	db, err := readDB(actx, pool, partitioned)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := audit(committed, all, events, dlq, db)
+	var ks *keyStats
+	if partitioned {
+		if ks, err = readKeyStats(actx, pool, firstLow, committed, db); err != nil {
+			t.Fatal(err)
+		}
+		ks.check(f)
+	}
 	ackedLost := acked.missing(all, f)
 	next("")
 	if drainErr != nil {
@@ -441,6 +483,9 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 		f.unapplied, f.phantom, f.abortedApplied, f.missingEvents, f.extraEvents, f.strayEvents, f.deadLettered, f.dlqMissing, f.dlqUnexpected,
 		faultTime.Round(time.Second), drain.Round(100*time.Millisecond), rec)
 	t.Logf("chaos: faults other than kills: %s; phases: %s", strings.Join(ch.timeline, ", "), strings.Join(phases, ", "))
+	if ks != nil {
+		t.Logf("chaos: keys: %s", ks)
+	}
 	logExits(t, exits)
 	if len(f.problems) > 0 {
 		report(t, f.problems)
@@ -489,7 +534,7 @@ func fnv32a(b []byte) uint32 {
 // client is replaced by a new one with the same transactional ID, which
 // fences the old one and aborts its open transaction.
 func runTxnProducer(ctx context.Context, brokers []string, id string, o options, sc scale, rnd *rand.Rand, stop <-chan struct{}) {
-	r := &workloadRand{rnd}
+	r := &workloadRand{Rand: rnd, mixed: o.keyLayout == "partitioned"}
 	newClient := func() *kgo.Client {
 		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(commandsTopic), kgo.TransactionalID(id),
 			kgo.TransactionTimeout(20*time.Second))
@@ -524,7 +569,7 @@ func runTxnProducer(ctx context.Context, brokers []string, id string, o options,
 			}
 			var recs []*kgo.Record
 			for i := 0; i < 4; i++ {
-				c := command{CommandID: r.uuid(), Type: typeTopup, Account: fmt.Sprintf("b-%03d", r.IntN(sc.accountsB)), Amount: 1 + r.Int64N(100)}
+				c := command{CommandID: r.id(), Type: typeTopup, Account: fmt.Sprintf("b-%03d", r.IntN(sc.accountsB)), Amount: 1 + r.Int64N(100)}
 				payload, _ := json.Marshal(c)
 				recs = append(recs, record(srcTxn, c.Account, payload, c.CommandID))
 			}
@@ -550,7 +595,7 @@ func runTxnProducer(ctx context.Context, brokers []string, id string, o options,
 func recoveryBatch(rnd *workloadRand, sc scale) []*kgo.Record {
 	out := make([]*kgo.Record, 0, sc.recoveryBatch)
 	for i := 0; i < sc.recoveryBatch; i++ {
-		c := command{CommandID: rnd.uuid(), Type: typeTopup, Account: fmt.Sprintf("b-%03d", rnd.IntN(sc.accountsB)), Amount: 1 + rnd.Int64N(100)}
+		c := command{CommandID: rnd.id(), Type: typeTopup, Account: fmt.Sprintf("b-%03d", rnd.IntN(sc.accountsB)), Amount: 1 + rnd.Int64N(100)}
 		payload, _ := json.Marshal(c)
 		out = append(out, record(srcMain, c.Account, payload, c.CommandID))
 	}

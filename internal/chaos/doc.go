@@ -9,6 +9,7 @@
 //	make chaos-short                                              # the short run, also part of make test
 //	make chaos                                                    # the long run (CHAOS_LONG=1)
 //	make chaos-topology                                           # three Kafka nodes (CHAOS_TOPOLOGY=1)
+//	make chaos-keys                                               # the partitioned key layout (CHAOS_KEY_LAYOUT=partitioned)
 //
 // The topology run (topology_test.go) runs the workload on a three-node
 // Kafka cluster (scripts/kafka.sh cluster; topics with replication factor 3
@@ -36,4 +37,16 @@
 // id, which run in batch mode beside per-message ones in the same group
 // (200 by default; 0 runs every worker per message), CHAOS_STARTUP_WAIT=0 the check that a worker started while the
 // broker is down waits for it instead of exiting.
+//
+// CHAOS_KEY_LAYOUT=partitioned (keys_test.go) runs the workers with
+// --key-layout partitioned and partition maintenance forced: time
+// partitions 2 seconds wide (exactly_keys2_state.width, set before the
+// first worker starts) and the key clean-up, which creates them ahead,
+// every second (--key-cleanup 1s). Half the IDs are UUIDv7s minted as the
+// workload is generated, which go to the time partitions, half UUIDv4s,
+// which go to exactly_keys2_other. The audit reads the keys from the
+// partitioned tables; the run fails unless at least 20 time partitions
+// are attached at the end, both the time partitions and
+// exactly_keys2_other hold keys, IDs of both kinds were repeated in the
+// log, and the legacy table exactly_keys holds none.
 package chaos

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -92,7 +93,49 @@ func (r0 *workloadRand) uuid() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
-type workloadRand struct{ *rand.Rand }
+// uuidv7 is a UUIDv7 minted now: 48 bits of Unix milliseconds from the
+// wall clock, the rest from the seeded source, so that a run repeats apart
+// from the time.
+func (r0 *workloadRand) uuidv7() string {
+	var b [16]byte
+	ms := uint64(time.Now().UnixMilli())
+	for i := 5; i >= 0; i-- {
+		b[i] = byte(ms)
+		ms >>= 8
+	}
+	for i := 6; i < 16; i++ {
+		b[i] = byte(r0.IntN(256))
+	}
+	b[6] = b[6]&0x0f | 0x70
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// id is a message's ID: a random UUIDv4, or with mixed IDs a UUIDv7 or a
+// UUIDv4 at even odds.
+func (r0 *workloadRand) id() string {
+	if r0.mixed && r0.IntN(2) == 0 {
+		return r0.uuidv7()
+	}
+	return r0.uuid()
+}
+
+// workloadRand is the workload's seeded source. mixed makes half the IDs
+// UUIDv7 (CHAOS_KEY_LAYOUT=partitioned: keys in time partitions beside
+// keys in the partition for the others); without it every ID is a UUIDv4.
+type workloadRand struct {
+	*rand.Rand
+	mixed bool
+}
+
+// holdID is the ID of the hold that command id opens: 12 hex digits of
+// the ID's random part (a UUIDv7 starts with its time).
+func holdID(id string) string {
+	if len(id) == 36 && id[14] == '7' {
+		return "h-" + id[24:]
+	}
+	return "h-" + id[:13]
+}
 
 func copyRecord(src string, r *kgo.Record) *kgo.Record {
 	return record(src, string(r.Key), append([]byte(nil), r.Value...), header(r.Headers, kafkapubsub.UUIDHeader))
@@ -126,17 +169,17 @@ func generate(rnd *workloadRand, cfg genConfig) *workload {
 	accA := func(i int) string { return fmt.Sprintf("a-%03d", i) }
 	accB := func(i int) string { return fmt.Sprintf("b-%03d", i) }
 	for i := 0; i < cfg.accountsA; i++ {
-		r := emit(srcMain, command{CommandID: rnd.uuid(), Type: typeTopup, Account: accA(i), Amount: 300 + rnd.Int64N(300)})
+		r := emit(srcMain, command{CommandID: rnd.id(), Type: typeTopup, Account: accA(i), Amount: 300 + rnd.Int64N(300)})
 		w.main = append(w.main, r)
 		sentA = append(sentA, r)
 	}
 	for n := cfg.accountsA; n < cfg.commands; n++ {
 		if rnd.Float64() < 0.3 {
-			c := command{CommandID: rnd.uuid(), Type: typeTopup, Account: accB(rnd.IntN(cfg.accountsB)), Amount: 1 + rnd.Int64N(100)}
+			c := command{CommandID: rnd.id(), Type: typeTopup, Account: accB(rnd.IntN(cfg.accountsB)), Amount: 1 + rnd.Int64N(100)}
 			if cfg.crossParts && !createdB[c.Account] {
 				// A new account's first two top-ups, one through each
 				// partitioner, side by side: both create the account.
-				twin := command{CommandID: rnd.uuid(), Type: typeTopup, Account: c.Account, Amount: 1 + rnd.Int64N(100)}
+				twin := command{CommandID: rnd.id(), Type: typeTopup, Account: c.Account, Amount: 1 + rnd.Int64N(100)}
 				w.alt = append(w.alt, emit(srcAlt, twin))
 				n++
 			}
@@ -150,13 +193,13 @@ func generate(rnd *workloadRand, cfg genConfig) *workload {
 			sentB = append(sentB, r)
 		} else {
 			a := accA(rnd.IntN(cfg.accountsA))
-			c := command{CommandID: rnd.uuid(), Account: a, Amount: 1 + rnd.Int64N(150)}
+			c := command{CommandID: rnd.id(), Account: a, Amount: 1 + rnd.Int64N(150)}
 			hs := holds[a]
 			switch x := rnd.Float64(); {
 			case x < 0.25 || (len(hs) == 0 && x < 0.7):
 				c.Type = typeTopup
 			case x < 0.55 || len(hs) == 0:
-				c.Type, c.HoldID = typeHold, "h-"+c.CommandID[:13]
+				c.Type, c.HoldID = typeHold, holdID(c.CommandID)
 				holds[a] = append(hs, c.HoldID)
 			case x < 0.75:
 				c.Type, c.HoldID = typeCapt, hs[rnd.IntN(len(hs))]
@@ -199,7 +242,7 @@ func generate(rnd *workloadRand, cfg genConfig) *workload {
 				[]byte(`{"command_id":"` + rnd.uuid() + `","type":"topup","account":"` + a + `","amount":-3}`),
 				[]byte(`{"command_id":"` + rnd.uuid() + `","type":"topup","account":"` + a + `","amount":3,"extra":1}`),
 			}
-			w.main = append(w.main, record(srcMain, a, bad[rnd.IntN(len(bad))], rnd.uuid()))
+			w.main = append(w.main, record(srcMain, a, bad[rnd.IntN(len(bad))], rnd.id()))
 			w.malformed++
 		}
 		// Copies held back until the faults are over.

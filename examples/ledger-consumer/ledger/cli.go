@@ -20,6 +20,7 @@ import (
 	"github.com/exactly-go/exactly/internal/kafkaflags"
 	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/migrations"
+	"github.com/exactly-go/exactly/pgstore"
 )
 
 const usage = `ledger-consumer: the reference ledger worker of exactly.
@@ -75,7 +76,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		url, bs, sch, cmds, events, dlq, group, metricsAddr *string
 		noDedupe, replay, migrate                           *bool
 		batch                                               *int
-		sessionTimeout                                      *time.Duration
+		sessionTimeout, keyCleanup                          *time.Duration
+		keyLayout                                           *string
 		kflags                                              kafkaflags.Flags
 	)
 	switch cmd {
@@ -97,6 +99,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		migrate = fs.Bool("migrate", false, "create or upgrade the tables before consuming (needs DDL rights; production runs `migrate` once instead)")
 		noDedupe = fs.Bool("no-dedupe", false, "run without the dedupe middleware (to measure it, or to watch verify fail)")
 		batch = fs.Int("batch", 0, "batch mode: apply up to this many commands per transaction, set-based (0: one transaction per command)")
+		keyLayout = fs.String("key-layout", "legacy", "how the keys are kept: legacy (one table) or partitioned (time partitions; the worker's role must own the tables, see docs/keys.md)")
+		keyCleanup = fs.Duration("key-cleanup", time.Minute, "how often the key clean-up runs (with --key-layout partitioned it also creates the partitions ahead); at least 1ms")
 		kflags.Register(fs)
 	case "load":
 		bs, cmds = brokers(), commands()
@@ -168,6 +172,15 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	if cmd == "worker" {
+		layout, err := parseKeyLayout(*keyLayout)
+		if err != nil {
+			fmt.Fprintf(stderr, "ledger-consumer worker: %v\n", err)
+			return 2
+		}
+		if *keyCleanup < time.Millisecond {
+			fmt.Fprintf(stderr, "ledger-consumer worker: --key-cleanup is %v: set it to 1ms or more\n", *keyCleanup)
+			return 2
+		}
 		// The worker waits for Postgres and Kafka itself, so its pool is
 		// made without connecting.
 		pool, err := newPool(ctx, *url)
@@ -207,7 +220,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		w, err := NewWorker(pool, Config{Schema: *sch, Brokers: brokerList, Security: sec, Partitioner: part, Commands: *cmds, Events: *events, DeadLetter: *dlq,
-			Group: *group, SessionTimeout: *sessionTimeout, MetricsAddr: *metricsAddr, CreateTopics: true, NoDedupe: *noDedupe, Batch: *batch, Logger: logger})
+			Group: *group, SessionTimeout: *sessionTimeout, MetricsAddr: *metricsAddr, CreateTopics: true, NoDedupe: *noDedupe, Batch: *batch,
+			KeyLayout: layout, CleanupInterval: *keyCleanup, Logger: logger})
 		if err != nil {
 			return fail(err)
 		}
@@ -252,6 +266,16 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, logger *slo
 		return err
 	}
 	return Setup(ctx, pool, schema)
+}
+
+// parseKeyLayout reads --key-layout.
+func parseKeyLayout(s string) (pgstore.Layout, error) {
+	for _, l := range []pgstore.Layout{pgstore.LayoutLegacy, pgstore.LayoutPartitioned} {
+		if s == l.String() {
+			return l, nil
+		}
+	}
+	return 0, fmt.Errorf("--key-layout is %q: set it to legacy or partitioned", s)
 }
 
 func envOr(k, def string) string {

@@ -38,7 +38,7 @@ func TestHelp(t *testing.T) {
 	flags := map[string][]string{
 		"demo":    {"database-url", "brokers", "n", "accounts", "duplicates", "key-reuse", "malformed", "seed", "replay", "no-dedupe", "batch"},
 		"migrate": {"database-url", "schema"},
-		"worker":  {"database-url", "brokers", "schema", "commands", "events", "dead-letter", "group", "metrics-addr", "migrate", "no-dedupe", "batch"},
+		"worker":  {"database-url", "brokers", "schema", "commands", "events", "dead-letter", "group", "metrics-addr", "migrate", "no-dedupe", "batch", "key-layout", "key-cleanup"},
 		"load":    {"brokers", "commands", "n", "accounts", "duplicates", "key-reuse", "malformed", "seed"},
 		"verify":  {"database-url", "brokers", "schema", "commands"},
 	}
@@ -65,6 +65,24 @@ func TestHelp(t *testing.T) {
 	}
 	if _, out, _ := runCLI(context.Background(), "worker", "-h"); !strings.Contains(out, `(default "127.0.0.1:9090")`) {
 		t.Errorf("worker serves /metrics beyond localhost by default:\n%s", out)
+	}
+}
+
+// worker refuses a key layout or a clean-up interval it does not know as a
+// usage error, before it reaches for any server.
+func TestWorkerKeyFlags(t *testing.T) {
+	for _, args := range [][]string{{"--key-layout", "bogus"}, {"--key-layout", ""}, {"--key-layout", "Partitioned"},
+		{"--key-cleanup", "0s"}, {"--key-cleanup", "-1s"}, {"--key-cleanup", "soon"}} {
+		code, out, errs := runCLI(context.Background(), append([]string{"worker", "--brokers", "127.0.0.1:1", "--database-url", "postgres://127.0.0.1:1/x"}, args...)...)
+		if code != 2 || out != "" || !strings.Contains(errs, strings.TrimLeft(args[0], "-")) {
+			t.Errorf("worker %v: exit %d, stdout %q, stderr %q", args, code, out, errs)
+		}
+	}
+	_, out, _ := runCLI(context.Background(), "worker", "-h")
+	for _, want := range []string{"-key-layout string", `(default "legacy")`, "-key-cleanup duration", "(default 1m0s)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("worker -h lacks %q:\n%s", want, out)
+		}
 	}
 }
 

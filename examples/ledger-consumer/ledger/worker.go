@@ -60,6 +60,13 @@ type Config struct {
 	// that keeps up to Batch messages of a partition in flight. Defaults to
 	// 0: one transaction per command, through a Watermill router.
 	Batch int
+	// KeyLayout is how the keys are kept (worker.Config.KeyLayout).
+	// Defaults to pgstore.LayoutLegacy.
+	KeyLayout pgstore.Layout
+	// CleanupInterval is how often the key clean-up runs
+	// (worker.Config.CleanupInterval); with pgstore.LayoutPartitioned it
+	// also creates the time partitions ahead. Defaults to 1m.
+	CleanupInterval time.Duration
 	// MetricsAddr serves /metrics and /healthz when set. The command line
 	// binds 127.0.0.1:9090 unless told otherwise: the metrics and the
 	// health of a worker are for its operators, not for every host that can
@@ -136,6 +143,7 @@ func NewWorker(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 		CreateTopics: cfg.CreateTopics, TopicPartitions: 6, Tables: []string{"accounts", "holds", "rejections"}, Schema: cfg.Schema,
 		KeyFunc: cfg.KeyFunc, FingerprintFunc: cfg.FingerprintFunc, StartupBackoff: cfg.Backoff,
 		Hooks: lw.Metrics, Logger: cfg.Logger, NoDedupe: cfg.NoDedupe,
+		KeyLayout: cfg.KeyLayout, CleanupInterval: cfg.CleanupInterval,
 	}
 	if cfg.Batch > 0 {
 		wcfg.BatchHandler, wcfg.BatchSize, wcfg.BatchWorkers = lw.handleBatch, cfg.Batch, batchWorkers
