@@ -76,8 +76,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		url, bs, sch, cmds, events, dlq, group, metricsAddr *string
 		noDedupe, replay, migrate                           *bool
 		batch                                               *int
-		sessionTimeout, keyCleanup                          *time.Duration
-		keyLayout                                           *string
+		sessionTimeout                                      *time.Duration
+		keyLayout, keyCleanup                               *string
 		kflags                                              kafkaflags.Flags
 	)
 	switch cmd {
@@ -100,7 +100,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		noDedupe = fs.Bool("no-dedupe", false, "run without the dedupe middleware (to measure it, or to watch verify fail)")
 		batch = fs.Int("batch", 0, "batch mode: apply up to this many commands per transaction, set-based (0: one transaction per command)")
 		keyLayout = fs.String("key-layout", "legacy", "how the keys are kept: legacy (one table) or partitioned (time partitions; the worker's role must own the tables, see docs/keys.md)")
-		keyCleanup = fs.Duration("key-cleanup", time.Minute, "how often the key clean-up runs (with --key-layout partitioned it also creates the partitions ahead); at least 1ms")
+		keyCleanup = fs.String("key-cleanup", "1m", "how often the key clean-up runs (with --key-layout partitioned it also creates the partitions ahead), at least 1ms; off: another process of the tables' owner runs it")
 		kflags.Register(fs)
 	case "load":
 		bs, cmds = brokers(), commands()
@@ -177,9 +177,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "ledger-consumer worker: %v\n", err)
 			return 2
 		}
-		if *keyCleanup < time.Millisecond {
-			fmt.Fprintf(stderr, "ledger-consumer worker: --key-cleanup is %v: set it to 1ms or more\n", *keyCleanup)
-			return 2
+		cleanup := time.Duration(-1) // off
+		if *keyCleanup != "off" {
+			if cleanup, err = time.ParseDuration(*keyCleanup); err != nil || cleanup < time.Millisecond {
+				fmt.Fprintf(stderr, "ledger-consumer worker: --key-cleanup is %q: set a duration of 1ms or more, or off\n", *keyCleanup)
+				return 2
+			}
 		}
 		// The worker waits for Postgres and Kafka itself, so its pool is
 		// made without connecting.
@@ -221,7 +224,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		w, err := NewWorker(pool, Config{Schema: *sch, Brokers: brokerList, Security: sec, Partitioner: part, Commands: *cmds, Events: *events, DeadLetter: *dlq,
 			Group: *group, SessionTimeout: *sessionTimeout, MetricsAddr: *metricsAddr, CreateTopics: true, NoDedupe: *noDedupe, Batch: *batch,
-			KeyLayout: layout, CleanupInterval: *keyCleanup, Logger: logger})
+			KeyLayout: layout, CleanupInterval: cleanup, Logger: logger})
 		if err != nil {
 			return fail(err)
 		}

@@ -72,14 +72,14 @@ func TestHelp(t *testing.T) {
 // usage error, before it reaches for any server.
 func TestWorkerKeyFlags(t *testing.T) {
 	for _, args := range [][]string{{"--key-layout", "bogus"}, {"--key-layout", ""}, {"--key-layout", "Partitioned"},
-		{"--key-cleanup", "0s"}, {"--key-cleanup", "-1s"}, {"--key-cleanup", "soon"}} {
+		{"--key-cleanup", "0s"}, {"--key-cleanup", "-1s"}, {"--key-cleanup", "soon"}, {"--key-cleanup", "Off"}} {
 		code, out, errs := runCLI(context.Background(), append([]string{"worker", "--brokers", "127.0.0.1:1", "--database-url", "postgres://127.0.0.1:1/x"}, args...)...)
 		if code != 2 || out != "" || !strings.Contains(errs, strings.TrimLeft(args[0], "-")) {
 			t.Errorf("worker %v: exit %d, stdout %q, stderr %q", args, code, out, errs)
 		}
 	}
 	_, out, _ := runCLI(context.Background(), "worker", "-h")
-	for _, want := range []string{"-key-layout string", `(default "legacy")`, "-key-cleanup duration", "(default 1m0s)"} {
+	for _, want := range []string{"-key-layout string", `(default "legacy")`, "-key-cleanup string", `(default "1m")`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("worker -h lacks %q:\n%s", want, out)
 		}
