@@ -303,7 +303,7 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 		br := tx.SendBatch(ctx, b)
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			return classify("begin", err)
+			return s.batchClaimError("begin", err) // the claim statement is prepared first
 		}
 		rows, err := br.Query()
 		if err == nil {
@@ -435,10 +435,13 @@ func (s *Store) partBatchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.Req
 			out[i].Err = err
 			continue
 		}
-		if a.part.legacyUsed {
-			if st, err := s.part.layoutState(ctx, s.pool); err == nil {
-				legacy = st.legacy
+		if a.part.legacyUsed && legacy == "" {
+			st, err := s.part.layoutState(ctx, s.pool)
+			if err != nil {
+				return batchStmts{}, nil, begin, err
 			}
+			// "" when it was retired since: none of its keys is live.
+			legacy = st.legacy
 		}
 		args, kept = append(args, a), append(kept, i)
 	}
@@ -518,7 +521,7 @@ func (s *Store) legacyLive(ctx context.Context, tx pgx.Tx, legacy string, reqs [
 		br = tx.SendBatch(ctx, b)
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			return nil, classify("begin", err)
+			return nil, s.batchClaimError("begin", err)
 		}
 		rows, err = br.Query()
 	} else {
@@ -543,6 +546,10 @@ func (s *Store) legacyLive(ctx context.Context, tx pgx.Tx, legacy string, reqs [
 			err = cerr
 		}
 	}
+	if partitionGone(err) { // the legacy table was retired and dropped since the state was read
+		s.part.forget()
+		return nil, dedupe.Retryable(fmt.Errorf("pgstore: read the legacy keys of a batch: %w", err))
+	}
 	if err != nil {
 		return nil, classify("read the legacy keys of a batch", err)
 	}
@@ -554,10 +561,10 @@ func (s *Store) legacyLive(ctx context.Context, tx pgx.Tx, legacy string, reqs [
 // batch retry once the layout's state has been read again.
 func (s *Store) batchClaimError(op string, err error) error {
 	var pgErr *pgconn.PgError
-	if s.part != nil && errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition") {
+	if s.part != nil && (errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition") || partitionGone(err)) {
 		s.part.forget()
-		return dedupe.Retryable(fmt.Errorf("pgstore: %s: a key's time has no partition of %s: the partitions changed "+
-			"meanwhile, or Cleanup (which creates them ahead) has not run for a while: %w", op, s.part.parent, err))
+		return dedupe.Retryable(fmt.Errorf("pgstore: %s: the tables of %s changed under the batch (a partition retired, "+
+			"the legacy table dropped), or Cleanup (which creates the partitions ahead) has not run for a while: %w", op, s.part.parent, err))
 	}
 	return classify(op, err)
 }

@@ -142,8 +142,9 @@ type layoutState struct {
 	// legacy is the schema-qualified, quoted table probed as the oldest
 	// generation, and its name; "" once it is retired.
 	legacy, legacyName string
-	// parts names the partitions that exist.
-	parts map[string]bool
+	// otherDirect: the store's role may read, insert and update the
+	// partition for keys that are not time-ordered by its own name.
+	otherDirect bool
 }
 
 // stateTTL is how long a Store trusts the state it read. Maintenance keeps
@@ -169,17 +170,14 @@ func (p *partitioned) layoutState(ctx context.Context, db DBTX) (layoutState, er
 		width  time.Duration
 		low    *time.Time
 		legacy *string
-		parts  []string
+		direct bool
 	)
-	if err := db.QueryRow(ctx, `SELECT width, low, legacy, ARRAY(SELECT c.relname::text FROM pg_catalog.pg_inherits i
-    JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1::regclass) FROM `+p.state, p.parent).
-		Scan(&width, &low, &legacy, &parts); err != nil {
+	if err := db.QueryRow(ctx, `SELECT width, low, legacy, has_table_privilege($1::regclass, 'SELECT')
+       AND has_table_privilege($1::regclass, 'INSERT') AND has_table_privilege($1::regclass, 'UPDATE') FROM `+p.state, p.other).
+		Scan(&width, &low, &legacy, &direct); err != nil {
 		return layoutState{}, classify("read "+p.state, err)
 	}
-	st = layoutState{width: width, parts: make(map[string]bool, len(parts))}
-	for _, n := range parts {
-		st.parts[n] = true
-	}
+	st = layoutState{width: width, otherDirect: direct}
 	if low != nil {
 		st.low = *low
 	}
@@ -218,22 +216,21 @@ func (p *partitioned) queriesFor(st layoutState, target string) *queries {
 	return &q
 }
 
-// target returns the partition that holds the key sid when st says it
-// exists, else "" (the parent table, which routes it). A statement on the
-// partition itself is planned once, as on the legacy layout; on the parent
-// it is planned again at each execution, to prune the other partitions.
+// target returns the table that a claim of sid names: the partition for
+// keys that are not time-ordered, by its own name, when the store's role
+// may use it (its grants are its own: a role granted the partitioned table
+// only may not); else "", the partitioned table, which routes the key. A
+// statement on the partition is planned once per connection, as on the
+// legacy layout; on the partitioned table it is planned again at each
+// execution, to prune the other partitions. Time partitions are always
+// reached through the partitioned table: one is detached when it is
+// retired, and a claim that named it and waited for the detach would then
+// insert into a table that is no longer a partition, and is dropped.
 func (p *partitioned) target(st layoutState, sid storedID) string {
-	name := p.table + "_other"
-	if sid.timed {
-		if st.width <= 0 || sid.minted.Before(st.low) {
-			return ""
-		}
-		name = p.partName(st.low.Add(sid.minted.Sub(st.low) / st.width * st.width))
-	}
-	if !st.parts[name] {
+	if sid.timed || !st.otherDirect {
 		return ""
 	}
-	return name
+	return p.table + "_other"
 }
 
 // code returns name's code in the names table, adding it when missing, on

@@ -6,7 +6,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/dedupe/dedupetest"
 	"github.com/exactly-go/exactly/pgstore"
 )
 
@@ -53,5 +57,59 @@ func TestCheckMaintenance(t *testing.T) {
 	}
 	if err := store(pgstore.LayoutLegacy).CheckMaintenance(ctx); !errors.Is(err, dedupe.ErrMisconfigured) || !strings.Contains(err.Error(), "DELETE on") {
 		t.Fatalf("a role without DELETE, legacy layout: %v", err)
+	}
+}
+
+// A consumer role granted the partitioned table only (docs/keys.md), not
+// its partitions, claims every kind of ID, alone and in batches, with
+// results: statements that could name a partition go through the
+// partitioned table when the role may not use the partition itself.
+func TestPartitionedClaimsWithTableGrantsOnly(t *testing.T) {
+	t.Parallel()
+	owner, _, db := newPartitioned(t, nil, "")
+	ctx := context.Background()
+	if err := owner.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows := db.RowsOnlyPool(t)
+	var role string
+	if err := rows.QueryRow(ctx, "SELECT current_user").Scan(&role); err != nil {
+		t.Fatal(err)
+	}
+	parts, err := db.Pool.Query(ctx, "SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = $1::regclass", db.Table("exactly_keys2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := pgx.CollectRows(parts, pgx.RowTo[string])
+	if err != nil || len(names) < 2 {
+		t.Fatalf("partitions %v (%v)", names, err)
+	}
+	for _, n := range names {
+		if _, err := db.Pool.Exec(ctx, "REVOKE ALL ON "+n+" FROM "+pgx.Identifier{role}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := pgstore.New(rows, &pgstore.Config{Schema: db.Schema, Layout: pgstore.LayoutPartitioned})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{uuid.NewString(), uuid.Must(uuid.NewV7()).String(), "order-7"}
+	for _, id := range ids {
+		if c, err := s.Do(ctx, dedupetest.Req("s", id, "p"), func(context.Context, pgx.Tx) ([]byte, error) { return []byte("r"), nil }); err != nil || c.Decision != dedupe.DecisionNew {
+			t.Fatalf("Do %s as a role granted the table only: %v %v", id, c.Decision, err)
+		}
+		if c, err := s.Do(ctx, dedupetest.Req("s", id, "p"), noop); err != nil || c.Decision != dedupe.DecisionDuplicate || string(c.Record.Result) != "r" {
+			t.Fatalf("Do %s again: %v %q %v", id, c.Decision, c.Record.Result, err)
+		}
+	}
+	batch := reqsOf("s", uuid.NewString(), uuid.Must(uuid.NewV7()).String(), "order-8")
+	out, err := s.DoBatch(ctx, batch, applyBatch(db, batch, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range out {
+		if c.Err != nil || c.Decision != dedupe.DecisionNew || string(c.Record.Result) != "r:"+batch[i].Key.ID {
+			t.Fatalf("batch claim %s: %+v", batch[i].Key, c)
+		}
 	}
 }

@@ -122,6 +122,15 @@ func (s *Store) createPartition(ctx context.Context, conn *pgxpool.Conn, lo, hi 
 	if _, err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+q+" (LIKE "+p.parent+" INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"); err != nil {
 		return classify(op, err)
 	}
+	// The partition belongs to the partitioned table's owner, not to the
+	// role that ran this: any other member of the owner role can retire it.
+	var owner string
+	if err := conn.QueryRow(ctx, "SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = $1::regclass", p.parent).Scan(&owner); err != nil {
+		return classify(op, err)
+	}
+	if _, err := conn.Exec(ctx, "ALTER TABLE "+q+" OWNER TO "+pgx.Identifier{owner}.Sanitize()); err != nil {
+		return classify(op, err)
+	}
 	if _, err := conn.Exec(ctx, "CREATE INDEX IF NOT EXISTS "+pgx.Identifier{name + "_live"}.Sanitize()+" ON "+q+
 		" USING brin (expires_at, locked_until)"); err != nil {
 		return classify(op, err)
