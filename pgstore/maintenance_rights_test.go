@@ -113,3 +113,37 @@ func TestPartitionedClaimsWithTableGrantsOnly(t *testing.T) {
 		}
 	}
 }
+
+// Partitions that maintenance creates belong to the partitioned table's
+// owner, whichever member of the owner role ran it, so that another member
+// can retire them.
+func TestPartitionsBelongToTheTableOwner(t *testing.T) {
+	t.Parallel()
+	_, _, db := newPartitioned(t, nil, "1 second")
+	ctx := context.Background()
+	var owner string
+	if err := db.Pool.QueryRow(ctx, "SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = $1::regclass", db.Table("exactly_keys2")).Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	member := db.RolePool(t, "GRANT "+pgx.Identifier{owner}.Sanitize()+" TO {role}")
+	s, err := pgstore.New(member, &pgstore.Config{Schema: db.Schema, Layout: pgstore.LayoutPartitioned, PartitionsAhead: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CheckMaintenance(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx); err != nil { // creates the first partitions, as the member
+		t.Fatal(err)
+	}
+	var parts int
+	var owners []string
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*), array_agg(DISTINCT pg_get_userbyid(c.relowner)) FROM pg_inherits i
+JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1::regclass AND c.relname <> 'exactly_keys2_other'`, db.Table("exactly_keys2")).
+		Scan(&parts, &owners); err != nil {
+		t.Fatal(err)
+	}
+	if parts < 3 || len(owners) != 1 || owners[0] != owner {
+		t.Fatalf("%d time partitions owned by %v, want 3 or more, all by %s", parts, owners, owner)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	neturl "net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,18 +19,25 @@ import (
 // when t ends.
 func (d *DB) RowsOnlyPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
+	s := pgx.Identifier{d.Schema}.Sanitize()
+	return d.RolePool(t, "GRANT USAGE ON SCHEMA "+s+" TO {role}",
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "+s+" TO {role}",
+		"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA "+s+" TO {role}")
+}
+
+// RolePool returns a pool connected as a new login role, given the rights
+// of grants (statements in which {role} stands for the role's quoted
+// name). The role is dropped when t ends.
+func (d *DB) RolePool(t testing.TB, grants ...string) *pgxpool.Pool {
+	t.Helper()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	role := "t_rows_" + hex.EncodeToString(b)
+	role := "t_role_" + hex.EncodeToString(b)
 	password := hex.EncodeToString(b) + "-pw"
-	r, s := pgx.Identifier{role}.Sanitize(), pgx.Identifier{d.Schema}.Sanitize()
+	r := pgx.Identifier{role}.Sanitize()
 	ctx := context.Background()
-	for _, q := range []string{
-		"CREATE ROLE " + r + " LOGIN PASSWORD '" + password + "'",
-		"GRANT USAGE ON SCHEMA " + s + " TO " + r,
-		"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA " + s + " TO " + r,
-		"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA " + s + " TO " + r,
-	} {
+	for _, q := range append([]string{"CREATE ROLE {role} LOGIN PASSWORD '" + password + "'"}, grants...) {
+		q = strings.ReplaceAll(q, "{role}", r)
 		if _, err := d.Pool.Exec(ctx, q); err != nil {
 			t.Fatalf("pgtest: %s: %v", q, err)
 		}
