@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/backoff"
@@ -435,13 +434,8 @@ func (s *Store) partBatchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.Req
 			out[i].Err = err
 			continue
 		}
-		if a.part.legacyUsed && legacy == "" {
-			st, err := s.part.layoutState(ctx, s.pool)
-			if err != nil {
-				return batchStmts{}, nil, begin, err
-			}
-			// "" when it was retired since: none of its keys is live.
-			legacy = st.legacy
+		if a.part.legacy != "" {
+			legacy = a.part.legacy
 		}
 		args, kept = append(args, a), append(kept, i)
 	}
@@ -546,12 +540,8 @@ func (s *Store) legacyLive(ctx context.Context, tx pgx.Tx, legacy string, reqs [
 			err = cerr
 		}
 	}
-	if partitionGone(err) { // the legacy table was retired and dropped since the state was read
-		s.part.forget()
-		return nil, dedupe.Retryable(fmt.Errorf("pgstore: read the legacy keys of a batch: %w", err))
-	}
 	if err != nil {
-		return nil, classify("read the legacy keys of a batch", err)
+		return nil, s.batchClaimError("read the legacy keys of a batch", err)
 	}
 	return live, nil
 }
@@ -560,8 +550,7 @@ func (s *Store) legacyLive(ctx context.Context, tx pgx.Tx, legacy string, reqs [
 // partitioned layout, a key with no partition to go to makes the whole
 // batch retry once the layout's state has been read again.
 func (s *Store) batchClaimError(op string, err error) error {
-	var pgErr *pgconn.PgError
-	if s.part != nil && (errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition") || partitionGone(err)) {
+	if s.part != nil && layoutChanged(err) {
 		s.part.forget()
 		return dedupe.Retryable(fmt.Errorf("pgstore: %s: the tables of %s changed under the batch (a partition retired, "+
 			"the legacy table dropped), or Cleanup (which creates the partitions ahead) has not run for a while: %w", op, s.part.parent, err))

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -66,12 +65,16 @@ var storeMakers = map[pgstore.Layout]storeMaker{
 	},
 }
 
-// layoutOf is the layout of the stores that make makes.
-func layoutOf(make storeMaker) pgstore.Layout {
-	if reflect.ValueOf(make).Pointer() == reflect.ValueOf(storeMakers[pgstore.LayoutLegacy]).Pointer() {
-		return pgstore.LayoutLegacy
+// appliedCounts reads the applied table: how many ids were applied, how
+// many applications there were in all, and how many ids were applied more
+// than once.
+func appliedCounts(t *testing.T, db *pgtest.DB) (ids, total, over int) {
+	t.Helper()
+	if err := db.Pool.QueryRow(context.Background(), "SELECT count(*), coalesce(sum(n), 0), count(*) FILTER (WHERE n > 1) FROM "+
+		db.Table("applied")).Scan(&ids, &total, &over); err != nil {
+		t.Fatal(err)
 	}
-	return pgstore.LayoutPartitioned
+	return ids, total, over
 }
 
 func reqsOf(scope string, ids ...string) []dedupe.Request {
@@ -388,9 +391,9 @@ func testDoBatchConnectionKilledBeforeCommit(t *testing.T, newStore storeMaker) 
 func TestDoBatchCommitAnswerLost(t *testing.T) { eachLayout(t, testDoBatchCommitAnswerLost) }
 
 func testDoBatchCommitAnswerLost(t *testing.T, newStore storeMaker) {
-	_, db := newStore(t, nil)
+	s0, db := newStore(t, nil)
 	d := pgtest.NewCommitDropper(t)
-	s, err := pgstore.New(d.Pool(t), &pgstore.Config{Schema: db.Schema, RetryBackoff: time.Millisecond, Layout: layoutOf(newStore)})
+	s, err := pgstore.New(d.Pool(t), &pgstore.Config{Schema: db.Schema, RetryBackoff: time.Millisecond, Layout: s0.Config().Layout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -463,11 +466,7 @@ func testDoBatchConcurrentOverlapping(t *testing.T, newStore storeMaker) {
 	for err := range errs {
 		t.Error(err)
 	}
-	var rows, total, over int
-	if err := db.Pool.QueryRow(ctx, "SELECT count(*), coalesce(sum(n), 0), count(*) FILTER (WHERE n > 1) FROM "+db.Table("applied")).
-		Scan(&rows, &total, &over); err != nil {
-		t.Fatal(err)
-	}
+	rows, total, over := appliedCounts(t, db)
 	if over != 0 || int64(total) != appliedByUs.Load() || appliedByUs.Load()+dups.Load() != workers*rounds*100 {
 		t.Fatalf("%d ids applied %d times in all, %d of them more than once; batches reported %d new, %d duplicates",
 			rows, total, over, appliedByUs.Load(), dups.Load())

@@ -54,15 +54,14 @@ type claimArgs struct {
 
 // partArgs are a claim's arguments in the partitioned layout.
 type partArgs struct {
-	sid        storedID
-	scopeCode  int16
-	topicCode  *int16
-	fp         []byte
-	width      time.Duration
-	legacyUsed bool
-	// parentQ are the statements on the parent table, for reads that must
-	// not fail when the key's partition was dropped meanwhile.
-	parentQ *queries
+	sid       storedID
+	scopeCode int16
+	topicCode *int16
+	fp        []byte
+	width     time.Duration
+	// legacy is the legacy table probed as the oldest generation, as the
+	// layout's state named it (quoted); "" once it is retired.
+	legacy string
 }
 
 // newClaimArgs validates req and builds its claim's arguments. For the
@@ -92,7 +91,7 @@ func (s *Store) newClaimArgs(ctx context.Context, req dedupe.Request, status ded
 		return claimArgs{}, fmt.Errorf("pgstore: claim %s: %s has no time partitions yet: %w: call Store.Check at start-up "+
 			"(or Cleanup), which creates them", req.Key, p.parent, dedupe.ErrMisconfigured)
 	}
-	pa := &partArgs{sid: encodeID(req.Key.ID, st.low), width: st.width, legacyUsed: st.legacy != ""}
+	pa := &partArgs{sid: encodeID(req.Key.ID, st.low), width: st.width, legacy: st.legacy}
 	if pa.scopeCode, err = p.code(ctx, s.pool, req.Key.Scope); err != nil {
 		return claimArgs{}, err
 	}
@@ -104,7 +103,7 @@ func (s *Store) newClaimArgs(ctx context.Context, req dedupe.Request, status ded
 		pa.topicCode = &c
 	}
 	pa.fp, _ = hex.DecodeString(a.fingerprint) // validated: 64 hex digits
-	a.part, a.q, pa.parentQ = pa, p.queriesFor(st, p.target(st, pa.sid)), p.queriesFor(st, "")
+	a.part, a.q = pa, p.queriesFor(st, p.target(st, pa.sid))
 	return a, nil
 }
 
@@ -231,7 +230,7 @@ func (s *Store) beginClaim(ctx context.Context, req dedupe.Request) (*connTx, de
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
 		tx.end(ctx, true)
-		if partitionGone(err) { // the batch's claim statement could not be prepared
+		if layoutChanged(err) { // the batch's claim statement could not be prepared
 			return nil, dedupe.Claim{}, s.claimError(req, &a, err)
 		}
 		return nil, dedupe.Claim{}, classify("begin", err)
@@ -249,9 +248,7 @@ func (s *Store) beginClaim(ctx context.Context, req dedupe.Request) (*connTx, de
 // that maintenance changed meanwhile (retry: the state is read again), or
 // was minted beyond the partitions created ahead.
 func (s *Store) claimError(req dedupe.Request, a *claimArgs, err error) error {
-	var pgErr *pgconn.PgError
-	// 23514: the parent found no partition for the key.
-	if a.part == nil || !(errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition") || partitionGone(err)) {
+	if a.part == nil || !layoutChanged(err) {
 		return classify("claim "+req.Key.String(), err)
 	}
 	s.part.forget()
@@ -264,12 +261,14 @@ func (s *Store) claimError(req dedupe.Request, a *claimArgs, err error) error {
 		req.Key, s.part.parent, minted.UTC().Format(time.RFC3339), err))
 }
 
-// partitionGone reports whether err says that a table a statement names
-// does not exist: for a statement on a key's partition, the partition was
-// dropped after the layout's state listed it.
-func partitionGone(err error) bool {
+// layoutChanged reports whether err says that the partitioned layout
+// changed under a statement built from a state read before: the
+// partitioned table found no partition for a key (23514), or a table the
+// statement names is gone (42P01: the legacy table, dropped once it was
+// retired). The state is read again and the transaction retried.
+func layoutChanged(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
+	return errors.As(err, &pgErr) && (pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition") || pgErr.Code == "42P01")
 }
 
 // beyondPartitions returns the InvalidKeyError of a request whose ID was

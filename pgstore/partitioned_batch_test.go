@@ -16,6 +16,7 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/dedupe/dedupetest"
+	"github.com/exactly-go/exactly/pgstore"
 )
 
 // ulidOf is the ULID with the bytes of the UUID id: stored with the same
@@ -37,12 +38,9 @@ func ulidOf(t *testing.T, id string) string {
 // key of its own that does not fail the batch.
 func TestDoBatchPartitionedKinds(t *testing.T) {
 	t.Parallel()
-	s, _, db := newPartitioned(t, nil, "")
+	s, db := storeMakers[pgstore.LayoutPartitioned](t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	if err := s.Check(ctx); err != nil {
-		t.Fatal(err)
-	}
 	var all []dedupe.Request
 	add := func(id string) { all = append(all, dedupetest.Req("s", id, "payload of "+id)) }
 	for i := range 40 {
@@ -104,11 +102,7 @@ func TestDoBatchPartitionedKinds(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	var rows, total, over int
-	if err := db.Pool.QueryRow(ctx, "SELECT count(*), coalesce(sum(n), 0), count(*) FILTER (WHERE n > 1) FROM "+db.Table("applied")).
-		Scan(&rows, &total, &over); err != nil {
-		t.Fatal(err)
-	}
+	rows, total, over := appliedCounts(t, db)
 	if over != 0 || int64(total) != fresh.Load() || rows != len(all) {
 		t.Fatalf("%d of %d ids applied %d times in all, %d of them more than once; batches reported %d new, %d duplicates",
 			rows, len(all), total, over, fresh.Load(), dups.Load())
@@ -219,4 +213,47 @@ func TestDoBatchPartitionedUpgradeFromLegacy(t *testing.T) {
 		rec.Attempts != 2 || string(rec.Result) != "r:"+ids["stale"] {
 		t.Fatalf("the stale lease after the batch: %+v %v", rec, err)
 	}
+}
+
+// A batch on a store whose state still names the legacy table after
+// another store retired it and its owner dropped it: the batch is retried
+// with the state read again, and claims its keys.
+func TestDoBatchAfterTheLegacyTableIsDropped(t *testing.T) {
+	t.Parallel()
+	s, legacy, db := newPartitioned(t, nil, "")
+	ctx := context.Background()
+	if _, err := legacy.Do(ctx, dedupetest.Req("s", "old", "p"), noop); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := reqsOf("s", "old", uuid.NewString())
+	if _, err := s.DoBatch(ctx, first, applyBatch(db, first, nil)); err != nil { // the state, legacy table named, is cached
+		t.Fatal(err)
+	}
+	maint, err := pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema, Layout: pgstore.LayoutPartitioned})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, "UPDATE "+db.Table("exactly_keys")+" SET expires_at = now() - interval '1 second'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := maint.Cleanup(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, "DROP TABLE "+db.Table("exactly_keys")); err != nil {
+		t.Fatal(err)
+	}
+	batch := reqsOf("s", uuid.NewString(), uuid.Must(uuid.NewV7()).String())
+	out, err := s.DoBatch(ctx, batch, applyBatch(db, batch, nil))
+	if err != nil {
+		t.Fatalf("a batch after the legacy table was dropped: %v", err)
+	}
+	for i, c := range out {
+		if c.Err != nil || c.Decision != dedupe.DecisionNew {
+			t.Fatalf("%s: %+v", batch[i].Key, c)
+		}
+	}
+	wantApplied(t, db, map[string]int{batch[0].Key.ID: 1, batch[1].Key.ID: 1})
 }

@@ -254,7 +254,7 @@ func (s *Store) GetTx(ctx context.Context, db DBTX, key dedupe.Key) (dedupe.Reco
 		if a, err = s.keyArgs(ctx, key); err != nil {
 			return dedupe.Record{}, err
 		}
-		row, err = scanKeyRow(db.QueryRow(ctx, a.part.parentQ.get, a.named(nil)))
+		row, err = scanKeyRow(db.QueryRow(ctx, a.q.get, a.named(nil)))
 	}
 	if err != nil {
 		return dedupe.Record{}, classify("get "+key.String(), err)
@@ -373,9 +373,9 @@ func (s *Store) update(ctx context.Context, db DBTX, key dedupe.Key, stmt func(*
 	}
 	var n int64
 	err = db.QueryRow(ctx, stmt(a.q), a.named(named)).Scan(&n)
-	if partitionGone(err) {
+	if layoutChanged(err) {
 		s.part.forget()
-		err = dedupe.Retryable(fmt.Errorf("pgstore: the partition of %s was dropped meanwhile: %w", key, err))
+		err = dedupe.Retryable(fmt.Errorf("pgstore: update %s: the key table changed meanwhile: %w", key, err))
 	}
 	return n, err
 }
