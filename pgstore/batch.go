@@ -268,10 +268,7 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 	n := len(st.order)
 	op := fmt.Sprintf("claim a batch of %d keys", n)
 	found := make(map[dedupe.Key]bool, n)
-	at := make(map[dedupe.Key]int, n)
-	for _, i := range st.order {
-		at[reqs[i].Key] = i
-	}
+	var at map[dedupe.Key]int
 	// read scans the rows of the claim or the lock statement.
 	read := func(rows pgx.Rows) error {
 		for rows.Next() {
@@ -279,6 +276,20 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 			if err != nil {
 				rows.Close()
 				return err
+			}
+			if kr.inserted && kr.rec.Key.ID == "" {
+				// allInserted: every key was inserted at kr.rec.CreatedAt.
+				for _, i := range st.order {
+					found[reqs[i].Key] = true
+					out[i].Claim = s.insertedClaim(reqs[i], kr.rec.CreatedAt)
+				}
+				continue
+			}
+			if at == nil {
+				at = make(map[dedupe.Key]int, n)
+				for _, i := range st.order {
+					at[reqs[i].Key] = i
+				}
 			}
 			i, ok := at[kr.rec.Key]
 			if !ok || found[kr.rec.Key] {
@@ -369,6 +380,16 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 		}
 	}
 	return nil
+}
+
+// insertedClaim is the claim of a key that a batch statement inserted at
+// now: COMPLETED, expiring after its TTL (in whole microseconds, as the
+// statement adds it).
+func (s *Store) insertedClaim(req dedupe.Request, now time.Time) dedupe.Claim {
+	return dedupe.Claim{Decision: dedupe.DecisionNew, TTL: req.TTL, Record: dedupe.Record{
+		Key: req.Key, Fingerprint: req.Fingerprint, Status: dedupe.StatusCompleted, Attempts: 1, Source: req.Source,
+		CreatedAt: now, CompletedAt: now, ExpiresAt: now.Add(s.ttl(req).Truncate(time.Microsecond)),
+	}}
 }
 
 // batchStmts are a batch claim's statements for the store's layout: claim
@@ -651,10 +672,11 @@ func (s *Store) sql(stmt string) string { return strings.ReplaceAll(stmt, "{T}",
 
 // The batch statements, with {T} standing for the schema-qualified table.
 const (
-	// batchClaimSQL inserts every key from arrays, sorted by key, and
-	// reports the stored rows of those that conflicted, when its snapshot
-	// shows them: the multi-key claimSQL. The second branch runs only when
-	// some key was not inserted ($8 is the number of keys).
+	// batchClaimSQL inserts every key from arrays, sorted by key. When it
+	// inserted them all (the usual case) it answers one row, allInserted;
+	// otherwise it answers the rows it inserted and the stored rows of those
+	// that conflicted, when its snapshot shows them: the multi-key claimSQL.
+	// $8 is the number of keys.
 	batchClaimSQL = `WITH ins AS (
     INSERT INTO {T} AS k (scope, key, fingerprint, status, attempts, source_topic, source_partition,
                         source_offset, created_at, completed_at, locked_until, expires_at)
@@ -664,13 +686,21 @@ const (
          AS u(scope, key, fp, topic, part, off, ttl)
     ORDER BY u.scope COLLATE "C", u.key COLLATE "C"
     ON CONFLICT (scope, key) DO NOTHING
-    RETURNING true AS inserted, ` + insertedCols + `
-)
-SELECT *, clock_timestamp() FROM ins
+    RETURNING ` + insertedCols + `
+), n AS (SELECT count(*) AS n FROM ins)
+` + allInserted + ` WHERE (SELECT n FROM n) = $8::int
+UNION ALL
+SELECT true, *, clock_timestamp() FROM ins WHERE (SELECT n FROM n) < $8::int
 UNION ALL
 SELECT false, ` + prefixedCols + `, clock_timestamp()
 FROM {T} k JOIN unnest($1::text[], $2::text[]) AS u(scope, key) ON k.scope = u.scope AND k.key = u.key
-WHERE (SELECT count(*) FROM ins) < $8::int`
+WHERE (SELECT n FROM n) < $8::int`
+
+	// allInserted is the one row that answers a batch claim whose every key
+	// was inserted: no key (an invalid one) and the statement's time, now(),
+	// which every inserted row got as created_at and completed_at.
+	allInserted = `SELECT true, ''::text, ''::text, ''::text, 'COMPLETED'::text, NULL::bytea, 1, NULL::text, NULL::int, NULL::bigint,
+       now(), now(), NULL::timestamptz, now(), clock_timestamp()`
 
 	// batchLockSQL reads conflicting rows that batchClaimSQL's snapshot
 	// did not show, locked, in key order.

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/dedupe"
@@ -471,4 +472,53 @@ func testDoBatchConcurrentOverlapping(t *testing.T, newStore storeMaker) {
 		t.Fatalf("%d ids applied %d times in all, %d of them more than once; batches reported %d new, %d duplicates",
 			rows, total, over, appliedByUs.Load(), dups.Load())
 	}
+}
+
+// TestDoBatchAnswersTheStoredRecords checks that the record each claim of
+// a batch answers is the row stored for it, when every key is new (the
+// batch statement then answers one row for all) and when some are not.
+func TestDoBatchAnswersTheStoredRecords(t *testing.T) {
+	eachLayout(t, testDoBatchAnswersTheStoredRecords)
+}
+
+func testDoBatchAnswersTheStoredRecords(t *testing.T, newStore storeMaker) {
+	s, _ := newStore(t, nil)
+	ctx := context.Background()
+	mk := func(id string, ttl time.Duration, src dedupe.Source) dedupe.Request {
+		r := dedupetest.Req("s", id, "payload of "+id)
+		r.TTL, r.Source = ttl, src
+		return r
+	}
+	v7 := func() string { return uuid.Must(uuid.NewV7()).String() }
+	batch := func(reqs []dedupe.Request, want []dedupe.Decision) {
+		t.Helper()
+		out, err := s.DoBatch(ctx, reqs, func(context.Context, pgx.Tx, []int) ([][]byte, error) { return nil, nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range out {
+			if c.Err != nil || c.Decision != want[i] {
+				t.Fatalf("%s: %v %v, want %v", reqs[i].Key, c.Decision, c.Err, want[i])
+			}
+			got, err := s.Get(ctx, reqs[i].Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := c.Record
+			if r.Key != got.Key || r.Fingerprint != got.Fingerprint || r.Status != got.Status || r.Attempts != got.Attempts ||
+				r.Source != got.Source || !r.CreatedAt.Equal(got.CreatedAt) || !r.CompletedAt.Equal(got.CompletedAt) ||
+				!r.ExpiresAt.Equal(got.ExpiresAt) || !r.LockedUntil.Equal(got.LockedUntil) || r.Result != nil || got.Result != nil {
+				t.Errorf("%s: the claim answered\n%+v\nthe store holds\n%+v", reqs[i].Key, r, got)
+			}
+		}
+	}
+	src := dedupe.Source{Topic: "orders", Partition: 4, Offset: 1234567}
+	first := []dedupe.Request{
+		mk(v7(), 0, src), mk(uuid.NewString(), 90*time.Minute+1500*time.Nanosecond, dedupe.Source{}),
+		mk("order-17", 72*time.Hour, src), mk(v7(), time.Second+999*time.Nanosecond, dedupe.Source{Topic: "other", Offset: 9}),
+	}
+	n := dedupe.DecisionNew
+	batch(first, []dedupe.Decision{n, n, n, n})
+	mixed := []dedupe.Request{first[1], mk(v7(), 5*time.Minute, src), first[2], mk("order-18", 0, dedupe.Source{})}
+	batch(mixed, []dedupe.Decision{dedupe.DecisionDuplicate, n, dedupe.DecisionDuplicate, n})
 }

@@ -202,12 +202,12 @@ ORDER BY pref LIMIT 1`
 	p2BatchKey = `k.scope = u.scode AND k.kid = u.kid AND k.kind = u.kind::"char" AND (k.kind <> 't' OR k.id_text = u.id)`
 
 	// p2BatchClaimSQL is p2ClaimSQL for many keys, from arrays sorted in
-	// the primary key's order: it inserts them all, COMPLETED, and reports
-	// the stored rows of those that conflicted when its snapshot shows
-	// them (the second branch runs only when some key was not inserted;
-	// $12 is the number of keys). Each conflicting key is read in its own
-	// partition (the lateral subquery is a parameterized scan, pruned at
-	// run time).
+	// the primary key's order: it inserts them all, COMPLETED. When it
+	// inserted them all it answers one row, allInserted; otherwise the rows
+	// it inserted and the stored rows of those that conflicted, when its
+	// snapshot shows them ($12 is the number of keys). Each conflicting key
+	// is read in its own partition (the lateral subquery is a parameterized
+	// scan, pruned at run time).
 	p2BatchClaimSQL = `WITH u AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::int2[], $4::uuid[], $5::text[], $6::text[], $7::bytea[],
                          $8::int2[], $9::int4[], $10::int8[], $11::float8[])
@@ -220,14 +220,17 @@ ORDER BY pref LIMIT 1`
     FROM u ORDER BY u.ord
     ON CONFLICT (scope, kid, kind) DO NOTHING
     RETURNING k.scope, k.kid, k.kind, k.id_text, k.created_at, k.expires_at
-)
+), n AS (SELECT count(*) AS n FROM ins)
+` + allInserted + ` WHERE (SELECT n FROM n) = $12::int
+UNION ALL
 SELECT true, u.scope, u.id, '', 'COMPLETED', NULL::bytea, 1, NULL::text, NULL::int, NULL::bigint, k.created_at, k.created_at, NULL::timestamptz,
        k.expires_at, clock_timestamp()
 FROM ins k JOIN u ON ` + p2BatchKey + `
+WHERE (SELECT n FROM n) < $12::int
 UNION ALL
 SELECT false, ` + p2BatchCols + `, clock_timestamp()
 FROM u CROSS JOIN LATERAL (SELECT * FROM {P} k WHERE ` + p2BatchKey + ` OFFSET 0) k
-WHERE (SELECT count(*) FROM ins) < $12::int`
+WHERE (SELECT n FROM n) < $12::int`
 
 	// p2BatchLockSQL reads, locked and in the arrays' order, the keys that
 	// p2BatchClaimSQL's snapshot did not show.

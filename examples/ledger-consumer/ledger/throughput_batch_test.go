@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
@@ -52,7 +54,12 @@ const (
 //     instead of Watermill's random ones: its keys land on the right edge of
 //     the key index (docs/keys.md);
 //   - batch-dedupe-partitioned, batch-dedupe-v7-partitioned: the same two
-//     on the partitioned key layout (pgstore.LayoutPartitioned).
+//     on the partitioned key layout (pgstore.LayoutPartitioned);
+//   - batch-floor-v7: batch-plain, plus the least claim of each batch's
+//     keys: one INSERT … ON CONFLICT DO NOTHING of a row per message holding
+//     a scope code and the UUIDv7 ID (the primary key), the payload's
+//     SHA-256 and an expiry, no index besides the key. It bounds what any
+//     store that keeps a row per key can reach on the machine.
 //
 // Events go to the outbox in every mode (no relay runs). Run:
 //
@@ -61,21 +68,22 @@ func BenchmarkThroughput(b *testing.B) { benchBatchThroughput(b) }
 
 func benchBatchThroughput(b *testing.B) {
 	for _, mode := range []struct {
-		name                string
-		batch, noDedupe, v7 bool
-		layout              pgstore.Layout
+		name                       string
+		batch, noDedupe, v7, floor bool
+		layout                     pgstore.Layout
 	}{
-		{"per-message-dedupe", false, false, false, pgstore.LayoutLegacy},
-		{"batch-dedupe", true, false, false, pgstore.LayoutLegacy},
-		{"batch-plain", true, true, false, pgstore.LayoutLegacy},
-		{"batch-dedupe-v7", true, false, true, pgstore.LayoutLegacy},
-		{"batch-dedupe-partitioned", true, false, false, pgstore.LayoutPartitioned},
-		{"batch-dedupe-v7-partitioned", true, false, true, pgstore.LayoutPartitioned},
+		{"per-message-dedupe", false, false, false, false, pgstore.LayoutLegacy},
+		{"batch-dedupe", true, false, false, false, pgstore.LayoutLegacy},
+		{"batch-plain", true, true, false, false, pgstore.LayoutLegacy},
+		{"batch-dedupe-v7", true, false, true, false, pgstore.LayoutLegacy},
+		{"batch-dedupe-partitioned", true, false, false, false, pgstore.LayoutPartitioned},
+		{"batch-dedupe-v7-partitioned", true, false, true, false, pgstore.LayoutPartitioned},
+		{"batch-floor-v7", true, true, true, true, pgstore.LayoutLegacy},
 	} {
 		b.Run(mode.name, func(b *testing.B) {
 			var total time.Duration
 			for range b.N {
-				total += throughputRun(b, mode.batch, mode.noDedupe, mode.v7, mode.layout, 0, nil)
+				total += throughputRun(b, mode.batch, mode.noDedupe, mode.v7, mode.floor, mode.layout, 0, nil)
 			}
 			b.ReportMetric(float64(throughputMessages*b.N)/total.Seconds(), "msgs/s")
 		})
@@ -103,7 +111,7 @@ func BenchmarkLatency(b *testing.B) {
 		b.Run(mode.name, func(b *testing.B) {
 			var lat []time.Duration
 			for range b.N {
-				throughputRun(b, mode.batch, false, false, pgstore.LayoutLegacy, mode.rate, &lat)
+				throughputRun(b, mode.batch, false, false, false, pgstore.LayoutLegacy, mode.rate, &lat)
 			}
 			slices.Sort(lat)
 			b.ReportMetric(float64(mode.rate), "rate-msgs/s")
@@ -141,10 +149,11 @@ func (h *benchHooks) OnMessage(_ context.Context, ev consumer.Event) {
 
 // throughputRun consumes throughputMessages topups with one pipeline and
 // returns how long they took from the first one handled; v7 gives the
-// commands time-ordered IDs instead of random ones. With rate > 0 the
+// commands time-ordered IDs instead of random ones, and floor writes each
+// batch's IDs to a table of their own before the batch handler runs. With rate > 0 the
 // topups are produced at that rate while the pipeline runs, and their
 // latencies are appended to lat.
-func throughputRun(b *testing.B, batch, noDedupe, v7 bool, layout pgstore.Layout, rate int, lat *[]time.Duration) time.Duration {
+func throughputRun(b *testing.B, batch, noDedupe, v7, floor bool, layout pgstore.Layout, rate int, lat *[]time.Duration) time.Duration {
 	b.StopTimer()
 	defer b.StartTimer()
 	ctx := context.Background()
@@ -209,8 +218,28 @@ func throughputRun(b *testing.B, batch, noDedupe, v7 bool, layout pgstore.Layout
 			b.Fatal(err)
 		}
 	}
+	handler := w.handleBatch
+	if floor {
+		if _, err := db.Pool.Exec(ctx, "CREATE TABLE "+db.Table("floor_keys")+
+			" (scope smallint, kid uuid, fingerprint bytea NOT NULL, expires_at timestamptz NOT NULL, PRIMARY KEY (scope, kid))"); err != nil {
+			b.Fatal(err)
+		}
+		insert := "INSERT INTO " + db.Table("floor_keys") + " (scope, kid, fingerprint, expires_at) " +
+			"SELECT 1, kid, fp, now() + interval '7 days' FROM unnest($1::uuid[], $2::bytea[]) AS u(kid, fp) ON CONFLICT DO NOTHING"
+		handler = func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
+			ids, fps := make([]string, len(msgs)), make([][]byte, len(msgs))
+			for i, m := range msgs {
+				fp := sha256.Sum256(m.Payload)
+				ids[i], fps[i] = m.UUID, fp[:]
+			}
+			if _, err := tx.Exec(ctx, insert, ids, fps); err != nil {
+				return nil, err
+			}
+			return w.handleBatch(ctx, tx, msgs)
+		}
+	}
 	if batch {
-		bc, err := consumer.NewBatchConsumer(store, w.handleBatch, &consumer.BatchConfig{Scope: Scope,
+		bc, err := consumer.NewBatchConsumer(store, handler, &consumer.BatchConfig{Scope: Scope,
 			Outputs: w.writer.Outputs(events), Hooks: hooks, Logger: log, MaxSize: throughputBatchSize,
 			Publisher: pub, DeadLetterTopic: dlq, NoDedupe: noDedupe, Workers: benchWorkers()})
 		if err != nil {
