@@ -193,9 +193,7 @@ func (s *Store) claimBatchTx(ctx context.Context, tx pgx.Tx, reqs []dedupe.Reque
 			order = append(order, i)
 		}
 	}
-	slices.SortFunc(order, func(a, b int) int {
-		return cmp.Or(strings.Compare(reqs[a].Key.Scope, reqs[b].Key.Scope), strings.Compare(reqs[a].Key.ID, reqs[b].Key.ID))
-	})
+	slices.SortFunc(order, byKey(reqs))
 	if len(order) > 0 {
 		if err := s.claimBatch(ctx, tx, reqs, order, out, begin); err != nil {
 			return nil, err
@@ -297,43 +295,18 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 			}
 			found[kr.rec.Key] = true
 			if kr.inserted {
-				kr.rec.Fingerprint, kr.rec.Source = reqs[i].Fingerprint, reqs[i].Source
-				out[i].Claim = dedupe.Claim{Decision: dedupe.DecisionNew, Record: kr.rec, TTL: reqs[i].TTL}
+				out[i].Claim = s.insertedClaim(reqs[i], kr.rec.CreatedAt)
 				continue
 			}
 			s.decide(&out[i], reqs[i], kr.rec, kr.now)
 		}
 		return rows.Err()
 	}
-	switch {
-	case n > 0 && begin:
-		b := &pgx.Batch{}
-		b.Queue(s.beginSQL)
-		b.Queue(st.claim, st.claimArgs...)
-		br := tx.SendBatch(ctx, b)
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return s.batchClaimError("begin", err) // the claim statement is prepared first
+	if n > 0 {
+		if err := s.queryIn(ctx, tx, begin, st.claim, st.claimArgs, read); err != nil {
+			return s.layoutError(op, err)
 		}
-		rows, err := br.Query()
-		if err == nil {
-			err = read(rows)
-		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return s.batchClaimError(op, err)
-		}
-	case n > 0:
-		rows, err := tx.Query(ctx, st.claim, st.claimArgs...)
-		if err == nil {
-			err = read(rows)
-		}
-		if err != nil {
-			return s.batchClaimError(op, err)
-		}
-	case begin:
+	} else if begin {
 		if _, err := tx.Exec(ctx, s.beginSQL); err != nil {
 			return classify("begin", err)
 		}
@@ -347,11 +320,7 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 		}
 	}
 	if len(locks) > 0 {
-		rows, err := tx.Query(ctx, st.lock, st.lockArgs(locks)...)
-		if err == nil {
-			err = read(rows)
-		}
-		if err != nil {
+		if err := s.queryIn(ctx, tx, false, st.lock, st.lockArgs(locks), read); err != nil {
 			return classify(op, err)
 		}
 	}
@@ -364,9 +333,7 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 			alone = append(alone, i)
 		}
 	}
-	slices.SortFunc(alone, func(a, b int) int {
-		return cmp.Or(strings.Compare(reqs[a].Key.Scope, reqs[b].Key.Scope), strings.Compare(reqs[a].Key.ID, reqs[b].Key.ID))
-	})
+	slices.SortFunc(alone, byKey(reqs))
 	for _, i := range alone {
 		c := &out[i]
 		claim, err := s.claim(ctx, tx, reqs[i], dedupe.StatusCompleted, 0)
@@ -504,10 +471,8 @@ func (s *Store) partBatchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.Req
 		scopes[j], ids[j], scodes[j], kids[j], kinds[j], texts[j] = a.scope, a.id, a.part.scopeCode, a.part.sid.kid, string(a.part.sid.kind), a.part.sid.text
 		fps[j], topics[j], parts[j], offsets[j], ttls[j] = a.part.fp, a.part.topicCode, a.partition, a.offset, a.ttlMicros
 	}
-	p := s.part
-	st.claim = strings.NewReplacer("{P}", p.parent, "{N}", p.names).Replace(p2BatchClaimSQL)
+	st.claim, st.lock = s.part.batchClaim, s.part.batchLock
 	st.claimArgs = []any{scopes, ids, scodes, kids, kinds, texts, fps, topics, parts, offsets, ttls, n}
-	st.lock = strings.NewReplacer("{P}", p.parent, "{N}", p.names).Replace(p2BatchLockSQL)
 	st.lockArgs = func(js []int) []any {
 		ls, li, lc, lk, lt, lx := make([]string, len(js)), make([]string, len(js)), make([]int16, len(js)), make([][16]byte, len(js)), make([]string, len(js)), make([]*string, len(js))
 		for m, j := range js {
@@ -525,55 +490,67 @@ func (s *Store) legacyLive(ctx context.Context, tx pgx.Tx, legacy string, reqs [
 	for j, i := range kept {
 		scopes[j], ids[j] = reqs[i].Key.Scope, reqs[i].Key.ID
 	}
-	stmt := strings.ReplaceAll(p2BatchLegacySQL, "{L}", legacy)
-	var rows pgx.Rows
-	var br pgx.BatchResults
-	var err error
-	if begin {
-		b := &pgx.Batch{}
-		b.Queue(s.beginSQL)
-		b.Queue(stmt, scopes, ids)
-		br = tx.SendBatch(ctx, b)
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return nil, s.batchClaimError("begin", err)
-		}
-		rows, err = br.Query()
-	} else {
-		rows, err = tx.Query(ctx, stmt, scopes, ids)
-	}
 	live := make(map[dedupe.Key]bool)
-	if err == nil {
+	err := s.queryIn(ctx, tx, begin, strings.ReplaceAll(p2BatchLegacySQL, "{L}", legacy), []any{scopes, ids}, func(rows pgx.Rows) error {
 		for rows.Next() {
 			var k dedupe.Key
-			if err = rows.Scan(&k.Scope, &k.ID); err != nil {
-				break
+			if err := rows.Scan(&k.Scope, &k.ID); err != nil {
+				rows.Close()
+				return err
 			}
 			live[k] = true
 		}
-		rows.Close()
-		if err == nil {
-			err = rows.Err()
-		}
-	}
-	if br != nil {
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-	}
+		return rows.Err()
+	})
 	if err != nil {
-		return nil, s.batchClaimError("read the legacy keys of a batch", err)
+		return nil, s.layoutError("read the legacy keys of a batch", err)
 	}
 	return live, nil
 }
 
-// batchClaimError classifies a batch claim statement's error: in the
-// partitioned layout, a key with no partition to go to makes the whole
-// batch retry once the layout's state has been read again.
-func (s *Store) batchClaimError(op string, err error) error {
+// queryIn runs stmt with args in tx and hands its rows to read, which
+// scans them all; with begin, tx's BEGIN goes in the same round trip.
+func (s *Store) queryIn(ctx context.Context, tx pgx.Tx, begin bool, stmt string, args []any, read func(pgx.Rows) error) error {
+	if !begin {
+		rows, err := tx.Query(ctx, stmt, args...)
+		if err != nil {
+			return err
+		}
+		return read(rows)
+	}
+	b := &pgx.Batch{}
+	b.Queue(s.beginSQL)
+	b.Queue(stmt, args...)
+	br := tx.SendBatch(ctx, b)
+	_, err := br.Exec() // stmt is prepared first: an error of its own may come here
+	if err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			err = read(rows)
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// byKey orders indexes of reqs by key, in "C" collation: the order in
+// which a batch claims its keys.
+func byKey(reqs []dedupe.Request) func(a, b int) int {
+	return func(a, b int) int {
+		return cmp.Or(strings.Compare(reqs[a].Key.Scope, reqs[b].Key.Scope), strings.Compare(reqs[a].Key.ID, reqs[b].Key.ID))
+	}
+}
+
+// layoutError classifies the error of a statement built from the
+// partitioned layout's state: a key with no partition to go to, or a
+// table gone, makes the transaction retry once the state has been read
+// again.
+func (s *Store) layoutError(op string, err error) error {
 	if s.part != nil && layoutChanged(err) {
 		s.part.forget()
-		return dedupe.Retryable(fmt.Errorf("pgstore: %s: the tables of %s changed under the batch (a partition retired, "+
+		return dedupe.Retryable(fmt.Errorf("pgstore: %s: the tables of %s changed under the transaction (a partition retired, "+
 			"the legacy table dropped), or Cleanup (which creates the partitions ahead) has not run for a while: %w", op, s.part.parent, err))
 	}
 	return classify(op, err)
@@ -716,7 +693,8 @@ WHERE k.scope = u.scope AND k.key = u.key AND k.status = 'COMPLETED'`
 
 	// insertedCols reads a row that the statement inserted in the
 	// columns of cols, leaving out what the request already holds (its
-	// fingerprint and source, filled in by claimBatch).
+	// fingerprint and source): claimBatch makes its claim from the request
+	// and the row's created_at (insertedClaim).
 	insertedCols = `k.scope, k.key, ''::text, k.status, NULL::bytea, k.attempts, NULL::text, NULL::int, NULL::bigint,
        k.created_at, k.completed_at, k.locked_until, k.expires_at`
 

@@ -122,6 +122,9 @@ type partitioned struct {
 	parent        string // the partitioned table, schema-qualified and quoted
 	other         string // its partition for keys that are not time-ordered
 	names, state  string // the code and state tables
+	// batchClaim and batchLock are the batch statements (p2BatchClaimSQL,
+	// p2BatchLockSQL) on the partitioned table.
+	batchClaim, batchLock string
 
 	codes sync.Map // name → int16, committed codes only
 
@@ -153,8 +156,11 @@ const stateTTL = 10 * time.Second
 
 func newPartitioned(schema, table string) *partitioned {
 	q := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
-	return &partitioned{schema: schema, table: table, parent: q(table), other: q(table + "_other"),
+	p := &partitioned{schema: schema, table: table, parent: q(table), other: q(table + "_other"),
 		names: q("exactly_key_names"), state: q(table + "_state"), qs: map[[2]string]*queries{}}
+	r := strings.NewReplacer("{P}", p.parent, "{N}", p.names)
+	p.batchClaim, p.batchLock = r.Replace(p2BatchClaimSQL), r.Replace(p2BatchLockSQL)
+	return p
 }
 
 // layoutState returns the state, read again when stale. The lock is never

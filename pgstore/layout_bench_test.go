@@ -13,6 +13,14 @@ import (
 	"github.com/exactly-go/exactly/pgstore"
 )
 
+// benchID is a new message ID of kind: "v7" a UUIDv7, else a random UUID.
+func benchID(kind string) string {
+	if kind == "v7" {
+		return uuid.Must(uuid.NewV7()).String()
+	}
+	return uuid.NewString()
+}
+
 // BenchmarkDoBatch claims batches of 500 new keys with a function that
 // does nothing, on each layout, with random and time-ordered IDs: the
 // claim's own cost. Run:
@@ -31,10 +39,7 @@ func BenchmarkDoBatch(b *testing.B) {
 				for range b.N {
 					b.StopTimer()
 					for i := range reqs {
-						id := uuid.NewString()
-						if ids == "v7" {
-							id = uuid.Must(uuid.NewV7()).String()
-						}
+						id := benchID(ids)
 						reqs[i] = dedupetest.Req("bench", id, id)
 					}
 					b.StartTimer()
@@ -63,10 +68,7 @@ func BenchmarkDo(b *testing.B) {
 				b.ResetTimer()
 				b.RunParallel(func(pb *testing.PB) {
 					for pb.Next() {
-						id := uuid.NewString()
-						if ids == "v7" {
-							id = uuid.Must(uuid.NewV7()).String()
-						}
+						id := benchID(ids)
 						req := dedupetest.Req("bench", id, id)
 						req.Source = dedupe.Source{Topic: "bench-topic", Partition: 3, Offset: 7}
 						if _, err := store.Do(ctx, req, func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }); err != nil {

@@ -152,24 +152,7 @@ func TestDoBatchPartitionedUpgradeFromLegacy(t *testing.T) {
 	t.Parallel()
 	s, legacy, db := newPartitioned(t, nil, "")
 	ctx := context.Background()
-	ids := map[string]string{"done": uuid.NewString(), "leased": uuid.NewString(), "stale": uuid.NewString(),
-		"expired": uuid.NewString(), "text": "order-42", "v7": uuid.Must(uuid.NewV7()).String()}
-	for _, name := range []string{"done", "text", "v7"} {
-		if _, err := legacy.Do(ctx, dedupetest.Req("s", ids[name], "p "+name), func(context.Context, pgx.Tx) ([]byte, error) { return []byte("r:" + ids[name]), nil }); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := legacy.Acquire(ctx, dedupetest.Req("s", ids["leased"], "p leased"), time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := legacy.Acquire(ctx, dedupetest.Req("s", ids["stale"], "p stale"), time.Millisecond); err != nil {
-		t.Fatal(err)
-	}
-	short := dedupetest.Req("s", ids["expired"], "p expired")
-	short.TTL = time.Millisecond
-	if _, err := legacy.Do(ctx, short, noop); err != nil {
-		t.Fatal(err)
-	}
+	ids := writeLegacyKeys(t, legacy, func(name string) string { return "p " + name }, func(_, id string) string { return "r:" + id })
 	time.Sleep(20 * time.Millisecond)
 	if err := s.Check(ctx); err != nil {
 		t.Fatal(err)

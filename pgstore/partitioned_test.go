@@ -104,6 +104,37 @@ func TestConformancePartitioned(t *testing.T) {
 	})
 }
 
+// writeLegacyKeys writes, with the legacy layout's store, the keys that an
+// upgrade finds in the legacy table, and returns their IDs by name: done,
+// text (not a UUID) and v7 (a UUIDv7) completed with result(name, id),
+// leased under a lease of an hour, stale under a lease of 1ms, expired
+// completed with a TTL of 1ms; payload(name) is each one's payload.
+func writeLegacyKeys(t *testing.T, legacy *pgstore.Store, payload func(name string) string, result func(name, id string) string) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	ids := map[string]string{"done": uuid.NewString(), "leased": uuid.NewString(), "stale": uuid.NewString(),
+		"expired": uuid.NewString(), "text": "order-42", "v7": uuid.Must(uuid.NewV7()).String()}
+	req := func(name string) dedupe.Request { return dedupetest.Req("s", ids[name], payload(name)) }
+	for _, name := range []string{"done", "text", "v7"} {
+		c, err := legacy.Do(ctx, req(name), func(context.Context, pgx.Tx) ([]byte, error) { return []byte(result(name, ids[name])), nil })
+		if err != nil || c.Decision != dedupe.DecisionNew {
+			t.Fatalf("legacy claim %s: %v %v", name, c.Decision, err)
+		}
+	}
+	if _, err := legacy.Acquire(ctx, req("leased"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := legacy.Acquire(ctx, req("stale"), time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	short := req("expired")
+	short.TTL = time.Millisecond
+	if _, err := legacy.Do(ctx, short, noop); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
 // Keys written by today's code (the legacy layout) keep deduplicating on
 // the partitioned layout until they expire, with nothing copied: completed
 // ones are duplicates with their stored result, a valid lease is in
@@ -114,25 +145,7 @@ func TestPartitionedUpgradeFromLegacy(t *testing.T) {
 	t.Parallel()
 	s, legacy, db := newPartitioned(t, nil, "")
 	ctx := context.Background()
-	ids := map[string]string{"done": uuid.NewString(), "leased": uuid.NewString(), "stale": uuid.NewString(),
-		"expired": uuid.NewString(), "text": "order-42", "v7": uuid.Must(uuid.NewV7()).String()}
-	for _, name := range []string{"done", "text", "v7"} {
-		c, err := legacy.Do(ctx, dedupetest.Req("s", ids[name], "p"), func(context.Context, pgx.Tx) ([]byte, error) { return []byte("r-" + name), nil })
-		if err != nil || c.Decision != dedupe.DecisionNew {
-			t.Fatalf("legacy claim %s: %v %v", name, c.Decision, err)
-		}
-	}
-	if _, err := legacy.Acquire(ctx, dedupetest.Req("s", ids["leased"], "p"), time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := legacy.Acquire(ctx, dedupetest.Req("s", ids["stale"], "p"), time.Millisecond); err != nil {
-		t.Fatal(err)
-	}
-	short := dedupetest.Req("s", ids["expired"], "p")
-	short.TTL = time.Millisecond
-	if _, err := legacy.Do(ctx, short, noop); err != nil {
-		t.Fatal(err)
-	}
+	ids := writeLegacyKeys(t, legacy, func(string) string { return "p" }, func(name, _ string) string { return "r-" + name })
 	if err := s.Check(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -158,6 +171,8 @@ func TestPartitionedUpgradeFromLegacy(t *testing.T) {
 	if err := s.Complete(ctx, taken, []byte("late")); err != nil {
 		t.Fatal(err)
 	}
+	short := dedupetest.Req("s", ids["expired"], "p")
+	short.TTL = time.Millisecond
 	if c, err := s.Do(ctx, short, noop); err != nil || c.Decision != dedupe.DecisionNew {
 		t.Fatalf("expired: %v %v", c.Decision, err)
 	}

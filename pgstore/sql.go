@@ -98,16 +98,18 @@ func newQueries(table string) queries {
 //	@attempts the attempts count that fences an update, @result a result
 const (
 	// p2Cols reads a row of {P} aliased k in the legacy columns.
-	p2Cols = `@scope::text, @id::text, encode(k.fingerprint, 'hex'),
-       CASE k.status WHEN 'C' THEN 'COMPLETED' ELSE 'PROCESSING' END, k.result, k.attempts::int,
-       ` + p2TopicName + `, k.source_partition, k.source_offset, k.created_at,
-       CASE WHEN k.status = 'C' THEN COALESCE(k.completed_at, k.created_at) END, k.locked_until, k.expires_at`
+	p2Cols = `@scope::text, @id::text, ` + p2RowHead + p2TopicName + p2RowTail
 
 	// p2InsCols is p2Cols for a row the statement inserted: its topic is
 	// the request's.
-	p2InsCols = `@scope::text, @id::text, encode(k.fingerprint, 'hex'),
+	p2InsCols = `@scope::text, @id::text, ` + p2RowHead + `@tname::text` + p2RowTail
+
+	// p2RowHead and p2RowTail read a row of {P} aliased k in the legacy
+	// columns after the key, around its topic name.
+	p2RowHead = `encode(k.fingerprint, 'hex'),
        CASE k.status WHEN 'C' THEN 'COMPLETED' ELSE 'PROCESSING' END, k.result, k.attempts::int,
-       @tname::text, k.source_partition, k.source_offset, k.created_at,
+       `
+	p2RowTail = `, k.source_partition, k.source_offset, k.created_at,
        CASE WHEN k.status = 'C' THEN COALESCE(k.completed_at, k.created_at) END, k.locked_until, k.expires_at`
 
 	// p2TopicName reads the name of the source topic of a row of {P}
@@ -119,7 +121,7 @@ const (
 
 	// legacyLive matches the request's row in {L} aliased o while it is
 	// live: not expired, or leased.
-	legacyLive = `o.scope = @scope AND o.key = @id AND (o.expires_at >= now() OR (o.status = 'PROCESSING' AND o.locked_until >= now()))`
+	legacyLive = `o.scope = @scope AND o.key = @id AND ` + legacyLiveRow
 
 	p2ClaimSQL = `WITH /*old*/ins AS (
     INSERT INTO {P} AS k (kid, created_at, expires_at, completed_at, locked_until, source_offset, source_partition,
@@ -193,10 +195,7 @@ ORDER BY pref LIMIT 1`
 
 	// p2BatchCols reads a row of {P} aliased k, claimed for the request in
 	// u, in the legacy columns.
-	p2BatchCols = `u.scope, u.id, encode(k.fingerprint, 'hex'),
-       CASE k.status WHEN 'C' THEN 'COMPLETED' ELSE 'PROCESSING' END, k.result, k.attempts::int,
-       (SELECT n.name FROM {N} n WHERE n.code = k.source_topic), k.source_partition, k.source_offset, k.created_at,
-       CASE WHEN k.status = 'C' THEN COALESCE(k.completed_at, k.created_at) END, k.locked_until, k.expires_at`
+	p2BatchCols = `u.scope, u.id, ` + p2RowHead + p2TopicName + p2RowTail
 
 	// p2BatchKey matches the row in {P} aliased k of the request in u.
 	p2BatchKey = `k.scope = u.scode AND k.kid = u.kid AND k.kind = u.kind::"char" AND (k.kind <> 't' OR k.id_text = u.id)`
@@ -243,7 +242,7 @@ CROSS JOIN LATERAL (SELECT * FROM {P} k WHERE ` + p2BatchKey + ` OFFSET 0 FOR UP
 	// legacy table {L} (aliased o).
 	p2BatchLegacySQL = `SELECT o.scope, o.key FROM {L} o JOIN unnest($1::text[], $2::text[]) AS u(scope, key)
     ON o.scope = u.scope AND o.key = u.key
-WHERE o.expires_at >= now() OR (o.status = 'PROCESSING' AND o.locked_until >= now())`
+WHERE ` + legacyLiveRow
 
 	// p2CleanupSQL deletes one batch of expired keys from the partition
 	// of keys that are not time-ordered ({P} is that partition here).

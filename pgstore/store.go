@@ -374,8 +374,7 @@ func (s *Store) update(ctx context.Context, db DBTX, key dedupe.Key, stmt func(*
 	var n int64
 	err = db.QueryRow(ctx, stmt(a.q), a.named(named)).Scan(&n)
 	if layoutChanged(err) {
-		s.part.forget()
-		err = dedupe.Retryable(fmt.Errorf("pgstore: update %s: the key table changed meanwhile: %w", key, err))
+		err = s.layoutError("update "+key.String(), err)
 	}
 	return n, err
 }

@@ -68,22 +68,21 @@ func BenchmarkThroughput(b *testing.B) { benchBatchThroughput(b) }
 
 func benchBatchThroughput(b *testing.B) {
 	for _, mode := range []struct {
-		name                       string
-		batch, noDedupe, v7, floor bool
-		layout                     pgstore.Layout
+		name string
+		p    pipeline
 	}{
-		{"per-message-dedupe", false, false, false, false, pgstore.LayoutLegacy},
-		{"batch-dedupe", true, false, false, false, pgstore.LayoutLegacy},
-		{"batch-plain", true, true, false, false, pgstore.LayoutLegacy},
-		{"batch-dedupe-v7", true, false, true, false, pgstore.LayoutLegacy},
-		{"batch-dedupe-partitioned", true, false, false, false, pgstore.LayoutPartitioned},
-		{"batch-dedupe-v7-partitioned", true, false, true, false, pgstore.LayoutPartitioned},
-		{"batch-floor-v7", true, true, true, true, pgstore.LayoutLegacy},
+		{"per-message-dedupe", pipeline{}},
+		{"batch-dedupe", pipeline{batch: true}},
+		{"batch-plain", pipeline{batch: true, noDedupe: true}},
+		{"batch-dedupe-v7", pipeline{batch: true, v7: true}},
+		{"batch-dedupe-partitioned", pipeline{batch: true, layout: pgstore.LayoutPartitioned}},
+		{"batch-dedupe-v7-partitioned", pipeline{batch: true, v7: true, layout: pgstore.LayoutPartitioned}},
+		{"batch-floor-v7", pipeline{batch: true, noDedupe: true, v7: true, floor: true}},
 	} {
 		b.Run(mode.name, func(b *testing.B) {
 			var total time.Duration
 			for range b.N {
-				total += throughputRun(b, mode.batch, mode.noDedupe, mode.v7, mode.floor, mode.layout, 0, nil)
+				total += throughputRun(b, mode.p, 0, nil)
 			}
 			b.ReportMetric(float64(throughputMessages*b.N)/total.Seconds(), "msgs/s")
 		})
@@ -111,7 +110,7 @@ func BenchmarkLatency(b *testing.B) {
 		b.Run(mode.name, func(b *testing.B) {
 			var lat []time.Duration
 			for range b.N {
-				throughputRun(b, mode.batch, false, false, false, pgstore.LayoutLegacy, mode.rate, &lat)
+				throughputRun(b, pipeline{batch: mode.batch}, mode.rate, &lat)
 			}
 			slices.Sort(lat)
 			b.ReportMetric(float64(mode.rate), "rate-msgs/s")
@@ -147,13 +146,21 @@ func (h *benchHooks) OnMessage(_ context.Context, ev consumer.Event) {
 	}
 }
 
-// throughputRun consumes throughputMessages topups with one pipeline and
-// returns how long they took from the first one handled; v7 gives the
-// commands time-ordered IDs instead of random ones, and floor writes each
-// batch's IDs to a table of their own before the batch handler runs. With rate > 0 the
+// pipeline is what a throughput run consumes with: the batch consumer
+// (else a router, one transaction per message), with or without the claim,
+// over time-ordered command IDs (v7, else random ones), on a key layout;
+// floor writes each batch's keys to a table of their own, the least claim,
+// before the batch handler runs.
+type pipeline struct {
+	batch, noDedupe, v7, floor bool
+	layout                     pgstore.Layout
+}
+
+// throughputRun consumes throughputMessages topups with the pipeline p and
+// returns how long they took from the first one handled. With rate > 0 the
 // topups are produced at that rate while the pipeline runs, and their
 // latencies are appended to lat.
-func throughputRun(b *testing.B, batch, noDedupe, v7, floor bool, layout pgstore.Layout, rate int, lat *[]time.Duration) time.Duration {
+func throughputRun(b *testing.B, p pipeline, rate int, lat *[]time.Duration) time.Duration {
 	b.StopTimer()
 	defer b.StartTimer()
 	ctx := context.Background()
@@ -169,7 +176,7 @@ func throughputRun(b *testing.B, batch, noDedupe, v7, floor bool, layout pgstore
 	recs := make([]kafka.Message, throughputMessages)
 	for i := range recs {
 		id := watermill.NewUUID()
-		if v7 {
+		if p.v7 {
 			id = uuid.Must(uuid.NewV7()).String()
 		}
 		c := Command{CommandID: id, Type: Topup, Account: fmt.Sprintf("acc-%03d", i%throughputAccounts), Amount: 1}
@@ -182,7 +189,7 @@ func throughputRun(b *testing.B, batch, noDedupe, v7, floor bool, layout pgstore
 		}
 	}
 	w, err := NewWorker(db.Pool, Config{Schema: db.Schema, Brokers: brokers, Commands: topic, Events: events, DeadLetter: dlq,
-		Group: kafkatest.Name("g"), NoDedupe: noDedupe, Registry: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler)})
+		Group: kafkatest.Name("g"), NoDedupe: p.noDedupe, Registry: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -192,7 +199,7 @@ func throughputRun(b *testing.B, batch, noDedupe, v7, floor bool, layout pgstore
 	}
 	log := slog.New(slog.DiscardHandler)
 	window := 1
-	if batch {
+	if p.batch {
 		window = throughputBatchSize
 	}
 	sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: brokers, ConsumerGroup: kafkatest.Name("g"),
@@ -210,8 +217,8 @@ func throughputRun(b *testing.B, batch, noDedupe, v7, floor bool, layout pgstore
 	defer stop()
 	done := make(chan error, 1)
 	store := w.store
-	if layout == pgstore.LayoutPartitioned {
-		if store, err = pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema, Layout: layout, Logger: log}); err != nil {
+	if p.layout == pgstore.LayoutPartitioned {
+		if store, err = pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema, Layout: p.layout, Logger: log}); err != nil {
 			b.Fatal(err)
 		}
 		if err := store.Check(ctx); err != nil {
@@ -219,7 +226,7 @@ func throughputRun(b *testing.B, batch, noDedupe, v7, floor bool, layout pgstore
 		}
 	}
 	handler := w.handleBatch
-	if floor {
+	if p.floor {
 		if _, err := db.Pool.Exec(ctx, "CREATE TABLE "+db.Table("floor_keys")+
 			" (scope smallint, kid uuid, fingerprint bytea NOT NULL, expires_at timestamptz NOT NULL, PRIMARY KEY (scope, kid))"); err != nil {
 			b.Fatal(err)
@@ -238,10 +245,10 @@ func throughputRun(b *testing.B, batch, noDedupe, v7, floor bool, layout pgstore
 			return w.handleBatch(ctx, tx, msgs)
 		}
 	}
-	if batch {
+	if p.batch {
 		bc, err := consumer.NewBatchConsumer(store, handler, &consumer.BatchConfig{Scope: Scope,
 			Outputs: w.writer.Outputs(events), Hooks: hooks, Logger: log, MaxSize: throughputBatchSize,
-			Publisher: pub, DeadLetterTopic: dlq, NoDedupe: noDedupe, Workers: benchWorkers()})
+			Publisher: pub, DeadLetterTopic: dlq, NoDedupe: p.noDedupe, Workers: benchWorkers()})
 		if err != nil {
 			b.Fatal(err)
 		}
