@@ -133,7 +133,7 @@ FROM (SELECT status::text AS status, expires_at, created_at FROM {P}
 )
 SELECT COALESCE(sum(n), 0)::float8, COALESCE(sum(n * processing), 0)::float8,
        (SELECT count(*) FROM (SELECT FROM {O} WHERE expires_at < now() LIMIT $1) e),
-       (SELECT min(created_at) FROM (SELECT created_at FROM {O} ORDER BY expires_at LIMIT 1
+       (SELECT min(created_at) FROM ((SELECT created_at FROM {O} ORDER BY expires_at LIMIT 1)
                                      UNION ALL SELECT min(created_at) FROM {P} WHERE kid < '10000000-0000-0000-0000-000000000000') o),
        COALESCE((SELECT sum(pg_total_relation_size(oid)) FROM parts), 0)::int8
 FROM est`
