@@ -117,7 +117,14 @@ func (s *Store) DoBatch(ctx context.Context, reqs []dedupe.Request, fn BatchFunc
 // doBatchTx is one attempt of DoBatch; committing reports that err came
 // from the COMMIT itself (out is then the answer that was committing).
 func (s *Store) doBatchTx(ctx context.Context, reqs []dedupe.Request, fn BatchFunc) (out []BatchClaim, committing bool, err error) {
-	// BEGIN goes in one round trip with the claim statement.
+	// The layout's state is read before the connection is taken (and again
+	// on it, should it go stale meanwhile); BEGIN goes in one round trip
+	// with the claim statement.
+	if s.part != nil {
+		if _, err := s.part.layoutState(ctx, s.pool); err != nil {
+			return nil, false, err
+		}
+	}
 	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, false, classify("begin", err)
@@ -410,7 +417,7 @@ func (s *Store) partBatchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.Req
 	kept := make([]int, 0, len(order))
 	legacy := ""
 	for _, i := range order {
-		a, err := s.newClaimArgs(ctx, reqs[i], dedupe.StatusCompleted, 0)
+		a, err := s.newClaimArgs(ctx, tx, reqs[i], dedupe.StatusCompleted, 0)
 		if err != nil {
 			if isPerRequest(err) {
 				out[i].Err = err

@@ -66,8 +66,10 @@ type partArgs struct {
 
 // newClaimArgs validates req and builds its claim's arguments. For the
 // partitioned layout it reads the layout's state (cached) and the codes of
-// the scope and topic names on the pool, before any transaction is open.
-func (s *Store) newClaimArgs(ctx context.Context, req dedupe.Request, status dedupe.Status, lease time.Duration) (claimArgs, error) {
+// the scope and topic names on db: the pool when the caller holds no
+// connection of it, else the connection or transaction it holds, so that
+// no claim waits for a second connection of the pool.
+func (s *Store) newClaimArgs(ctx context.Context, db DBTX, req dedupe.Request, status dedupe.Status, lease time.Duration) (claimArgs, error) {
 	if err := req.Validate(); err != nil {
 		return claimArgs{}, err
 	}
@@ -83,7 +85,7 @@ func (s *Store) newClaimArgs(ctx context.Context, req dedupe.Request, status ded
 		return a, nil
 	}
 	p := s.part
-	st, err := p.layoutState(ctx, s.pool)
+	st, err := p.layoutState(ctx, db)
 	if err != nil {
 		return claimArgs{}, err
 	}
@@ -92,11 +94,11 @@ func (s *Store) newClaimArgs(ctx context.Context, req dedupe.Request, status ded
 			"(or Cleanup), which creates them", req.Key, p.parent, dedupe.ErrMisconfigured)
 	}
 	pa := &partArgs{sid: encodeID(req.Key.ID, st.low), width: st.width, legacy: st.legacy}
-	if pa.scopeCode, err = p.code(ctx, s.pool, req.Key.Scope); err != nil {
+	if pa.scopeCode, err = p.code(ctx, db, req.Key.Scope); err != nil {
 		return claimArgs{}, err
 	}
 	if a.topic != nil {
-		c, err := p.code(ctx, s.pool, *a.topic)
+		c, err := p.code(ctx, db, *a.topic)
 		if err != nil {
 			return claimArgs{}, err
 		}
@@ -159,7 +161,7 @@ type keyRow struct {
 
 // claim runs the claim protocol for req on db.
 func (s *Store) claim(ctx context.Context, db DBTX, req dedupe.Request, status dedupe.Status, lease time.Duration) (dedupe.Claim, error) {
-	a, err := s.newClaimArgs(ctx, req, status, lease)
+	a, err := s.newClaimArgs(ctx, db, req, status, lease)
 	if err != nil {
 		return dedupe.Claim{}, err
 	}
@@ -214,7 +216,7 @@ func (s *Store) resolveClaim(ctx context.Context, db DBTX, req dedupe.Request, a
 // transaction is returned whenever it was opened, also with the claim's
 // error: the caller rolls it back.
 func (s *Store) beginClaim(ctx context.Context, req dedupe.Request) (*connTx, dedupe.Claim, error) {
-	a, err := s.newClaimArgs(ctx, req, dedupe.StatusCompleted, 0)
+	a, err := s.newClaimArgs(ctx, s.pool, req, dedupe.StatusCompleted, 0)
 	if err != nil {
 		return nil, dedupe.Claim{}, err
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
 )
@@ -127,6 +128,10 @@ type partitioned struct {
 	batchClaim, batchLock string
 
 	codes sync.Map // name → int16, committed codes only
+	// pending are the codes that a transaction of the caller added
+	// (name → the adding transaction's ID, pg_current_xact_id): not
+	// cached while that transaction may still roll back.
+	pending sync.Map
 
 	mu     sync.Mutex
 	st     layoutState
@@ -239,15 +244,22 @@ func (p *partitioned) target(st layoutState, sid storedID) string {
 	return p.table + "_other"
 }
 
-// code returns name's code in the names table, adding it when missing, on
-// pool in its own statement (autocommit): a code is cached only once it is
-// committed, so every Store of the table agrees on it. Do and DoBatch
-// resolve their codes before they open their transaction; ClaimTx needs a
-// free connection in the pool the first time it meets a name.
-func (p *partitioned) code(ctx context.Context, pool DBTX, name string) (int16, error) {
+// code returns name's code in the names table, adding it when missing,
+// on db: a code is cached only once it is committed, so every Store of the
+// table agrees on it. On the pool the name is added in a statement of its
+// own (autocommit); Do and DoBatch resolve their codes so, before they
+// open their transaction. On a caller's transaction (ClaimTx,
+// ClaimBatchTx) it is added in that transaction, which holds the store's
+// only connection when the pool has one: it is used there and cached once
+// a later transaction finds it committed.
+func (p *partitioned) code(ctx context.Context, db DBTX, name string) (int16, error) {
 	if c, ok := p.codes.Load(name); ok {
 		return c.(int16), nil
 	}
+	if _, ok := db.(*pgxpool.Pool); !ok {
+		return p.codeTx(ctx, db, name)
+	}
+	pool := db
 	var c int16
 	err := pool.QueryRow(ctx, `WITH ins AS (INSERT INTO `+p.names+` (name) VALUES ($1) ON CONFLICT (name) DO NOTHING RETURNING code)
 SELECT code FROM ins UNION ALL SELECT code FROM `+p.names+` WHERE name = $1 LIMIT 1`, name).Scan(&c)
@@ -259,5 +271,43 @@ SELECT code FROM ins UNION ALL SELECT code FROM `+p.names+` WHERE name = $1 LIMI
 		return 0, classify(fmt.Sprintf("code of %q", name), err)
 	}
 	p.codes.Store(name, c)
+	p.pending.Delete(name)
+	return c, nil
+}
+
+// codeTx is code in a caller's transaction tx.
+func (p *partitioned) codeTx(ctx context.Context, tx DBTX, name string) (int16, error) {
+	var (
+		c    int16
+		xact *string
+	)
+	op := fmt.Sprintf("code of %q", name)
+	err := tx.QueryRow(ctx, "SELECT code, pg_current_xact_id_if_assigned()::text FROM "+p.names+" WHERE name = $1", name).Scan(&c, &xact)
+	if err == nil {
+		// Visible here, the row is committed unless this transaction added it.
+		if by, ok := p.pending.Load(name); !ok || xact == nil || by.(string) != *xact {
+			p.codes.Store(name, c)
+			p.pending.Delete(name)
+		}
+		return c, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return 0, classify(op, err)
+	}
+	var by string
+	err = tx.QueryRow(ctx, `INSERT INTO `+p.names+` (name) VALUES ($1) ON CONFLICT (name) DO NOTHING
+RETURNING code, pg_current_xact_id()::text`, name).Scan(&c, &by)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Added by a transaction that committed while the insert waited.
+		if err = tx.QueryRow(ctx, "SELECT code FROM "+p.names+" WHERE name = $1", name).Scan(&c); err == nil {
+			p.codes.Store(name, c)
+			p.pending.Delete(name)
+			return c, nil
+		}
+	}
+	if err != nil {
+		return 0, classify(op, err)
+	}
+	p.pending.Store(name, by)
 	return c, nil
 }

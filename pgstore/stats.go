@@ -145,7 +145,7 @@ FROM est`
 func (s *Store) partitionedStats(ctx context.Context, db DBTX) (dedupe.Stats, error) {
 	var st dedupe.Stats
 	p := s.part
-	ls, err := p.layoutState(ctx, s.pool)
+	ls, err := p.layoutState(ctx, db)
 	if err != nil {
 		return st, err
 	}

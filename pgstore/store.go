@@ -251,7 +251,7 @@ func (s *Store) GetTx(ctx context.Context, db DBTX, key dedupe.Key) (dedupe.Reco
 		row, err = scanKeyRow(db.QueryRow(ctx, s.q.get, key.Scope, key.ID))
 	} else {
 		var a claimArgs
-		if a, err = s.keyArgs(ctx, key); err != nil {
+		if a, err = s.keyArgs(ctx, db, key); err != nil {
 			return dedupe.Record{}, err
 		}
 		row, err = scanKeyRow(db.QueryRow(ctx, a.q.get, a.named(nil)))
@@ -351,9 +351,9 @@ func (s *Store) RunCleanup(ctx context.Context, every time.Duration, cfg *dedupe
 }
 
 // keyArgs are the partitioned layout's arguments for statements on an
-// existing key.
-func (s *Store) keyArgs(ctx context.Context, key dedupe.Key) (claimArgs, error) {
-	return s.newClaimArgs(ctx, dedupe.Request{Key: key, Fingerprint: zeroFingerprint}, dedupe.StatusCompleted, 0)
+// existing key, read on db (see newClaimArgs).
+func (s *Store) keyArgs(ctx context.Context, db DBTX, key dedupe.Key) (claimArgs, error) {
+	return s.newClaimArgs(ctx, db, dedupe.Request{Key: key, Fingerprint: zeroFingerprint}, dedupe.StatusCompleted, 0)
 }
 
 // zeroFingerprint stands for a fingerprint where a statement needs none.
@@ -367,7 +367,7 @@ func (s *Store) update(ctx context.Context, db DBTX, key dedupe.Key, stmt func(*
 		tag, err := db.Exec(ctx, stmt(&s.q), legacy()...)
 		return tag.RowsAffected(), err
 	}
-	a, err := s.keyArgs(ctx, key)
+	a, err := s.keyArgs(ctx, db, key)
 	if err != nil {
 		return 0, err
 	}
