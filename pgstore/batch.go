@@ -425,10 +425,6 @@ func (s *Store) partBatchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.Req
 			}
 			return batchStmts{}, nil, begin, err
 		}
-		if err := s.beyondPartitions(reqs[i], &a); err != nil {
-			out[i].Err = err
-			continue
-		}
 		if a.part.legacy != "" {
 			legacy = a.part.legacy
 		}

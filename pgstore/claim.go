@@ -85,6 +85,7 @@ func (s *Store) newClaimArgs(ctx context.Context, db DBTX, req dedupe.Request, s
 		return a, nil
 	}
 	p := s.part
+	fresh := p.stale()
 	st, err := p.layoutState(ctx, db)
 	if err != nil {
 		return claimArgs{}, err
@@ -94,6 +95,20 @@ func (s *Store) newClaimArgs(ctx context.Context, db DBTX, req dedupe.Request, s
 			"(or Cleanup), which creates them", req.Key, p.parent, dedupe.ErrMisconfigured)
 	}
 	pa := &partArgs{sid: encodeID(req.Key.ID, st.low), width: st.width, legacy: st.legacy}
+	if pa.sid.timed && !pa.sid.minted.Before(st.high) {
+		// No partition holds it as far as the state read says: read it
+		// again, then judge from the partitions that exist.
+		if !fresh {
+			p.forget()
+			if st, err = p.layoutState(ctx, db); err != nil {
+				return claimArgs{}, err
+			}
+			pa = &partArgs{sid: encodeID(req.Key.ID, st.low), width: st.width, legacy: st.legacy}
+		}
+		if err := s.beyondPartitions(req, pa.sid, st); err != nil {
+			return claimArgs{}, err
+		}
+	}
 	if pa.scopeCode, err = p.code(ctx, db, req.Key.Scope); err != nil {
 		return claimArgs{}, err
 	}
@@ -254,9 +269,6 @@ func (s *Store) claimError(req dedupe.Request, a *claimArgs, err error) error {
 		return classify("claim "+req.Key.String(), err)
 	}
 	s.part.forget()
-	if err := s.beyondPartitions(req, a); err != nil {
-		return err
-	}
 	minted := a.part.sid.minted
 	return dedupe.Retryable(fmt.Errorf("pgstore: claim %s: no partition of %s holds its time %s: the partitions changed "+
 		"meanwhile, or Cleanup (which creates them ahead) has not run for a while: %w",
@@ -273,15 +285,17 @@ func layoutChanged(err error) bool {
 	return errors.As(err, &pgErr) && (pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition") || pgErr.Code == "42P01")
 }
 
-// beyondPartitions returns the InvalidKeyError of a request whose ID was
-// minted beyond the time partitions created ahead, which no maintenance
-// run would create in time; nil for any other.
-func (s *Store) beyondPartitions(req dedupe.Request, a *claimArgs) error {
-	if a.part == nil || !a.part.sid.timed {
+// beyondPartitions returns the InvalidKeyError of a request whose ID (sid)
+// was minted beyond every time partition that exists (st, freshly read)
+// and beyond those that maintenance creates ahead of the database's clock,
+// which no maintenance run would create in time; nil for any other.
+func (s *Store) beyondPartitions(req dedupe.Request, sid storedID, st layoutState) error {
+	if !sid.timed || sid.minted.Before(st.high) {
 		return nil
 	}
-	minted := a.part.sid.minted
-	if horizon := time.Now().Add(time.Duration(s.cfg.PartitionsAhead+1) * a.part.width); minted.After(horizon) {
+	minted := sid.minted
+	horizon := st.dbClock(s.part.now()).Add(time.Duration(s.cfg.PartitionsAhead+1) * st.width)
+	if minted.After(horizon) {
 		return &dedupe.InvalidKeyError{Key: req.Key, Reason: fmt.Sprintf("its ID was minted at %s, beyond the key partitions "+
 			"created ahead (until about %s): the producer's clock is ahead", minted.UTC().Format(time.RFC3339), horizon.UTC().Format(time.RFC3339))}
 	}

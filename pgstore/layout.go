@@ -127,6 +127,9 @@ type partitioned struct {
 	// p2BatchLockSQL) on the partitioned table.
 	batchClaim, batchLock string
 
+	// now is the store's clock. Defaults to time.Now.
+	now func() time.Time
+
 	codes sync.Map // name → int16, committed codes only
 	// pending are the codes that a transaction of the caller added
 	// (name → the adding transaction's ID, pg_current_xact_id): not
@@ -153,7 +156,16 @@ type layoutState struct {
 	// otherDirect: the store's role may read, insert and update the
 	// partition for keys that are not time-ordered by its own name.
 	otherDirect bool
+	// high is the end of the newest time partition (zero: none).
+	high time.Time
+	// dbNow is the database's clock when the state was read, and readAt
+	// the store's (p.now); the database's clock later is dbNow plus the
+	// time elapsed on the store's, whatever its offset.
+	dbNow, readAt time.Time
 }
+
+// dbClock is the database's clock now, as the state last read tells it.
+func (st layoutState) dbClock(now time.Time) time.Time { return st.dbNow.Add(now.Sub(st.readAt)) }
 
 // stateTTL is how long a Store trusts the state it read. Maintenance keeps
 // a retired legacy table readable for longer than this.
@@ -162,7 +174,7 @@ const stateTTL = 10 * time.Second
 func newPartitioned(schema, table string) *partitioned {
 	q := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
 	p := &partitioned{schema: schema, table: table, parent: q(table), other: q(table + "_other"),
-		names: q("exactly_key_names"), state: q(table + "_state"), qs: map[[2]string]*queries{}}
+		names: q("exactly_key_names"), state: q(table + "_state"), qs: map[[2]string]*queries{}, now: time.Now}
 	r := strings.NewReplacer("{P}", p.parent, "{N}", p.names)
 	p.batchClaim, p.batchLock = r.Replace(p2BatchClaimSQL), r.Replace(p2BatchLockSQL)
 	return p
@@ -182,13 +194,22 @@ func (p *partitioned) layoutState(ctx context.Context, db DBTX) (layoutState, er
 		low    *time.Time
 		legacy *string
 		direct bool
+		newest *int64
+		dbNow  time.Time
 	)
 	if err := db.QueryRow(ctx, `SELECT width, low, legacy, has_table_privilege($1::regclass, 'SELECT')
-       AND has_table_privilege($1::regclass, 'INSERT') AND has_table_privilege($1::regclass, 'UPDATE') FROM `+p.state, p.other).
-		Scan(&width, &low, &legacy, &direct); err != nil {
+       AND has_table_privilege($1::regclass, 'INSERT') AND has_table_privilege($1::regclass, 'UPDATE'),
+       (SELECT max(substr(c.relname, length($3) + 3)::int8) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+        WHERE i.inhparent = $2::regclass AND left(c.relname, length($3) + 2) = $3 || '_p'
+          AND substr(c.relname, length($3) + 3) ~ '^[0-9]+$'),
+       clock_timestamp() FROM `+p.state, p.other, p.parent, p.table).
+		Scan(&width, &low, &legacy, &direct, &newest, &dbNow); err != nil {
 		return layoutState{}, classify("read "+p.state, err)
 	}
-	st = layoutState{width: width, otherDirect: direct}
+	st = layoutState{width: width, otherDirect: direct, dbNow: dbNow, readAt: p.now()}
+	if newest != nil {
+		st.high = time.Unix(*newest, 0).Add(width)
+	}
 	if low != nil {
 		st.low = *low
 	}
@@ -200,6 +221,13 @@ func (p *partitioned) layoutState(ctx context.Context, db DBTX) (layoutState, er
 	defer p.mu.Unlock()
 	p.st, p.readAt = st, time.Now()
 	return st, nil
+}
+
+// stale reports whether the next layoutState reads the state.
+func (p *partitioned) stale() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.readAt.IsZero() || time.Since(p.readAt) >= stateTTL
 }
 
 // forget makes the next layoutState read the state again.
