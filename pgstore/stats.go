@@ -178,7 +178,9 @@ func (s *Store) partitionedStats(ctx context.Context, db DBTX) (dedupe.Stats, er
 			return st, classify("stats", err)
 		}
 		st.Estimated = true
-		total = math.Max(total, float64(n))
+		if ls.legacy == "" { // else n counted the legacy table's live keys too, which are added below
+			total = math.Max(total, float64(n))
+		}
 		st.Processing = int64(math.Round(processing))
 		st.Completed = int64(math.Round(total)) - st.Processing
 		if oldest != nil {

@@ -16,8 +16,16 @@ import (
 func TestStatsPastExactMax(t *testing.T) {
 	t.Parallel()
 	const keys, processing = statsExactMax + 10_000, 6_000
-	for _, layout := range []Layout{LayoutLegacy, LayoutPartitioned} {
-		t.Run(layout.String(), func(t *testing.T) {
+	for _, tc := range []struct {
+		layout Layout
+		probed bool // the partitioned layout's keys are in the legacy table it probes
+	}{{LayoutLegacy, false}, {LayoutPartitioned, false}, {LayoutPartitioned, true}} {
+		layout := tc.layout
+		name := layout.String()
+		if tc.probed {
+			name += "/legacy-probed"
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -38,7 +46,15 @@ func TestStatsPastExactMax(t *testing.T) {
 				SELECT 's', 'k' || g, repeat('a', 64), CASE WHEN g <= $2 THEN 'PROCESSING' ELSE 'COMPLETED' END,
 				       CASE WHEN g <= $2 THEN now() + interval '1 hour' END, now(), now() + interval '1 day'
 				FROM generate_series(1, $1) g`
-			if layout == LayoutPartitioned {
+			if tc.probed {
+				if _, err := db.Pool.Exec(ctx, "UPDATE "+db.Table("exactly_keys2_state")+" SET legacy = 'exactly_keys'"); err != nil {
+					t.Fatal(err)
+				}
+				s.part.forget()
+				if _, err := db.Pool.Exec(ctx, "ANALYZE "+db.Table("exactly_keys")); err != nil {
+					t.Fatal(err)
+				}
+			} else if layout == LayoutPartitioned {
 				if _, err := db.Pool.Exec(ctx, "INSERT INTO "+db.Table("exactly_key_names")+" (name) VALUES ('s')"); err != nil {
 					t.Fatal(err)
 				}
@@ -51,7 +67,7 @@ func TestStatsPastExactMax(t *testing.T) {
 			if _, err := db.Pool.Exec(ctx, fill, keys, processing); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := db.Pool.Exec(ctx, "ANALYZE "+s.table); err != nil {
+			if _, err := db.Pool.Exec(ctx, "ANALYZE "+db.Table("exactly_keys")+", "+s.table); err != nil {
 				t.Fatal(err)
 			}
 			check := func() {
