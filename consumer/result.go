@@ -19,8 +19,10 @@ const recordTimestamp = "kafka_timestamp"
 // UUID one derived from key and the output's index: applied again (after
 // a restore lost its key), in gives its outputs the same IDs, and the
 // consumers downstream find them duplicates. The time bits are in's own
-// when its UUID is a UUIDv7, else its record's timestamp. Outputs that
-// have a UUID keep it. Per message and batch mode both call it, before the
+// when its UUID is a UUIDv7, else its record's timestamp; an input with
+// neither (not from a kafkapubsub Subscriber, its ID not a UUIDv7) gives
+// its outputs new UUIDv7s, which a re-application does not repeat.
+// Outputs that have a UUID keep it. Per message and batch mode both call it, before the
 // outputs are stored or written to the outbox.
 func fillOutputIDs(key dedupe.Key, in *message.Message, outs []*message.Message) {
 	var at time.Time
@@ -35,7 +37,11 @@ func fillOutputIDs(key dedupe.Key, in *message.Message, outs []*message.Message)
 		if in != nil {
 			inID = in.UUID
 		}
-		o.UUID = msgid.Derive(key.Scope, key.ID, i, inID, at)
+		if id, ok := msgid.Derive(key.Scope, key.ID, i, inID, at); ok {
+			o.UUID = id
+		} else {
+			o.UUID = msgid.New()
+		}
 	}
 }
 

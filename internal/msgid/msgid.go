@@ -36,26 +36,31 @@ func Fill(msgs []*message.Message) {
 // the same IDs and the consumers downstream find them duplicates.
 //
 // Its 48 time bits are those of input when input is a UUIDv7 (the input's
-// own ID), else at's milliseconds when at is set (the input record's
-// timestamp), else taken from the hash; the other bits, but the version and
-// the variant, are those of a SHA-256 of scope, key and index.
-func Derive(scope, key string, index int, input string, at time.Time) string {
-	h := sha256.New()
-	h.Write([]byte(scope))
-	h.Write([]byte{0})
-	h.Write([]byte(key))
-	h.Write([]byte{0})
-	h.Write([]byte(strconv.Itoa(index)))
+// own ID), else at's milliseconds (the input record's timestamp); the
+// other bits, but the version and the variant, are those of a SHA-256 of
+// scope, key and index. With neither (ok false) it returns "": time bits
+// taken from the hash would land anywhere in time, and a consumer that
+// files keys by their time (the partitioned key layout) refuses an ID far
+// in the future.
+func Derive(scope, key string, index int, input string, at time.Time) (id string, ok bool) {
 	var u uuid.UUID
-	copy(u[:], h.Sum(nil))
 	if in, err := uuid.Parse(input); err == nil && in.Version() == 7 && in.Variant() == uuid.RFC4122 {
 		copy(u[:6], in[:6])
 	} else if !at.IsZero() && at.UnixMilli() >= 0 {
 		var ms [8]byte
 		binary.BigEndian.PutUint64(ms[:], uint64(at.UnixMilli()))
 		copy(u[:6], ms[2:])
+	} else {
+		return "", false
 	}
+	h := sha256.New()
+	h.Write([]byte(scope))
+	h.Write([]byte{0})
+	h.Write([]byte(key))
+	h.Write([]byte{0})
+	h.Write([]byte(strconv.Itoa(index)))
+	copy(u[6:], h.Sum(nil))
 	u[6] = 0x70 | u[6]&0x0f // version 7
 	u[8] = 0x80 | u[8]&0x3f // RFC 4122 variant
-	return u.String()
+	return u.String(), true
 }
