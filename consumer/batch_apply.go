@@ -344,6 +344,11 @@ func (c *BatchConsumer) call(ctx context.Context, tx pgx.Tx, msgs []*message.Mes
 	if err == nil && outs != nil && len(outs) != len(msgs) {
 		err = fmt.Errorf("consumer: the batch handler returned %d output slices for %d messages: return nil or one per message", len(outs), len(msgs))
 	}
+	for i := 0; err == nil && i < len(outs); i++ {
+		if key, kerr := c.mw.keyOf(msgs[i], c.cfg.Scope); kerr == nil {
+			fillOutputIDs(key, msgs[i], outs[i])
+		}
+	}
 	return outs, err
 }
 

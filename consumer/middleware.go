@@ -514,6 +514,7 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 			if handlerErr = err; err != nil {
 				return nil, err
 			}
+			fillOutputIDs(key, msg, o)
 			outs = o
 			return encodeOutputs(o)
 		})
@@ -532,6 +533,7 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 			if handlerErr = err; err != nil {
 				return nil, err
 			}
+			fillOutputIDs(key, msg, o)
 			if m.cfg.Outputs != nil {
 				if n := slot.dropped(o); n > 0 {
 					return nil, errDropped(msg, n)

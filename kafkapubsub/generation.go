@@ -89,7 +89,7 @@ func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, t
 		for part, off := range p {
 			expected[part] = off
 		}
-		if err := gen.CommitOffsets(map[string]map[int]int64{topic: p}); err != nil {
+		if err := s.commitOffsets(ctx, gen, topic, p); err != nil {
 			// The next owner re-reads from the last commit; the dedupe
 			// middleware absorbs the redelivery.
 			s.log().Warn("kafkapubsub: commit failed", "group", s.cfg.ConsumerGroup, "topic", topic, "generation", gen.ID, "offsets", p, "err", err)
@@ -109,13 +109,12 @@ func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, t
 			defer partitions.Done()
 			start := a.Offset
 			if sp != nil {
-				pos, ok := sp.get(gctx)
+				var dbOff int64
+				var has, ok bool
+				start, dbOff, has, ok = sp.start(gctx, a.ID, a.Offset)
 				if !ok {
 					return
 				}
-				dbOff, has := pos[a.ID]
-				start = startOffset(a.Offset, dbOff, has)
-				s.reportStart(gctx, topic, a.ID, a.Offset, dbOff, has)
 				if has {
 					commitMu.Lock()
 					if _, ok := expected[a.ID]; !ok {

@@ -17,7 +17,9 @@ import (
 // Kafka's committed offset and the stored position: the messages in
 // between are delivered again, the dedupe keys that survived absorb those
 // whose effects survived, and those whose effects were lost are applied
-// again.
+// again. A partition with no stored position whose Kafka commit was made
+// with Positions (the database was restored to before the partition's
+// first save) starts at the oldest record Kafka holds.
 //
 // pgstore.Positions implements it on Postgres; set it with
 // SubscriberConfig.Positions. Implementations must be safe for concurrent
@@ -44,6 +46,68 @@ type Positions interface {
 
 // positionTimeout bounds one Load or Save.
 const positionTimeout = 10 * time.Second
+
+// positionsMarker is the metadata of every offset that a Subscriber with
+// Positions commits to Kafka. A partition whose Kafka commit carries it
+// had a position saved in the database before that commit (the save comes
+// first); with no row in the database now, the database went back to
+// before the partition's first save (a restore, a failover to a standby
+// that had not received it), and what it lost lies anywhere below Kafka's
+// offset.
+const positionsMarker = "exactly:positions:v1"
+
+// commitOffsets commits p to Kafka for gen. With Positions each offset
+// carries positionsMarker.
+func (s *Subscriber) commitOffsets(ctx context.Context, gen *kafka.Generation, topic string, p map[int]int64) error {
+	if s.cfg.Positions == nil {
+		return gen.CommitOffsets(map[string]map[int]int64{topic: p})
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), positionTimeout)
+	defer cancel()
+	commits := make([]kafka.OffsetCommit, 0, len(p))
+	for part, off := range p {
+		commits = append(commits, kafka.OffsetCommit{Partition: part, Offset: off, Metadata: positionsMarker})
+	}
+	res, err := s.client(topic).OffsetCommit(ctx, &kafka.OffsetCommitRequest{
+		GroupID: gen.GroupID, GenerationID: int(gen.ID), MemberID: gen.MemberID,
+		Topics: map[string][]kafka.OffsetCommit{topic: commits},
+	})
+	if err != nil {
+		return fmt.Errorf("commit offsets: %w", err)
+	}
+	for _, r := range res.Topics[topic] {
+		if r.Error != nil {
+			return fmt.Errorf("commit offset of partition %d: %w", r.Partition, r.Error)
+		}
+	}
+	return nil
+}
+
+// markedPartitions returns the partitions of topic whose offset committed
+// to Kafka carries positionsMarker.
+func (s *Subscriber) markedPartitions(ctx context.Context, topic string, partitions []int) (map[int]bool, error) {
+	res, err := s.client(topic).OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: s.cfg.ConsumerGroup, Topics: map[string][]int{topic: partitions}})
+	if err != nil {
+		return nil, fmt.Errorf("fetch committed offsets: %w", err)
+	}
+	if res.Error != nil {
+		return nil, fmt.Errorf("fetch committed offsets: %w", res.Error)
+	}
+	out := map[int]bool{}
+	for _, p := range res.Topics[topic] {
+		if p.Error != nil {
+			return nil, fmt.Errorf("fetch committed offset of partition %d: %w", p.Partition, p.Error)
+		}
+		if p.CommittedOffset >= 0 && p.Metadata == positionsMarker {
+			out[p.Partition] = true
+		}
+	}
+	return out, nil
+}
+
+func (s *Subscriber) client(topic string) *kafka.Client {
+	return &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Timeout: positionTimeout, Transport: s.transport(topic)}
+}
 
 // savePositions stores p through the configured Positions, if any. The save
 // comes before the Kafka commit of the same offsets: the database's
@@ -73,6 +137,7 @@ type startPositions struct {
 	sem        chan struct{} // held while loading
 	loaded     bool
 	pos        map[int]int64
+	marked     map[int]bool // Kafka's commit carries positionsMarker
 }
 
 func newStartPositions(s *Subscriber, topic string, assigned []kafka.PartitionAssignment) *startPositions {
@@ -99,9 +164,13 @@ func (sp *startPositions) get(ctx context.Context) (map[int]int64, bool) {
 	for bo := retryBackoff(); ; {
 		lctx, cancel := context.WithTimeout(ctx, positionTimeout)
 		pos, err := s.cfg.Positions.Load(lctx, s.cfg.ConsumerGroup, sp.topic, sp.partitions)
+		var marked map[int]bool
+		if err == nil {
+			marked, err = s.markedPartitions(lctx, sp.topic, sp.partitions)
+		}
 		cancel()
 		if err == nil {
-			sp.pos, sp.loaded = pos, true
+			sp.pos, sp.marked, sp.loaded = pos, marked, true
 			return pos, true
 		}
 		if ctx.Err() != nil {
@@ -113,6 +182,51 @@ func (sp *startPositions) get(ctx context.Context) (map[int]int64, bool) {
 		case <-time.After(pause):
 		case <-ctx.Done():
 			return nil, false
+		}
+	}
+}
+
+// start decides where partition starts, given Kafka's committed offset
+// kafkaOff, and reports it; dbOff and has are the database's position. ok
+// is false when ctx ended first.
+//
+// A partition with no position in the database whose Kafka commit carries
+// positionsMarker starts at the oldest record Kafka holds: the database
+// was restored to before the partition's first save, and which records'
+// effects it kept is not known, so every record still held is delivered
+// again and the dedupe keys that survived absorb those whose effects did.
+func (sp *startPositions) start(ctx context.Context, partition int, kafkaOff int64) (start, dbOff int64, has, ok bool) {
+	pos, ok := sp.get(ctx)
+	if !ok {
+		return 0, 0, false, false
+	}
+	s := sp.s
+	dbOff, has = pos[partition]
+	if has || !sp.marked[partition] {
+		s.reportStart(ctx, sp.topic, partition, kafkaOff, dbOff, has)
+		return startOffset(kafkaOff, dbOff, has), dbOff, has, true
+	}
+	for bo := retryBackoff(); ; {
+		first, found := s.firstOffset(ctx, sp.topic, partition)
+		if found {
+			attrs := []any{"group", s.cfg.ConsumerGroup, "topic", sp.topic, "partition", partition, "kafka_offset", kafkaOff, "log_start", first}
+			if first > 0 {
+				s.log().Error("kafkapubsub: the database has no position for a partition whose Kafka commits were made with positions: "+
+					"it was restored to before the partition's first position; delivering again from the oldest record Kafka holds, "+
+					"but Kafka no longer holds offsets 0 to log_start-1: their effects, if the database lost them, cannot be applied again", attrs...)
+			} else {
+				s.log().Warn("kafkapubsub: the database has no position for a partition whose Kafka commits were made with positions: "+
+					"it was restored to before the partition's first position; delivering again from the oldest record: "+
+					"keys absorb what survived, the rest is applied again", attrs...)
+			}
+			return first, 0, false, true
+		}
+		pause := bo.Next()
+		s.log().Warn("kafkapubsub: cannot read the oldest offset of a partition restored to before its first position; it waits", "group", s.cfg.ConsumerGroup, "topic", sp.topic, "partition", partition, "retry", pause)
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+			return 0, 0, false, false
 		}
 	}
 }
@@ -169,8 +283,7 @@ func (s *Subscriber) reportStart(ctx context.Context, topic string, partition in
 func (s *Subscriber) firstOffset(ctx context.Context, topic string, partition int) (int64, bool) {
 	ctx, cancel := context.WithTimeout(ctx, positionTimeout)
 	defer cancel()
-	c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Timeout: positionTimeout, Transport: s.transport(topic)}
-	res, err := c.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: {kafka.FirstOffsetOf(partition)}}})
+	res, err := s.client(topic).ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: {kafka.FirstOffsetOf(partition)}}})
 	if err != nil {
 		return 0, false
 	}

@@ -112,7 +112,11 @@ func lane(key, uuid string) int16 {
 }
 
 // WriteTx stores msgs for topic in tx, in order, with one statement. A
-// message with no UUID gets a UUIDv7, written into the message.
+// message with no UUID gets a new UUIDv7, written into the message. The
+// outputs that consumer.Config.Outputs hands over already carry IDs
+// derived from their command, which a re-application of the command
+// gives again; a message a handler writes itself with no UUID gets a new
+// one at each run.
 func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil

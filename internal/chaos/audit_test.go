@@ -236,6 +236,7 @@ type findings struct {
 	lostAmount, doubledAmount                       int64
 	unapplied, phantom, abortedApplied              int
 	missingEvents, extraEvents, strayEvents         int
+	differingEvents                                 int // events whose copies differ
 	deadLettered, dlqMissing, dlqUnexpected         int
 	spreadAccounts, processing                      int
 	problems                                        []string
@@ -254,7 +255,13 @@ type dlqKey struct{ uuid, payload string }
 
 // audit compares the log (committed and uncommitted reads of the commands
 // topic) with Postgres, the events topic and the dead-letter topic.
-func audit(committed, all, events, dlq []rec, db *dbState) *findings {
+// restored says that the run restored the database to before its first
+// position (restore_test.go): every command was applied again, in another
+// interleaving of the partitions, so an event whose body carries state
+// read when it was applied (the account's balance) may have copies that
+// differ; they share the event's ID, which a consumer downstream applies
+// once, and they are counted, not failed.
+func audit(committed, all, events, dlq []rec, db *dbState, restored bool) *findings {
 	f := &findings{}
 	type pos struct {
 		part int32
@@ -492,7 +499,10 @@ func audit(committed, all, events, dlq []rec, db *dbState) *findings {
 		f.extraEvents += len(es) - 1
 		for _, e := range es[1:] {
 			if !bytes.Equal(e.value, es[0].value) {
-				f.fail("events", "event evt-%s has copies that differ: %s vs %s", w.c.CommandID, es[0].value, e.value)
+				f.differingEvents++
+				if !restored {
+					f.fail("events", "event evt-%s has copies that differ: %s vs %s", w.c.CommandID, es[0].value, e.value)
+				}
 				break
 			}
 		}

@@ -104,6 +104,7 @@ type scale struct {
 	commands, accountsA, accountsB      int
 	kills, pgRestarts, brokerCrashes    int
 	workerStops, pgPauses, brokerPauses int
+	restores                            int // restore_test.go
 	gapMin, gapMax                      time.Duration
 	chunks                              int
 	chunkGap                            time.Duration
@@ -114,10 +115,10 @@ type scale struct {
 
 func scaleOf(long bool) scale {
 	if long {
-		return scale{commands: 18000, accountsA: 60, accountsB: 1500, kills: 32, pgRestarts: 2, brokerCrashes: 2, workerStops: 2, pgPauses: 3, brokerPauses: 3,
+		return scale{commands: 18000, accountsA: 60, accountsB: 1500, kills: 32, pgRestarts: 2, brokerCrashes: 2, workerStops: 2, pgPauses: 3, brokerPauses: 3, restores: 1,
 			gapMin: time.Second, gapMax: 3 * time.Second, chunks: 20, chunkGap: 6 * time.Second, drain: 5 * time.Minute, workers: 3, recoveryBatch: 4500, recoveryKills: 3}
 	}
-	return scale{commands: 3000, accountsA: 30, accountsB: 300, kills: 14, pgRestarts: 1, brokerCrashes: 1, workerStops: 1, pgPauses: 1, brokerPauses: 1,
+	return scale{commands: 3000, accountsA: 30, accountsB: 300, kills: 14, pgRestarts: 1, brokerCrashes: 1, workerStops: 1, pgPauses: 1, brokerPauses: 1, restores: 1,
 		gapMin: 500 * time.Millisecond, gapMax: 1500 * time.Millisecond, chunks: 8, chunkGap: 2 * time.Second, drain: 150 * time.Second, workers: 3, recoveryBatch: 3000, recoveryKills: 1}
 }
 
@@ -125,6 +126,7 @@ func scaleOf(long bool) scale {
 type counts struct {
 	kills, killsMidTx, workerRestarts, pgRestarts, brokerRestarts atomic.Int64
 	pauses, workerStops                                           atomic.Int64
+	restores                                                      atomic.Int64
 }
 
 func TestChaos(t *testing.T) {
@@ -288,6 +290,11 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 			t.Fatal(err)
 		}
 		ws.args = append(ws.args, "--key-layout", "partitioned", "--key-cleanup", keyCleanup.String())
+	}
+	// The restore fault puts the ledger back to this moment: before any
+	// position was saved.
+	if err := snapshotLedger(ctx, pool); err != nil {
+		t.Fatal(err)
 	}
 	for i := 0; i < sc.workers; i++ {
 		w := &worker{id: i, extra: ws.modeArgs(i)}
@@ -456,7 +463,7 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := audit(committed, all, events, dlq, db)
+	f := audit(committed, all, events, dlq, db, n.restores.Load() > 0)
 	var ks *keyStats
 	if partitioned {
 		if ks, err = readKeyStats(actx, pool, firstLow, committed, db); err != nil {
@@ -476,11 +483,11 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 		f.fail("startup", "%s", e)
 	}
 	rec := fmt.Sprintf("%v (%d not measured; under chaos: %s)", roundAll(recTimes), recSkipped, mon.recoveries())
-	t.Logf("chaos: seed=%d modes=%s commands=%d duplicates=%d txn-committed=%d aborted=%d kills=%d (mid-transaction %d) restarts=%d (workers %d, postgres %d, broker %d) pauses=%d (sigstop %d) self-exits=%d lost=%d (%d) doubled=%d (%d) wrong=%d unapplied=%d phantom=%d aborted-applied=%d missing-events=%d extra-events=%d stray-events=%d dead-lettered=%d (missing %d, unexpected %d) faults=%s drain=%s recovery=%s",
+	t.Logf("chaos: seed=%d modes=%s commands=%d duplicates=%d txn-committed=%d aborted=%d kills=%d (mid-transaction %d) restarts=%d (workers %d, postgres %d, broker %d) pauses=%d (sigstop %d) restores=%d self-exits=%d lost=%d (%d) doubled=%d (%d) wrong=%d unapplied=%d phantom=%d aborted-applied=%d missing-events=%d extra-events=%d (differing %d) stray-events=%d dead-lettered=%d (missing %d, unexpected %d) faults=%s drain=%s recovery=%s",
 		o.seed, ws.modes(), f.commands, f.copies, f.committedTxnRecs, f.abortedRecs, n.kills.Load(), n.killsMidTx.Load(),
 		n.workerRestarts.Load()+n.pgRestarts.Load()+n.brokerRestarts.Load(), n.workerRestarts.Load(), n.pgRestarts.Load(), n.brokerRestarts.Load(),
-		n.pauses.Load(), n.workerStops.Load(), len(exits), f.lostAccounts, f.lostAmount, f.doubledAccounts, f.doubledAmount, f.wrongAccounts,
-		f.unapplied, f.phantom, f.abortedApplied, f.missingEvents, f.extraEvents, f.strayEvents, f.deadLettered, f.dlqMissing, f.dlqUnexpected,
+		n.pauses.Load(), n.workerStops.Load(), n.restores.Load(), len(exits), f.lostAccounts, f.lostAmount, f.doubledAccounts, f.doubledAmount, f.wrongAccounts,
+		f.unapplied, f.phantom, f.abortedApplied, f.missingEvents, f.extraEvents, f.differingEvents, f.strayEvents, f.deadLettered, f.dlqMissing, f.dlqUnexpected,
 		faultTime.Round(time.Second), drain.Round(100*time.Millisecond), rec)
 	t.Logf("chaos: faults other than kills: %s; phases: %s", strings.Join(ch.timeline, ", "), strings.Join(phases, ", "))
 	if ks != nil {

@@ -2,7 +2,8 @@
 // ledger worker processes in one consumer group run against a Postgres
 // cluster and a Kafka broker of the suite's own, through worker kills,
 // database and broker crashes, pauses, producers with another partitioner
-// and transactional producers that commit and abort; an audit that reads
+// and transactional producers that commit and abort, and a restore of the
+// database to before the first position (restore_test.go); an audit that reads
 // Postgres and Kafka directly then checks that every command was applied
 // exactly once.
 //

@@ -58,6 +58,9 @@ func (c *chaosRun) runPlan(ctx context.Context) {
 	add(c.sc.workerStops, "worker-stop")
 	add(c.sc.pgPauses, "pg-pause")
 	add(c.sc.brokerPauses, "broker-pause")
+	if c.topo == nil && c.o.keyLayout != "partitioned" {
+		add(c.sc.restores, "pg-restore")
+	}
 	if c.topo != nil {
 		for _, k := range c.topo.cfg.kinds {
 			add(c.topo.cfg.each, k)
@@ -83,6 +86,8 @@ func (c *chaosRun) runPlan(ctx context.Context) {
 			c.brokerCrash()
 		case "worker-stop":
 			c.workerStop()
+		case "pg-restore":
+			c.restore(ctx)
 		case "pg-pause":
 			c.pg.pause(time.Duration(1000+c.rnd.IntN(1500)) * time.Millisecond)
 			c.n.pauses.Add(1)

@@ -344,25 +344,25 @@ func TestAuditSpread(t *testing.T) {
 	dlq := []rec{{uuid: "t2", value: val(orig), reason: "key reused"}}
 	db := &dbState{accounts: map[string][2]int64{"a-1": {9, 8}}, rejections: map[string]bool{"c1": true},
 		keys: map[string]string{"t1": fingerprint(val(t1)), "h1": fingerprint(val(h1)), "c1": fingerprint(val(c1)), "t2": fingerprint(val(reuse))}}
-	f := audit(committed, committed, events, dlq, db)
+	f := audit(committed, committed, events, dlq, db, false)
 	if len(f.problems) != 0 || f.spreadAccounts != 1 {
 		t.Fatalf("spread account, worker's order: spread %d, problems %q", f.spreadAccounts, f.problems)
 	}
 	// A key left PROCESSING after the drain.
 	db.processing = 1
-	if f := audit(committed, committed, events, dlq, db); f.processing != 1 || !slices.ContainsFunc(f.problems, func(p string) bool { return strings.Contains(p, "PROCESSING") }) {
+	if f := audit(committed, committed, events, dlq, db, false); f.processing != 1 || !slices.ContainsFunc(f.problems, func(p string) bool { return strings.Contains(p, "PROCESSING") }) {
 		t.Fatalf("a key left PROCESSING: processing %d, problems %q", f.processing, f.problems)
 	}
 	db.processing = 0
 	// A balance no order explains: 1 more available.
 	db.accounts["a-1"] = [2]int64{10, 8}
-	if f := audit(committed, committed, events, dlq, db); f.doubledAccounts != 1 {
+	if f := audit(committed, committed, events, dlq, db, false); f.doubledAccounts != 1 {
 		t.Fatalf("doubled = %d, problems %q; want the account doubled", f.doubledAccounts, f.problems)
 	}
 	// A key row for neither payload of the reused key.
 	db.accounts["a-1"] = [2]int64{9, 8}
 	db.keys["t2"] = "beef"
-	if f := audit(committed, committed, events, dlq, db); !slices.ContainsFunc(f.problems, func(p string) bool { return strings.Contains(p, "t2") }) {
+	if f := audit(committed, committed, events, dlq, db, false); !slices.ContainsFunc(f.problems, func(p string) bool { return strings.Contains(p, "t2") }) {
 		t.Fatalf("a key row for neither payload: problems %q", f.problems)
 	}
 }

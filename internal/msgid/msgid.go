@@ -4,6 +4,11 @@
 package msgid
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
+	"strconv"
+	"time"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 )
@@ -23,4 +28,39 @@ func Fill(msgs []*message.Message) {
 			m.UUID = New()
 		}
 	}
+}
+
+// Derive returns the ID of the index-th output of the input message whose
+// key is (scope, key): a UUIDv7 that is a pure function of its arguments,
+// so that the input applied again (after a restore, say) gives its outputs
+// the same IDs and the consumers downstream find them duplicates.
+//
+// Its 48 time bits are those of input when input is a UUIDv7 (the input's
+// own ID), else at's milliseconds (the input record's timestamp); the
+// other bits, but the version and the variant, are those of a SHA-256 of
+// scope, key and index. With neither (ok false) it returns "": time bits
+// taken from the hash would land anywhere in time, and a consumer that
+// files keys by their time (the partitioned key layout) refuses an ID far
+// in the future.
+func Derive(scope, key string, index int, input string, at time.Time) (id string, ok bool) {
+	var u uuid.UUID
+	if in, err := uuid.Parse(input); err == nil && in.Version() == 7 && in.Variant() == uuid.RFC4122 {
+		copy(u[:6], in[:6])
+	} else if !at.IsZero() && at.UnixMilli() >= 0 {
+		var ms [8]byte
+		binary.BigEndian.PutUint64(ms[:], uint64(at.UnixMilli()))
+		copy(u[:6], ms[2:])
+	} else {
+		return "", false
+	}
+	h := sha256.New()
+	h.Write([]byte(scope))
+	h.Write([]byte{0})
+	h.Write([]byte(key))
+	h.Write([]byte{0})
+	h.Write([]byte(strconv.Itoa(index)))
+	copy(u[6:], h.Sum(nil))
+	u[6] = 0x70 | u[6]&0x0f // version 7
+	u[8] = 0x80 | u[8]&0x3f // RFC 4122 variant
+	return u.String(), true
 }
