@@ -111,6 +111,23 @@ func surface(dir string, files []string) ([]string, error) {
 				d.Body, d.Doc = nil, nil
 				print(d)
 			case *ast.GenDecl:
+				// In a const group, a spec without values repeats the
+				// previous type and expressions with the next iota.
+				var lastType ast.Expr
+				var lastValues []ast.Expr
+				iotaOf := map[*ast.ValueSpec]int{}
+				for iota, spec := range d.Specs {
+					if s, ok := spec.(*ast.ValueSpec); ok && d.Tok == token.CONST {
+						if len(s.Values) > 0 {
+							lastType, lastValues = s.Type, s.Values
+						} else {
+							s.Type, s.Values = lastType, lastValues
+						}
+						if usesIota(s.Values) {
+							iotaOf[s] = iota
+						}
+					}
+				}
 				for _, spec := range d.Specs {
 					switch s := spec.(type) {
 					case *ast.TypeSpec:
@@ -131,6 +148,9 @@ func surface(dir string, files []string) ([]string, error) {
 								v.Values = []ast.Expr{s.Values[i]}
 							}
 							print(&ast.GenDecl{Tok: d.Tok, Specs: []ast.Spec{v}})
+							if n, ok := iotaOf[s]; ok {
+								out[len(out)-1] += fmt.Sprintf(" // iota = %d", n)
+							}
 						}
 					}
 				}
@@ -139,6 +159,19 @@ func surface(dir string, files []string) ([]string, error) {
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+func usesIota(values []ast.Expr) bool {
+	found := false
+	for _, v := range values {
+		ast.Inspect(v, func(n ast.Node) bool {
+			if id, ok := n.(*ast.Ident); ok && id.Name == "iota" {
+				found = true
+			}
+			return !found
+		})
+	}
+	return found
 }
 
 func exportedRecv(fl *ast.FieldList) bool {
