@@ -5,7 +5,7 @@ GO ?= go
 # internal/embedpg, internal/kafkabench, internal/testkit/testservices).
 PKGS ?= $(shell GO="$(GO)" scripts/packages.sh)
 
-.PHONY: bench-keys throughput demo test test-matrix test-short chaos chaos-short chaos-keys chaos-topology bench lint services services-stop up down images test-docker compose-test
+.PHONY: api release-check release-check-selftest bench-keys throughput demo test test-matrix test-short chaos chaos-short chaos-keys chaos-topology bench lint services services-stop up down images test-docker compose-test
 
 # The ledger demo: Postgres at DATABASE_URL, else at localhost, else a
 # throwaway server for the demo's lifetime; Kafka in-process unless
@@ -75,9 +75,31 @@ bench:
 bench-keys:
 	GO="$(GO)" scripts/bench-keys.sh
 
+# gofmt, go vet of every module, and the public API files (api/*.txt) up to
+# date with the code (make api rewrites them).
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	scripts/api.sh check
+
+# The public API of each published module, printed to api/*.txt; commit the
+# result with the change that made it.
+api:
+	scripts/api.sh
+
+# The published modules installed as a user does, from a module proxy built
+# from this tree for the release candidate: README.md's Install commands, its
+# quick start, both plugins, replay --help; no replace directive, no
+# unpublished requirement, no file over 1 MB (scripts/release-check.sh,
+# RELEASING.md). RELEASE_CHECK_MODCACHE=DIR keeps third-party modules
+# between runs.
+release-check:
+	scripts/release-check.sh
+
+# release-check refusing, in clones of HEAD, a replace directive put back,
+# cmd/replay requiring the example again and a 2 MB file committed.
+release-check-selftest:
+	scripts/release-check-selftest.sh
 
 # Local servers without Docker: the machine's Postgres and a real Kafka
 # broker fetched from Maven Central.

@@ -2,11 +2,11 @@ module github.com/exactly-go/exactly/examples/ledger-consumer
 
 go 1.25.0
 
-require github.com/exactly-go/exactly v0.0.0
+require github.com/exactly-go/exactly v0.1.0-rc.1
 
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
-	github.com/exactly-go/exactly/internal/embedpg v0.0.0-00010101000000-000000000000
+	github.com/exactly-go/exactly/internal/embedpg v0.1.0-rc.1
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.23.2
@@ -49,7 +49,3 @@ require (
 	golang.org/x/text v0.41.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/exactly-go/exactly => ../..
-
-replace github.com/exactly-go/exactly/internal/embedpg => ../../internal/embedpg

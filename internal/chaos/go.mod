@@ -2,7 +2,7 @@ module github.com/exactly-go/exactly/internal/chaos
 
 go 1.25.0
 
-require github.com/exactly-go/exactly v0.0.0
+require github.com/exactly-go/exactly v0.1.0-rc.1
 
 require (
 	github.com/Shopify/toxiproxy/v2 v2.5.0
@@ -43,5 +43,3 @@ require (
 	google.golang.org/protobuf v1.36.8 // indirect
 	gopkg.in/tomb.v1 v1.0.0-20141024135613-dd632973f1e7 // indirect
 )
-
-replace github.com/exactly-go/exactly => ../..

@@ -2,7 +2,7 @@ module github.com/exactly-go/exactly/internal/embedpg
 
 go 1.25.0
 
-require github.com/exactly-go/exactly v0.0.0
+require github.com/exactly-go/exactly v0.1.0-rc.1
 
 require (
 	github.com/jackc/pgx/v5 v5.12.0
@@ -21,5 +21,3 @@ require (
 	golang.org/x/sys v0.47.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/exactly-go/exactly => ../..

@@ -2,7 +2,7 @@ module github.com/exactly-go/exactly/internal/kafkabench
 
 go 1.25.0
 
-require github.com/exactly-go/exactly v0.0.0
+require github.com/exactly-go/exactly v0.1.0-rc.1
 
 require (
 	github.com/IBM/sarama v1.43.3
@@ -46,5 +46,3 @@ require (
 	golang.org/x/crypto v0.55.0 // indirect
 	golang.org/x/net v0.58.0 // indirect
 )
-
-replace github.com/exactly-go/exactly => ../..

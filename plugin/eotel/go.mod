@@ -4,7 +4,7 @@ go 1.25.0
 
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
-	github.com/exactly-go/exactly v0.0.0-00010101000000-000000000000
+	github.com/exactly-go/exactly v0.1.0-rc.1
 	github.com/jackc/pgx/v5 v5.12.0
 	go.opentelemetry.io/otel v1.46.0
 	go.opentelemetry.io/otel/sdk v1.46.0
@@ -41,5 +41,3 @@ require (
 	golang.org/x/sys v0.47.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/exactly-go/exactly => ../..

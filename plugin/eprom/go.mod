@@ -4,7 +4,7 @@ go 1.25.0
 
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
-	github.com/exactly-go/exactly v0.0.0-00010101000000-000000000000
+	github.com/exactly-go/exactly v0.1.0-rc.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.23.2
 	github.com/prometheus/client_model v0.6.2
@@ -36,5 +36,3 @@ require (
 	golang.org/x/text v0.41.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/exactly-go/exactly => ../..

@@ -2,7 +2,7 @@ module github.com/exactly-go/exactly/internal/testkit/testservices
 
 go 1.25.0
 
-require github.com/exactly-go/exactly v0.0.0
+require github.com/exactly-go/exactly v0.1.0-rc.1
 
 require (
 	github.com/docker/docker v28.5.1+incompatible
@@ -72,5 +72,3 @@ require (
 	google.golang.org/grpc v1.83.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/exactly-go/exactly => ../../..

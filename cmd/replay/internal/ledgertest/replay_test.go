@@ -1,10 +1,11 @@
-package replaycli_test
+package ledgertest_test
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -321,3 +322,5 @@ func TestVerifyWithTheConsumersKeyAndFingerprint(t *testing.T) {
 		t.Fatalf("--key offset: exit %d\n%s", code, errs)
 	}
 }
+
+func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
