@@ -131,10 +131,6 @@ type partitioned struct {
 	now func() time.Time
 
 	codes sync.Map // name → int16, committed codes only
-	// pending are the codes that a transaction of the caller added
-	// (name → the adding transaction's ID, pg_current_xact_id): not
-	// cached while that transaction may still roll back.
-	pending sync.Map
 
 	mu     sync.Mutex
 	st     layoutState
@@ -278,8 +274,9 @@ func (p *partitioned) target(st layoutState, sid storedID) string {
 // own (autocommit); Do and DoBatch resolve their codes so, before they
 // open their transaction. On a caller's transaction (ClaimTx,
 // ClaimBatchTx) it is added in that transaction, which holds the store's
-// only connection when the pool has one: it is used there and cached once
-// a later transaction finds it committed.
+// only connection when the pool has one: it is used there, and cached only
+// when read by a transaction that holds no transaction ID yet (which cannot
+// have added it) or by Do and DoBatch.
 func (p *partitioned) code(ctx context.Context, db DBTX, name string) (int16, error) {
 	if c, ok := p.codes.Load(name); ok {
 		return c.(int16), nil
@@ -299,7 +296,6 @@ SELECT code FROM ins UNION ALL SELECT code FROM `+p.names+` WHERE name = $1 LIMI
 		return 0, classify(fmt.Sprintf("code of %q", name), err)
 	}
 	p.codes.Store(name, c)
-	p.pending.Delete(name)
 	return c, nil
 }
 
@@ -312,30 +308,29 @@ func (p *partitioned) codeTx(ctx context.Context, tx DBTX, name string) (int16, 
 	op := fmt.Sprintf("code of %q", name)
 	err := tx.QueryRow(ctx, "SELECT code, pg_current_xact_id_if_assigned()::text FROM "+p.names+" WHERE name = $1", name).Scan(&c, &xact)
 	if err == nil {
-		// Visible here, the row is committed unless this transaction added it.
-		if by, ok := p.pending.Load(name); !ok || xact == nil || by.(string) != *xact {
+		// Visible here, the row is committed unless this transaction (or
+		// one of its savepoints, through this Store or any other of the
+		// schema) added it, which it can have done only once it holds a
+		// transaction ID: cached only when it holds none.
+		if xact == nil {
 			p.codes.Store(name, c)
-			p.pending.Delete(name)
 		}
 		return c, nil
 	}
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return 0, classify(op, err)
 	}
-	var by string
 	err = tx.QueryRow(ctx, `INSERT INTO `+p.names+` (name) VALUES ($1) ON CONFLICT (name) DO NOTHING
-RETURNING code, pg_current_xact_id()::text`, name).Scan(&c, &by)
+RETURNING code`, name).Scan(&c)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Added by a transaction that committed while the insert waited.
 		if err = tx.QueryRow(ctx, "SELECT code FROM "+p.names+" WHERE name = $1", name).Scan(&c); err == nil {
 			p.codes.Store(name, c)
-			p.pending.Delete(name)
 			return c, nil
 		}
 	}
 	if err != nil {
 		return 0, classify(op, err)
 	}
-	p.pending.Store(name, by)
 	return c, nil
 }
