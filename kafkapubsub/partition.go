@@ -132,11 +132,12 @@ type windowEvent struct {
 }
 
 // prepare makes e's next delivery, its context carrying the record's
-// coordinates.
+// coordinates and the record as it arrived (for the Publisher).
 func (s *Subscriber) prepare(subCtx context.Context, e *entry) {
 	km := e.km
 	msg := toWatermill(km)
 	ctx, cancel := context.WithCancel(context.WithoutCancel(subCtx))
+	ctx = withArrived(ctx, &e.km)
 	msg.SetContext(dedupe.ContextWithSource(ctx, dedupe.Source{Topic: km.Topic, Partition: int32(km.Partition), Offset: km.Offset}))
 	e.msg, e.cancel = msg, cancel
 }

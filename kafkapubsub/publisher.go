@@ -102,7 +102,16 @@ func (c *PublisherConfig) withDefaults() (PublisherConfig, error) {
 // acknowledged by all in-sync replicas before Publish returns (unless
 // PublisherConfig.Acks says otherwise); the message UUID travels in header
 // UUIDHeader and metadata in headers. A message with no UUID gets a UUIDv7,
-// written into the message, so publishing it again sends the same ID. Records with the same key go to the
+// written into the message, so publishing it again sends the same ID.
+//
+// A message that a Subscriber delivered, published again with the UUID it
+// arrived with (a dead letter from a PoisonQueue, a message forwarded as it
+// is), goes out as the record that arrived: its key (unless
+// PartitionKeyFunc or MetadataKafkaKey says otherwise), its value and its
+// headers in their order, a repeated name included, with no UUID header if
+// it arrived with none; metadata added since (a dead letter's reasons)
+// follows as headers, and headers whose metadata was changed or deleted
+// are left out (a changed one is added again with its new value). Records with the same key go to the
 // same partition (murmur2, as Kafka's Java producer, unless
 // PublisherConfig.Partitioner says otherwise). Safe for concurrent use.
 //
@@ -188,13 +197,23 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	}
 	records := make([]kafka.Message, len(msgs))
 	sizes := make([]int, len(msgs))
-	msgid.Fill(msgs)
 	for i, m := range msgs {
+		// A message delivered by a Subscriber and published again under
+		// the ID it arrived with (a dead letter) goes out as the record
+		// it was: with no ID when it arrived with none.
+		km := arrived(m)
+		if km == nil && m.UUID == "" {
+			m.UUID = msgid.New()
+		}
 		key, err := p.key(topic, m)
 		if err != nil {
 			return fmt.Errorf("kafkapubsub: publish %s to %s: partition key: %w", m.UUID, topic, err)
 		}
-		records[i] = toKafka(topic, m, key)
+		if km != nil {
+			records[i] = toKafkaAsArrived(topic, m, km, key)
+		} else {
+			records[i] = toKafka(topic, m, key)
+		}
 		sizes[i] = recordSize(&records[i])
 		if sizes[i] > p.cfg.MaxRecordBytes {
 			return fmt.Errorf("%w: publish %s to %s: the record is %d bytes, PublisherConfig.MaxRecordBytes is %d: raise it (and the topic's max.message.bytes)",

@@ -101,7 +101,10 @@ func Generate(cfg LoadConfig) (Workload, error) {
 		case r < 0.25 || (len(hs) == 0 && r < 0.7):
 			c.Type = Topup
 		case r < 0.55 || len(hs) == 0:
-			c.Type, c.HoldID = Hold, "hold-"+c.CommandID[:8]
+			// The hold's ID is its command's: unique, so no two accounts
+			// name one hold (which of them got it would depend on the
+			// order of their partitions).
+			c.Type, c.HoldID = Hold, "hold-"+c.CommandID
 			holds[a] = append(hs, c.HoldID)
 		case r < 0.75:
 			c.Type, c.HoldID = Capture, hs[rnd.IntN(len(hs))]

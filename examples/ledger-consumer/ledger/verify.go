@@ -27,11 +27,21 @@ type Report struct {
 // Match reports whether every balance is as expected.
 func (r Report) Match() bool { return len(r.Mismatches) == 0 }
 
+// ErrOrderDependent is wrapped by Verify's error when the commands topic
+// names one hold from accounts whose records are on different partitions:
+// the hold goes to whichever is consumed first, Kafka orders nothing across
+// partitions, so no recomputation can know the balances a correct worker
+// reached.
+var ErrOrderDependent = errors.New("ledger: the balances depend on the order of partitions")
+
 // Verify reads the commands topic from the start to its end, recomputes the
 // balances that applying each valid command exactly once gives (first
 // occurrence of a command_id wins; a later copy is a duplicate, or a key
 // reuse if its payload differs; malformed records apply nothing) and
-// compares them with the accounts table.
+// compares them with the accounts table. Each account's records are on one
+// partition in order (the workload keys them by account), which fixes the
+// result of every command but one: a hold ID that accounts on different
+// partitions ask for. Verify refuses such a log with ErrOrderDependent.
 func Verify(ctx context.Context, pool *pgxpool.Pool, schema string, brokers []string, topic string) (Report, error) {
 	recs, err := readTopic(ctx, brokers, topic)
 	if err != nil {
@@ -40,7 +50,12 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, schema string, brokers []st
 	var rep Report
 	st := NewMemState()
 	seen := map[string]dedupe.Fingerprint{}
-	for _, part := range recs {
+	type asker struct {
+		account   string
+		partition int
+	}
+	holds := map[string]asker{} // hold id -> the first account to ask for it
+	for p, part := range recs {
 		for _, m := range part {
 			rep.Records++
 			var id string
@@ -65,6 +80,14 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, schema string, brokers []st
 				continue
 			}
 			rep.Unique++
+			if c.Type == Hold {
+				if a, ok := holds[c.HoldID]; !ok {
+					holds[c.HoldID] = asker{c.Account, p}
+				} else if a.account != c.Account && a.partition != p {
+					return rep, fmt.Errorf("%w: hold %s is asked for by account %s on partition %d and by account %s on partition %d",
+						ErrOrderDependent, c.HoldID, a.account, a.partition, c.Account, p)
+				}
+			}
 			if err := Apply(st, c); err != nil && !IsRejection(err) {
 				return rep, err
 			}
