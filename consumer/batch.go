@@ -57,7 +57,7 @@ type BatchConfig struct {
 	// a batch consumer runs outside a router and has no handler name.
 	Scope string
 	// KeyFunc, FingerprintFunc, MissingKey, TTL, Outputs, MaxAttempts,
-	// Hooks, Logger and Source are the middleware's (see Config), for the
+	// Hooks, Logger, Source and AcrossTopics are the middleware's (see Config), for the
 	// batch path and the per-message path alike. Hooks receives one Event
 	// per message; on the batch path its Duration is the batch's.
 	KeyFunc         KeyFunc
@@ -69,6 +69,7 @@ type BatchConfig struct {
 	Hooks           Hooks
 	Logger          *slog.Logger
 	Source          func(msg *message.Message) (dedupe.Source, bool)
+	AcrossTopics    bool
 
 	// MaxSize bounds a batch's messages. Defaults to 100.
 	MaxSize int
@@ -179,7 +180,7 @@ func NewBatchConsumer(store *pgstore.Store, handler BatchHandlerFunc, cfg *Batch
 	}
 	mw, err := NewMiddleware(store, &Config{Scope: c.Scope, KeyFunc: c.KeyFunc, FingerprintFunc: c.FingerprintFunc,
 		MissingKey: c.MissingKey, TTL: c.TTL, Outputs: c.Outputs, MaxAttempts: c.MaxAttempts, Hooks: c.Hooks,
-		Logger: c.Logger, Source: c.Source})
+		Logger: c.Logger, Source: c.Source, AcrossTopics: c.AcrossTopics})
 	if err != nil {
 		return nil, err
 	}

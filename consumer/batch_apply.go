@@ -277,6 +277,9 @@ func (c *BatchConsumer) runBatch(ctx context.Context, items []item) (answers []p
 			if held, ok := heldAt(claims, fresh); ok {
 				return nil, held
 			}
+			if held, ok := c.foreignAt(reqs, claims); ok {
+				return nil, held
+			}
 		}
 		in := make([]*message.Message, len(fresh))
 		for j, i := range fresh {
@@ -318,8 +321,27 @@ func (c *BatchConsumer) runBatch(ctx context.Context, items []item) (answers []p
 	if err != nil {
 		return nil, err
 	}
+	if held, ok := c.foreignAt(reqs, answers); ok {
+		// Only duplicates: nothing ran, nothing was written.
+		return nil, held
+	}
 	c.keep(items, answers, outputs)
 	return answers, nil
+}
+
+// foreignAt returns the first duplicate whose key was applied from another
+// topic (see Middleware.foreign): the batch is cut there, and the message
+// takes the per-message path, which holds it with the error.
+func (c *BatchConsumer) foreignAt(reqs []dedupe.Request, claims []pgstore.BatchClaim) (*heldError, bool) {
+	for i := 0; i < len(claims) && i < len(reqs); i++ {
+		if claims[i].Err != nil || claims[i].Decision != dedupe.DecisionDuplicate {
+			continue
+		}
+		if err := c.mw.foreign(reqs[i], claims[i].Record); err != nil {
+			return &heldError{index: i, err: err}, true
+		}
+	}
+	return nil, false
 }
 
 // keep remembers the outputs of the messages that ran, for finish.
@@ -340,9 +362,25 @@ func (c *BatchConsumer) call(ctx context.Context, tx pgx.Tx, msgs []*message.Mes
 			err = fmt.Errorf("consumer: batch handler panicked: %v\n%s", r, debug.Stack())
 		}
 	}()
-	outs, err = c.handler(ctx, tx, msgs)
-	if err == nil && outs != nil && len(outs) != len(msgs) {
-		err = fmt.Errorf("consumer: the batch handler returned %d output slices for %d messages: return nil or one per message", len(outs), len(msgs))
+	// The handler sees copies whose Ack and Nack reach nothing: the batch
+	// acks each message itself, after the commit (see handlerMessage).
+	in := make([]*message.Message, len(msgs))
+	for i, m := range msgs {
+		in[i] = handlerMessage(m, m.Context())
+	}
+	defer func() {
+		for _, hm := range in {
+			c.mw.noteAck(hm)
+		}
+	}()
+	outs, err = c.handler(ctx, tx, in)
+	if err == nil && len(outs) != 0 && len(outs) != len(msgs) {
+		// A broken contract is no message's fault, and no split fixes it:
+		// nothing is committed, and the messages come back until the
+		// handler is fixed (logged at ERROR).
+		err = fmt.Errorf("consumer: %w: the batch handler returned %d output slices for %d messages: "+
+			"return nil or one slice per message, in the order of msgs; nothing is committed and the messages "+
+			"are delivered again", dedupe.ErrMisconfigured, len(outs), len(msgs))
 	}
 	for i := 0; err == nil && i < len(outs); i++ {
 		if key, kerr := c.mw.keyOf(msgs[i], c.cfg.Scope); kerr == nil {

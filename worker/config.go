@@ -22,6 +22,12 @@ type Config struct {
 	// Scope names the handler in every key: a stable name, since keys must
 	// survive deploys (consumer.Config.Scope). Required.
 	Scope string
+	// AcrossTopics lets Scope's keys span topics: a command whose key was
+	// applied from another topic is a duplicate. Defaults to false: such a
+	// command is held with an ERROR naming Scope (two workers that share a
+	// Scope on different topics would skip each other's commands); see
+	// consumer.Config.AcrossTopics for when to set it.
+	AcrossTopics bool
 	// Topic is the topic of the commands the handler applies. Required.
 	Topic string
 	// Handler applies one message in the worker's transaction and returns
