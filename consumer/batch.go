@@ -105,10 +105,14 @@ type BatchConfig struct {
 	PerMessage []message.HandlerMiddleware
 	// Timeout bounds one batch attempt: claims, handler and commit. A
 	// connection whose peer is silently gone blocks a database call until
-	// its context ends; an attempt cut by Timeout counts as an outage, not
-	// as the messages' fault (they are nacked, the batch whole, and
-	// delivered again, never split or dead-lettered for it), so set it
-	// above the slowest batch's time.
+	// its context ends. An attempt cut by Timeout while its handler waited
+	// for the database (a lock, the disk) counts as an outage, not as the
+	// messages' fault (nacked, the batch whole, delivered again, never
+	// split or dead-lettered for it); one cut while its handler ran the
+	// messages' own work is split, and the slow message's cuts count
+	// towards MaxAttempts on the per-message path (see the package doc's
+	// "Poison messages and outages"). Set it above the slowest batch's
+	// time.
 	// Defaults to 30s.
 	Timeout time.Duration
 

@@ -203,7 +203,10 @@ func heldAt(claims []pgstore.BatchClaim, fresh []int) (*heldError, bool) {
 // is not split for it.
 func (c *BatchConsumer) notTheirs(ctx context.Context, err error) (Outcome, bool) {
 	var late *lateError
+	var cut *cutError
 	switch {
+	case errors.As(err, &cut) && cut.wait == waitMessage && ctx.Err() == nil:
+		return "", false
 	case errors.Is(err, dedupe.ErrMisconfigured) || pgstore.IsConfigurationError(err):
 		return OutcomeMisconfigured, true
 	case errors.As(err, &late) || ctx.Err() != nil || c.mw.unavailable(ctx, err):
@@ -213,16 +216,21 @@ func (c *BatchConsumer) notTheirs(ctx context.Context, err error) (Outcome, bool
 }
 
 // attempt runs one batch transaction (runBatch) bounded by
-// BatchConfig.Timeout. An attempt that fails once its deadline passed
-// returns a *lateError: a call on a connection whose peer is gone, a lock
-// held by a session that no longer answers, or a handler slower than
-// Timeout. Splitting the batch cannot tell these apart, and a message
-// dead-lettered for a dead connection would be lost to its handler, so the
-// attempt counts as an outage.
+// BatchConfig.Timeout. An attempt cut while its handler ran the messages'
+// own work returns the *cutError, to be split; any other attempt that fails
+// once its deadline passed returns a *lateError, an outage: a call on a
+// connection whose peer is gone, a lock held by a session that no longer
+// answers, a session that could not be read.
 func (c *BatchConsumer) attempt(ctx context.Context, items []item) ([]pgstore.BatchClaim, error) {
 	actx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
 	answers, err := c.runBatch(actx, items)
+	var cut *cutError
+	if errors.As(err, &cut) && cut.wait == waitMessage {
+		// Cut while its handler ran the messages' own work: split, to find
+		// the slow one, which the per-message path counts.
+		return answers, err
+	}
 	if err != nil && ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
 		err = &lateError{timeout: c.cfg.Timeout, err: err}
 	}
@@ -285,7 +293,11 @@ func (c *BatchConsumer) runBatch(ctx context.Context, items []item) (answers []p
 		for j, i := range fresh {
 			in[j] = msgs[i]
 		}
+		watch := watchCut(ctx, c.mw.pool, tx.Conn())
 		outs, err := c.call(ctx, tx, in)
+		if cut := cutBy(ctx, watch, err); cut != nil {
+			return nil, cut
+		}
 		if bad := messageErrors(err, len(fresh)); len(bad) > 0 {
 			// Index the batch's items, not the handler's fresh messages.
 			errs := make([]error, 0, len(bad))

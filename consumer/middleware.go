@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/pgtx"
@@ -82,8 +83,11 @@ type Config struct {
 	// PoisonQueue dead-letters it with its last error. Every attempt counts,
 	// in-process retries (middleware.Retry) and redeliveries alike; the
 	// count lives in the process and starts again after a restart. Failures
-	// of the infrastructure never count (see the package doc). Negative
-	// means never give up. Defaults to 10.
+	// of the infrastructure never count, nor does an attempt cut by its
+	// deadline while its handler waited for the database (a lock another
+	// session holds, the disk); one cut while its handler ran the message's
+	// own work does (see the package doc). Negative means never give up.
+	// Defaults to 10.
 	MaxAttempts int
 	// Hooks receives an Event per message. Defaults to none.
 	Hooks Hooks
@@ -132,6 +136,7 @@ type Middleware struct {
 	store Store
 	cfg   Config
 
+	pool     *pgxpool.Pool // the store's, to read a cut attempt's session
 	mu       sync.Mutex
 	messages map[string]*msgState // failing messages, by identity
 	ackNoted atomic.Bool          // a handler's Ack or Nack was logged
@@ -216,7 +221,7 @@ func NewMiddleware(store Store, cfg *Config) (*Middleware, error) {
 			return nil, fmt.Errorf("consumer: Config.Scope: %w", err)
 		}
 	}
-	return &Middleware{store: store, cfg: c, messages: map[string]*msgState{}}, nil
+	return &Middleware{store: store, cfg: c, pool: storePool(store), messages: map[string]*msgState{}}, nil
 }
 
 // Check verifies, before the router runs, what the middleware needs: the
@@ -570,7 +575,11 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 	} else {
 		claim, err = m.store.Do(ctx, req, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
 			slot := &txSlot{tx: tx}
+			watch := watchCut(ctx, m.pool, tx.Conn())
 			o, err := m.run(h, handlerMessage(msg, context.WithValue(context.WithValue(msg.Context(), activeKey{}, true), txKey{}, slot)))
+			if cut := cutBy(ctx, watch, err); cut != nil {
+				err = cut
+			}
 			if err == nil && slot.failed.Load() {
 				err = fmt.Errorf("consumer: %w: the handler of message %s failed but a middleware inside the dedupe "+
 					"middleware returned success (a PoisonQueue?): its writes are rolled back; %s",
@@ -722,7 +731,17 @@ func (m *Middleware) failed(msg *message.Message, ev *Event, err error, ownErr b
 	case errors.Is(err, dedupe.ErrInFlight):
 		return err
 	}
-	if m.unavailable(msg.Context(), err) {
+	var cut *cutError
+	switch {
+	case errors.As(err, &cut) && cut.wait != waitMessage:
+		// Cut while waiting for the database (or not known): not the
+		// message's fault.
+		ev.Outcome = OutcomeUnavailable
+		return err
+	case cut != nil:
+		// Cut while running its own work: counted, whatever the error
+		// the cut left (a cancelled statement's, say).
+	case m.unavailable(msg.Context(), err):
 		ev.Outcome = OutcomeUnavailable
 		return err
 	}

@@ -132,9 +132,12 @@ type Config struct {
 	LogDuplicates bool
 	// Timeout bounds one attempt: claim, handler and commit; in batch mode,
 	// one batch's (consumer.BatchConfig.Timeout: claims, handler and
-	// commit, nacked whole when cut) and each per-message attempt. A
-	// connection whose peer is silently gone holds an unbounded call
-	// forever. Defaults to 30s.
+	// commit) and each per-message attempt. A connection whose peer is
+	// silently gone holds an unbounded call forever. An attempt cut while
+	// its handler waited for the database (a lock, the disk) never counts
+	// against its command; one cut while the handler ran the command's own
+	// work counts towards MaxAttempts (the consumer package doc's "Poison
+	// messages and outages"). Defaults to 30s.
 	Timeout time.Duration
 
 	// BatchSize bounds a batch's messages in batch mode. Defaults to 100.
