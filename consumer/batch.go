@@ -57,7 +57,7 @@ type BatchConfig struct {
 	// a batch consumer runs outside a router and has no handler name.
 	Scope string
 	// KeyFunc, FingerprintFunc, MissingKey, TTL, Outputs, MaxAttempts,
-	// Hooks, Logger and Source are the middleware's (see Config), for the
+	// Hooks, Logger, Source and AcrossTopics are the middleware's (see Config), for the
 	// batch path and the per-message path alike. Hooks receives one Event
 	// per message; on the batch path its Duration is the batch's.
 	KeyFunc         KeyFunc
@@ -69,6 +69,7 @@ type BatchConfig struct {
 	Hooks           Hooks
 	Logger          *slog.Logger
 	Source          func(msg *message.Message) (dedupe.Source, bool)
+	AcrossTopics    bool
 
 	// MaxSize bounds a batch's messages. Defaults to 100.
 	MaxSize int
@@ -104,10 +105,14 @@ type BatchConfig struct {
 	PerMessage []message.HandlerMiddleware
 	// Timeout bounds one batch attempt: claims, handler and commit. A
 	// connection whose peer is silently gone blocks a database call until
-	// its context ends; an attempt cut by Timeout counts as an outage, not
-	// as the messages' fault (they are nacked, the batch whole, and
-	// delivered again, never split or dead-lettered for it), so set it
-	// above the slowest batch's time.
+	// its context ends. An attempt cut by Timeout while its handler waited
+	// for the database (a lock, the disk) counts as an outage, not as the
+	// messages' fault (nacked, the batch whole, delivered again, never
+	// split or dead-lettered for it); one cut while its handler ran the
+	// messages' own work is split, and the slow message's cuts count
+	// towards MaxAttempts on the per-message path (see the package doc's
+	// "Poison messages and outages"). Set it above the slowest batch's
+	// time.
 	// Defaults to 30s.
 	Timeout time.Duration
 
@@ -179,7 +184,7 @@ func NewBatchConsumer(store *pgstore.Store, handler BatchHandlerFunc, cfg *Batch
 	}
 	mw, err := NewMiddleware(store, &Config{Scope: c.Scope, KeyFunc: c.KeyFunc, FingerprintFunc: c.FingerprintFunc,
 		MissingKey: c.MissingKey, TTL: c.TTL, Outputs: c.Outputs, MaxAttempts: c.MaxAttempts, Hooks: c.Hooks,
-		Logger: c.Logger, Source: c.Source})
+		Logger: c.Logger, Source: c.Source, AcrossTopics: c.AcrossTopics})
 	if err != nil {
 		return nil, err
 	}

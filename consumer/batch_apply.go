@@ -203,7 +203,10 @@ func heldAt(claims []pgstore.BatchClaim, fresh []int) (*heldError, bool) {
 // is not split for it.
 func (c *BatchConsumer) notTheirs(ctx context.Context, err error) (Outcome, bool) {
 	var late *lateError
+	var cut *cutError
 	switch {
+	case errors.As(err, &cut) && cut.wait == waitMessage && ctx.Err() == nil:
+		return "", false
 	case errors.Is(err, dedupe.ErrMisconfigured) || pgstore.IsConfigurationError(err):
 		return OutcomeMisconfigured, true
 	case errors.As(err, &late) || ctx.Err() != nil || c.mw.unavailable(ctx, err):
@@ -213,16 +216,21 @@ func (c *BatchConsumer) notTheirs(ctx context.Context, err error) (Outcome, bool
 }
 
 // attempt runs one batch transaction (runBatch) bounded by
-// BatchConfig.Timeout. An attempt that fails once its deadline passed
-// returns a *lateError: a call on a connection whose peer is gone, a lock
-// held by a session that no longer answers, or a handler slower than
-// Timeout. Splitting the batch cannot tell these apart, and a message
-// dead-lettered for a dead connection would be lost to its handler, so the
-// attempt counts as an outage.
+// BatchConfig.Timeout. An attempt cut while its handler ran the messages'
+// own work returns the *cutError, to be split; any other attempt that fails
+// once its deadline passed returns a *lateError, an outage: a call on a
+// connection whose peer is gone, a lock held by a session that no longer
+// answers, a session that could not be read.
 func (c *BatchConsumer) attempt(ctx context.Context, items []item) ([]pgstore.BatchClaim, error) {
 	actx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
 	answers, err := c.runBatch(actx, items)
+	var cut *cutError
+	if errors.As(err, &cut) && cut.wait == waitMessage {
+		// Cut while its handler ran the messages' own work: split, to find
+		// the slow one, which the per-message path counts.
+		return answers, err
+	}
 	if err != nil && ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
 		err = &lateError{timeout: c.cfg.Timeout, err: err}
 	}
@@ -277,12 +285,19 @@ func (c *BatchConsumer) runBatch(ctx context.Context, items []item) (answers []p
 			if held, ok := heldAt(claims, fresh); ok {
 				return nil, held
 			}
+			if held, ok := c.foreignAt(reqs, claims); ok {
+				return nil, held
+			}
 		}
 		in := make([]*message.Message, len(fresh))
 		for j, i := range fresh {
 			in[j] = msgs[i]
 		}
+		watch := watchCut(ctx, c.mw.pool, tx.Conn())
 		outs, err := c.call(ctx, tx, in)
+		if cut := cutBy(ctx, watch, err); cut != nil {
+			return nil, cut
+		}
 		if bad := messageErrors(err, len(fresh)); len(bad) > 0 {
 			// Index the batch's items, not the handler's fresh messages.
 			errs := make([]error, 0, len(bad))
@@ -318,8 +333,27 @@ func (c *BatchConsumer) runBatch(ctx context.Context, items []item) (answers []p
 	if err != nil {
 		return nil, err
 	}
+	if held, ok := c.foreignAt(reqs, answers); ok {
+		// Only duplicates: nothing ran, nothing was written.
+		return nil, held
+	}
 	c.keep(items, answers, outputs)
 	return answers, nil
+}
+
+// foreignAt returns the first duplicate whose key was applied from another
+// topic (see Middleware.foreign): the batch is cut there, and the message
+// takes the per-message path, which holds it with the error.
+func (c *BatchConsumer) foreignAt(reqs []dedupe.Request, claims []pgstore.BatchClaim) (*heldError, bool) {
+	for i := 0; i < len(claims) && i < len(reqs); i++ {
+		if claims[i].Err != nil || claims[i].Decision != dedupe.DecisionDuplicate {
+			continue
+		}
+		if err := c.mw.foreign(reqs[i], claims[i].Record); err != nil {
+			return &heldError{index: i, err: err}, true
+		}
+	}
+	return nil, false
 }
 
 // keep remembers the outputs of the messages that ran, for finish.
@@ -340,9 +374,25 @@ func (c *BatchConsumer) call(ctx context.Context, tx pgx.Tx, msgs []*message.Mes
 			err = fmt.Errorf("consumer: batch handler panicked: %v\n%s", r, debug.Stack())
 		}
 	}()
-	outs, err = c.handler(ctx, tx, msgs)
-	if err == nil && outs != nil && len(outs) != len(msgs) {
-		err = fmt.Errorf("consumer: the batch handler returned %d output slices for %d messages: return nil or one per message", len(outs), len(msgs))
+	// The handler sees copies whose Ack and Nack reach nothing: the batch
+	// acks each message itself, after the commit (see handlerMessage).
+	in := make([]*message.Message, len(msgs))
+	for i, m := range msgs {
+		in[i] = handlerMessage(m, m.Context())
+	}
+	defer func() {
+		for _, hm := range in {
+			c.mw.noteAck(hm)
+		}
+	}()
+	outs, err = c.handler(ctx, tx, in)
+	if err == nil && len(outs) != 0 && len(outs) != len(msgs) {
+		// A broken contract is no message's fault, and no split fixes it:
+		// nothing is committed, and the messages come back until the
+		// handler is fixed (logged at ERROR).
+		err = fmt.Errorf("consumer: %w: the batch handler returned %d output slices for %d messages: "+
+			"return nil or one slice per message, in the order of msgs; nothing is committed and the messages "+
+			"are delivered again", dedupe.ErrMisconfigured, len(outs), len(msgs))
 	}
 	for i := 0; err == nil && i < len(outs); i++ {
 		if key, kerr := c.mw.keyOf(msgs[i], c.cfg.Scope); kerr == nil {

@@ -104,6 +104,19 @@
 //     classes 08, 53, 57, 58), a cancelled context (shutdown), errors that the
 //     handler marked with dedupe.Retryable (a dependency of its own that is
 //     down), and any error while the database does not answer a ping.
+//   - An attempt cut by its deadline (middleware.Timeout; BatchConfig.Timeout
+//     in batch mode) while its handler runs is judged by what the handler's
+//     session was doing just before the deadline, read from
+//     pg_stat_activity on a connection outside the pool: waiting for the
+//     database (wait_event_type Lock, LWLock, IO or BufferPin: a lock that
+//     another session holds, a slow disk, a long checkpoint) is the
+//     infrastructure's, never counted however often it recurs; anything
+//     else (the handler's own code between statements, a statement
+//     computing, pg_sleep) is the message's, counted as below, so that a
+//     message whose own work always outlasts the deadline ends on the
+//     dead-letter topic and its partition moves on. A session that could
+//     not be read counts as the infrastructure's. Lease mode has no
+//     session to read: a cut there counts as the handler's error does.
 //   - Anything else that the handler returns, or a panic, while the database
 //     answers, counts against the message. After Config.MaxAttempts such
 //     attempts (10 by default; in-process retries and redeliveries alike) the
@@ -116,7 +129,23 @@
 //
 // No failure but a permanent one is ever dead-lettered or acked unapplied,
 // whatever sits outside the middleware on a router: the middleware nacks
-// the message itself and returns no error (see Order of middleware).
+// the message itself and returns no error (see Order of middleware). Only
+// the library acks: a handler (or a batch handler) gets a copy of its
+// message with the same UUID, payload, metadata and context whose Ack and
+// Nack reach nothing (the first such call is logged at WARN), since a
+// handler's Ack would commit the offset of a message whose writes its
+// error then rolls back. Return an error to have a message delivered again.
+//
+// A Scope belongs to one topic: a key that a message of another topic
+// applied under the same Scope is not a duplicate but a sign of two
+// consumers sharing a Scope, which would skip each other's messages. Such a
+// message is held (nacked, not applied, not dead-lettered; the partition
+// waits behind it) with an error wrapping dedupe.ErrMisconfigured that
+// names the Scope and both topics, logged at ERROR, unless
+// Config.AcrossTopics says that copies of the same commands reach the
+// Scope on several topics on purpose (a topic moved to a new one). A
+// message or key without a recorded topic is not judged; consumer groups
+// are not compared (a new group on the same topic may take over a Scope).
 //
 // Each message gets one Outcome, passed to Hooks, and one log line at its
 // level with its key, scope, topic, partition and offset: applied and
@@ -185,9 +214,16 @@
 // unavailable; a configuration error: misconfigured) and nacked whole,
 // never split or dead-lettered. BatchConfig.Timeout (30s by default)
 // bounds each batch attempt (claims, handler and commit): a connection
-// whose peer is silently gone blocks a call until its context ends, and an
-// attempt cut by Timeout is unavailable too, nacked whole; the default
-// PerMessage's Timeout is the same.
+// whose peer is silently gone blocks a call until its context ends. An
+// attempt cut by Timeout while its handler waited for the database (see
+// Poison messages and outages), or outside the handler, is unavailable
+// too, nacked whole; one cut while its handler ran the messages' own work
+// is split like a failing batch, so that the slow message ends alone on
+// the per-message path, where its cuts count towards MaxAttempts; the
+// default PerMessage's Timeout is the same. A batch handler's result of
+// the wrong length (neither nil nor one slice per message) is a
+// configuration error: logged at ERROR, nothing committed, the batch
+// delivered again until the handler is fixed.
 //
 // Hooks receive one Event per message on both paths, with the message's own
 // context (msg.Context()); on the batch path its Duration is the batch's. Duplicates re-publish their stored outputs with

@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/pgtx"
@@ -32,6 +33,20 @@ type Config struct {
 	// would skip each other's messages. Defaults to the Watermill handler's
 	// name, which is per handler by construction.
 	Scope string
+	// AcrossTopics lets the scope's keys span topics: a message whose key
+	// was applied from another topic is then a duplicate. Defaults to
+	// false: such a message is held (not applied, not committed, not
+	// dead-lettered, delivered again) with an error wrapping
+	// dedupe.ErrMisconfigured that names Scope and both topics, and logged
+	// at ERROR, since two consumers that share a Scope on different topics
+	// would skip each other's messages as duplicates. Set it only when
+	// copies of the same commands reach this scope on several topics on
+	// purpose: a topic moved to a new one (more partitions, say) whose
+	// consumers keep the Scope, so that what was applied from the old
+	// topic is not applied again from the new. Consumer groups do not
+	// matter: a new group on the same topic with the same Scope skips what
+	// the old one applied, which is what a group's move needs.
+	AcrossTopics bool
 	// KeyFunc extracts the idempotency key. Defaults to KeyFromUUID.
 	KeyFunc KeyFunc
 	// FingerprintFunc fingerprints the payload, to catch a key reused with
@@ -68,8 +83,11 @@ type Config struct {
 	// PoisonQueue dead-letters it with its last error. Every attempt counts,
 	// in-process retries (middleware.Retry) and redeliveries alike; the
 	// count lives in the process and starts again after a restart. Failures
-	// of the infrastructure never count (see the package doc). Negative
-	// means never give up. Defaults to 10.
+	// of the infrastructure never count, nor does an attempt cut by its
+	// deadline while its handler waited for the database (a lock another
+	// session holds, the disk); one cut while its handler ran the message's
+	// own work does (see the package doc). Negative means never give up.
+	// Defaults to 10.
 	MaxAttempts int
 	// Hooks receives an Event per message. Defaults to none.
 	Hooks Hooks
@@ -118,8 +136,10 @@ type Middleware struct {
 	store Store
 	cfg   Config
 
+	pool     *pgxpool.Pool // the store's, to read a cut attempt's session
 	mu       sync.Mutex
 	messages map[string]*msgState // failing messages, by identity
+	ackNoted atomic.Bool          // a handler's Ack or Nack was logged
 }
 
 // keyOf returns msg's key in scope: Config.KeyFunc's, validated, or with
@@ -201,7 +221,7 @@ func NewMiddleware(store Store, cfg *Config) (*Middleware, error) {
 			return nil, fmt.Errorf("consumer: Config.Scope: %w", err)
 		}
 	}
-	return &Middleware{store: store, cfg: c, messages: map[string]*msgState{}}, nil
+	return &Middleware{store: store, cfg: c, pool: storePool(store), messages: map[string]*msgState{}}, nil
 }
 
 // Check verifies, before the router runs, what the middleware needs: the
@@ -442,15 +462,52 @@ func (m *Middleware) checkScope(ctx context.Context, ev *Event) error {
 		dedupe.ErrMisconfigured, m.cfg.Scope, owner, handler, ev.Topic)
 }
 
-// run calls h on msg, recovering a panic into an error. It reports whether
-// the error (if any) is the handler's own.
-func run(h message.HandlerFunc, msg *message.Message) (outs []*message.Message, err error) {
+// run calls h on msg (a handlerMessage), recovering a panic into an error.
+// An Ack or Nack of the handler's is noted once, at WARN.
+func (m *Middleware) run(h message.HandlerFunc, msg *message.Message) (outs []*message.Message, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("consumer: handler panicked: %v\n%s", r, debug.Stack())
 		}
+		m.noteAck(msg)
 	}()
 	return h(msg)
+}
+
+// handlerMessage returns msg as its handler sees it: the same UUID,
+// payload and metadata (one map: what the handler sets there, the
+// middleware around sees), with ctx, and an Ack and a Nack of its own that
+// reach nothing. Only the library acks a message it protects, after the
+// commit: a handler's Ack (a habit of raw Subscriber loops) would commit
+// the offset of a message whose writes its error then rolls back.
+func handlerMessage(msg *message.Message, ctx context.Context) *message.Message {
+	hm := message.NewMessage(msg.UUID, msg.Payload)
+	hm.Metadata = msg.Metadata
+	hm.SetContext(ctx)
+	return hm
+}
+
+// handlerAcked reports whether the handler acked or nacked hm, a
+// handlerMessage.
+func handlerAcked(hm *message.Message) bool {
+	select {
+	case <-hm.Acked():
+		return true
+	case <-hm.Nacked():
+		return true
+	default:
+		return false
+	}
+}
+
+// noteAck logs, once per middleware, that a handler acked or nacked its
+// message.
+func (m *Middleware) noteAck(hm *message.Message) {
+	if handlerAcked(hm) && m.ackNoted.CompareAndSwap(false, true) {
+		m.cfg.Logger.WarnContext(hm.Context(), "consumer: the handler called Ack or Nack on its message: ignored; "+
+			"the library acks a message once its transaction commits, and a handler's error has it delivered again",
+			"uuid", hm.UUID)
+	}
 }
 
 func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Event) ([]*message.Message, error) {
@@ -507,10 +564,7 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 	var claim dedupe.Claim
 	if m.cfg.Lease > 0 {
 		claim, err = m.store.DoLease(ctx, req, m.cfg.Lease, func(ctx context.Context) ([]byte, error) {
-			orig := msg.Context()
-			msg.SetContext(context.WithValue(orig, activeKey{}, true))
-			defer msg.SetContext(orig)
-			o, err := run(h, msg)
+			o, err := m.run(h, handlerMessage(msg, context.WithValue(msg.Context(), activeKey{}, true)))
 			if handlerErr = err; err != nil {
 				return nil, err
 			}
@@ -520,11 +574,12 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		})
 	} else {
 		claim, err = m.store.Do(ctx, req, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
-			orig := msg.Context()
 			slot := &txSlot{tx: tx}
-			msg.SetContext(context.WithValue(context.WithValue(orig, activeKey{}, true), txKey{}, slot))
-			defer msg.SetContext(orig)
-			o, err := run(h, msg)
+			watch := watchCut(ctx, m.pool, tx.Conn())
+			o, err := m.run(h, handlerMessage(msg, context.WithValue(context.WithValue(msg.Context(), activeKey{}, true), txKey{}, slot)))
+			if cut := cutBy(ctx, watch, err); cut != nil {
+				err = cut
+			}
 			if err == nil && slot.failed.Load() {
 				err = fmt.Errorf("consumer: %w: the handler of message %s failed but a middleware inside the dedupe "+
 					"middleware returned success (a PoisonQueue?): its writes are rolled back; %s",
@@ -548,10 +603,18 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 	}
 	ev.Attempts = claim.Record.Attempts
 	if err != nil {
+		if errors.Is(err, dedupe.ErrKeyReused) {
+			if ferr := m.foreign(req, claim.Record); ferr != nil {
+				return nil, fmt.Errorf("%w (%w)", ferr, err)
+			}
+		}
 		return nil, m.failed(msg, ev, err, handlerErr != nil && errors.Is(err, handlerErr))
 	}
 	m.forget(msg, ev)
 	if claim.Decision == dedupe.DecisionDuplicate {
+		if err := m.foreign(req, claim.Record); err != nil {
+			return nil, err
+		}
 		ev.Outcome = OutcomeDuplicate
 		stored, err := decodeOutputs(claim.Record.Result)
 		if err != nil {
@@ -561,6 +624,20 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 	}
 	ev.Outcome = OutcomeApplied
 	return outs, nil
+}
+
+// foreign returns the error for a key that req's message finds applied from
+// another topic than its own, unless Config.AcrossTopics allows it. A
+// message or a key with no recorded topic is not judged.
+func (m *Middleware) foreign(req dedupe.Request, rec dedupe.Record) error {
+	if m.cfg.AcrossTopics || req.Source.Topic == "" || rec.Source.Topic == "" || rec.Source.Topic == req.Source.Topic {
+		return nil
+	}
+	return fmt.Errorf("consumer: %w: key %s arrived on topic %q, but a message of topic %q already claimed it under "+
+		"the same Config.Scope %q: consumers that share a Scope on different topics skip each other's messages as "+
+		"duplicates; give each consumer its own Scope, or set Config.AcrossTopics (worker.Config.AcrossTopics) if "+
+		"copies of the same commands reach this Scope on several topics on purpose; the message is held until then",
+		dedupe.ErrMisconfigured, req.Key.ID, req.Source.Topic, rec.Source.Topic, req.Key.Scope)
 }
 
 // identity names a message for the failure counts: its key and where it
@@ -654,7 +731,17 @@ func (m *Middleware) failed(msg *message.Message, ev *Event, err error, ownErr b
 	case errors.Is(err, dedupe.ErrInFlight):
 		return err
 	}
-	if m.unavailable(msg.Context(), err) {
+	var cut *cutError
+	switch {
+	case errors.As(err, &cut) && cut.wait != waitMessage:
+		// Cut while waiting for the database (or not known): not the
+		// message's fault.
+		ev.Outcome = OutcomeUnavailable
+		return err
+	case cut != nil:
+		// Cut while running its own work: counted, whatever the error
+		// the cut left (a cancelled statement's, say).
+	case m.unavailable(msg.Context(), err):
 		ev.Outcome = OutcomeUnavailable
 		return err
 	}
@@ -701,7 +788,7 @@ const pingTimeout = 2 * time.Second
 // runUnprotected runs h in a transaction with no key (policy Skip).
 func (m *Middleware) runUnprotected(msg *message.Message, h message.HandlerFunc) (outs []*message.Message, err error) {
 	if m.cfg.Lease > 0 {
-		return run(h, msg)
+		return m.run(h, handlerMessage(msg, msg.Context()))
 	}
 	ctx := msg.Context()
 	tx, err := m.store.Begin(ctx)
@@ -709,11 +796,8 @@ func (m *Middleware) runUnprotected(msg *message.Message, h message.HandlerFunc)
 		return nil, fmt.Errorf("consumer: begin: %w", err)
 	}
 	defer pgtx.Rollback(ctx, tx)
-	orig := msg.Context()
 	slot := &txSlot{tx: tx}
-	msg.SetContext(context.WithValue(orig, txKey{}, slot))
-	defer msg.SetContext(orig)
-	if outs, err = run(h, msg); err != nil {
+	if outs, err = m.run(h, handlerMessage(msg, context.WithValue(ctx, txKey{}, slot))); err != nil {
 		return nil, err
 	}
 	if m.cfg.Outputs != nil {

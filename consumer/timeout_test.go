@@ -101,19 +101,30 @@ func TestNewBatchConsumerRefusesNegatives(t *testing.T) {
 	}
 }
 
-// A batch attempt cut by BatchConfig.Timeout while the database answers (a
-// handler waiting on a lock that a silent session holds, say) is an
+// A batch attempt cut by BatchConfig.Timeout while the database answers but
+// its handler waits for a lock that another (silent) session holds is an
 // outage: the batch is nacked whole, not split, and no message is
 // dead-lettered or counted towards MaxAttempts, though a ping succeeds.
 func TestBatchTimeoutNacksTheBatchWhole(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, 1)
+	ctx := context.Background()
+	holder, err := w.store.Pool().Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	lock := time.Now().UnixNano()
+	if _, err := holder.Exec(ctx, "SELECT pg_advisory_lock($1)", lock); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = holder.Exec(ctx, "SELECT pg_advisory_unlock($1)", lock) }()
 	f := newFakeMsgs(10, func(i int) string { return fmt.Sprint("acc-", i%3) })
 	var calls atomic.Int64
 	stuck := func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
 		calls.Add(1)
-		<-ctx.Done()
-		return nil, ctx.Err()
+		_, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lock)
+		return nil, err
 	}
 	pub := &recordingPublisher{}
 	hooks := &countingHooks{}

@@ -22,6 +22,12 @@ type Config struct {
 	// Scope names the handler in every key: a stable name, since keys must
 	// survive deploys (consumer.Config.Scope). Required.
 	Scope string
+	// AcrossTopics lets Scope's keys span topics: a command whose key was
+	// applied from another topic is a duplicate. Defaults to false: such a
+	// command is held with an ERROR naming Scope (two workers that share a
+	// Scope on different topics would skip each other's commands); see
+	// consumer.Config.AcrossTopics for when to set it.
+	AcrossTopics bool
 	// Topic is the topic of the commands the handler applies. Required.
 	Topic string
 	// Handler applies one message in the worker's transaction and returns
@@ -126,9 +132,12 @@ type Config struct {
 	LogDuplicates bool
 	// Timeout bounds one attempt: claim, handler and commit; in batch mode,
 	// one batch's (consumer.BatchConfig.Timeout: claims, handler and
-	// commit, nacked whole when cut) and each per-message attempt. A
-	// connection whose peer is silently gone holds an unbounded call
-	// forever. Defaults to 30s.
+	// commit) and each per-message attempt. A connection whose peer is
+	// silently gone holds an unbounded call forever. An attempt cut while
+	// its handler waited for the database (a lock, the disk) never counts
+	// against its command; one cut while the handler ran the command's own
+	// work counts towards MaxAttempts (the consumer package doc's "Poison
+	// messages and outages"). Defaults to 30s.
 	Timeout time.Duration
 
 	// BatchSize bounds a batch's messages in batch mode. Defaults to 100.

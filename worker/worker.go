@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/puddle/v2"
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
@@ -89,10 +90,20 @@ func (w *Worker) Running() <-chan struct{} { return w.running }
 // removes expired keys. When ctx ends it stops taking messages, lets those
 // in flight finish (up to Config.DrainTimeout), commits their offsets,
 // and publishes what is left in the outbox. A Worker runs once.
-func (w *Worker) Run(ctx context.Context) error {
+func (w *Worker) Run(ctx context.Context) (err error) {
 	if !w.started.CompareAndSwap(false, true) {
 		return errors.New("worker: Run called twice: a Worker runs once")
 	}
+	// A pool closed under the worker never serves it again: Run stops as
+	// its context ending would stop it, and returns errPoolClosed.
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	go w.watchPool(ctx, stop)
+	defer func() {
+		if cause := context.Cause(ctx); errors.Is(cause, errPoolClosed) {
+			err = cause
+		}
+	}()
 	log := w.cfg.Logger
 	if !w.waitReady(ctx) {
 		w.closeOwn()
@@ -159,6 +170,35 @@ func (w *Worker) Run(ctx context.Context) error {
 	return err
 }
 
+// errPoolClosed is Run's error when the pool is closed while it runs.
+var errPoolClosed = errors.New("worker: the pgx pool was closed while the worker ran, so no message can be applied " +
+	"again: close the pool after Run returns (cancel Run's context, wait for Run, then pool.Close()); the messages " +
+	"not applied were not committed and are delivered again")
+
+// poolCheckEvery is how often Run checks that its pool is open.
+const poolCheckEvery = 2 * time.Second
+
+// watchPool cancels the run with errPoolClosed once the pool is closed.
+func (w *Worker) watchPool(ctx context.Context, stop context.CancelCauseFunc) {
+	t := time.NewTicker(poolCheckEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := w.pool.Ping(pctx)
+		cancel()
+		if errors.Is(err, puddle.ErrClosedPool) {
+			w.cfg.Logger.Error("worker: stopping: the pgx pool was closed while the worker ran", "err", errPoolClosed)
+			stop(errPoolClosed)
+			return
+		}
+	}
+}
+
 // runRouter is per-message mode: a Watermill router with the chain in its
 // one correct order.
 func (w *Worker) runRouter(ctx context.Context, sub message.Subscriber, pub message.Publisher) error {
@@ -214,7 +254,7 @@ func (w *Worker) runBatch(ctx context.Context, sub message.Subscriber, pub messa
 		Scope: w.cfg.Scope, KeyFunc: w.cfg.KeyFunc, FingerprintFunc: w.cfg.FingerprintFunc, MissingKey: w.cfg.MissingKey,
 		TTL: w.cfg.TTL, Outputs: w.outputs, MaxAttempts: w.cfg.MaxAttempts, Hooks: w.cfg.Hooks, Logger: w.cfg.Logger,
 		MaxSize: w.cfg.BatchSize, MaxWait: w.cfg.BatchWait, Workers: w.cfg.BatchWorkers, Timeout: w.cfg.Timeout,
-		Publisher: pub, DeadLetterTopic: w.cfg.DeadLetterTopic, NoDedupe: w.cfg.NoDedupe,
+		Publisher: pub, DeadLetterTopic: w.cfg.DeadLetterTopic, NoDedupe: w.cfg.NoDedupe, AcrossTopics: w.cfg.AcrossTopics,
 		PerMessage: []message.HandlerMiddleware{
 			mustPoison(pub, w.cfg.DeadLetterTopic),
 			middleware.Retry{MaxRetries: 3, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second,
@@ -244,7 +284,7 @@ func (w *Worker) middlewareConfig() *consumer.Config {
 	return &consumer.Config{
 		Scope: w.cfg.Scope, KeyFunc: w.cfg.KeyFunc, FingerprintFunc: w.cfg.FingerprintFunc, MissingKey: w.cfg.MissingKey,
 		TTL: w.cfg.TTL, Outputs: w.outputs, MaxAttempts: w.cfg.MaxAttempts, Hooks: w.cfg.Hooks, Logger: w.cfg.Logger,
-		LogDuplicates: w.cfg.LogDuplicates,
+		LogDuplicates: w.cfg.LogDuplicates, AcrossTopics: w.cfg.AcrossTopics,
 	}
 }
 

@@ -1,0 +1,153 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// An attempt cut by its deadline (a middleware.Timeout, BatchConfig.Timeout)
+// while its handler ran is judged by what the handler's session was doing
+// just before the deadline, read from pg_stat_activity on a connection of
+// its own (outside the pool, so that no pool connection is held while
+// another is waited for):
+//
+//   - waiting for the database — a lock another session holds, a read or a
+//     write of the disk, a buffer, an internal lock (wait_event_type Lock,
+//     LWLock, IO or BufferPin): the infrastructure's fault, never counted
+//     against the message, which is delivered again;
+//   - anything else — the handler's own code between statements (the
+//     session idle in its transaction), a statement computing, pg_sleep:
+//     the message's, counted towards MaxAttempts like a handler's error.
+//
+// When the session could not be read (no deadline, a store without a pool,
+// the read failed), the cut is taken as the infrastructure's.
+
+// wait is what a cut attempt's session was doing before its deadline.
+type wait int
+
+const (
+	waitUnknown  wait = iota // not read
+	waitDatabase             // waiting for the database
+	waitMessage              // running the message's work
+)
+
+// cutLead bounds how long before the deadline the session is read.
+const cutLead = 200 * time.Millisecond
+
+// cutWatch reads, shortly before ctx's deadline, what the session of conn
+// is doing, while the attempt still runs.
+type cutWatch struct {
+	timer *time.Timer
+	done  chan struct{}
+	mu    sync.Mutex
+	got   wait
+	what  string
+}
+
+// watchCut starts watching the attempt on conn bounded by ctx; stop it
+// with result. A nil pool or a ctx without deadline watches nothing.
+func watchCut(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn) *cutWatch {
+	dl, ok := ctx.Deadline()
+	if !ok || pool == nil || conn == nil {
+		return nil
+	}
+	left := time.Until(dl)
+	lead := min(left/5, cutLead)
+	pid := conn.PgConn().PID()
+	w := &cutWatch{done: make(chan struct{})}
+	w.timer = time.AfterFunc(left-lead, func() {
+		defer close(w.done)
+		got, what := readWait(pool, pid)
+		w.mu.Lock()
+		w.got, w.what = got, what
+		w.mu.Unlock()
+	})
+	return w
+}
+
+// result stops the watch and returns what the session was doing, waiting
+// for a read under way.
+func (w *cutWatch) result() (wait, string) {
+	if w == nil {
+		return waitUnknown, ""
+	}
+	if w.timer.Stop() {
+		return waitUnknown, "" // the attempt ended before the deadline came near
+	}
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.got, w.what
+}
+
+// readWait reads the session pid's state and wait event on a connection
+// of its own.
+func readWait(pool *pgxpool.Pool, pid uint32) (wait, string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return waitUnknown, ""
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var state, typ, event string
+	if err := conn.QueryRow(ctx, `SELECT coalesce(state, ''), coalesce(wait_event_type, ''), coalesce(wait_event, '')
+        FROM pg_stat_activity WHERE pid = $1`, int32(pid)).Scan(&state, &typ, &event); err != nil {
+		return waitUnknown, ""
+	}
+	what := state
+	if typ != "" {
+		what = fmt.Sprintf("%s, waiting on %s %s", state, typ, event)
+	}
+	switch typ {
+	case "Lock", "LWLock", "IO", "BufferPin":
+		return waitDatabase, what
+	}
+	return waitMessage, what
+}
+
+// cutError is an attempt cut by its deadline while its handler ran, with
+// what its session was doing.
+type cutError struct {
+	wait wait
+	what string
+	err  error
+}
+
+func (e *cutError) Error() string {
+	switch e.wait {
+	case waitDatabase:
+		return fmt.Sprintf("consumer: the attempt was cut by its deadline while waiting for the database (%s), "+
+			"which is not the message's fault: %v", e.what, e.err)
+	case waitMessage:
+		return fmt.Sprintf("consumer: the attempt was cut by its deadline while running the message's work (%s): %v",
+			e.what, e.err)
+	}
+	return fmt.Sprintf("consumer: the attempt was cut by its deadline: %v", e.err)
+}
+
+func (e *cutError) Unwrap() error { return e.err }
+
+// cutBy returns err as a *cutError when the attempt bounded by ctx was cut
+// by its deadline, with what the watch read; nil otherwise.
+func cutBy(ctx context.Context, w *cutWatch, err error) *cutError {
+	got, what := w.result()
+	if err == nil || !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return nil
+	}
+	return &cutError{wait: got, what: what, err: err}
+}
+
+// storePool returns the pool of a store that has one (a *pgstore.Store).
+func storePool(s Store) *pgxpool.Pool {
+	if p, ok := s.(interface{ Pool() *pgxpool.Pool }); ok {
+		return p.Pool()
+	}
+	return nil
+}
