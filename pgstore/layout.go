@@ -193,14 +193,27 @@ func (p *partitioned) layoutState(ctx context.Context, db DBTX) (layoutState, er
 		newest *int64
 		dbNow  time.Time
 	)
-	if err := db.QueryRow(ctx, `SELECT width, low, legacy, has_table_privilege($1::regclass, 'SELECT')
+	var started bool
+	if err := db.QueryRow(ctx, `SELECT width, low, legacy, started_at IS NOT NULL, has_table_privilege($1::regclass, 'SELECT')
        AND has_table_privilege($1::regclass, 'INSERT') AND has_table_privilege($1::regclass, 'UPDATE'),
        (SELECT max(substr(c.relname, length($3) + 3)::int8) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
         WHERE i.inhparent = $2::regclass AND left(c.relname, length($3) + 2) = $3 || '_p'
           AND substr(c.relname, length($3) + 3) ~ '^[0-9]+$'),
        clock_timestamp() FROM `+p.state, p.other, p.parent, p.table).
-		Scan(&width, &low, &legacy, &direct, &newest, &dbNow); err != nil {
+		Scan(&width, &low, &legacy, &started, &direct, &newest, &dbNow); err != nil {
 		return layoutState{}, classify("read "+p.state, err)
+	}
+	if !started {
+		// The first claim of the layout on this schema starts it: from
+		// then on no store of the legacy layout inserts a key (see
+		// migration 00008). In a caller's transaction the start commits
+		// with it, or not: the state is read again at the next claim.
+		if _, err := db.Exec(ctx, "SELECT "+pgx.Identifier{p.schema, "exactly_keys2_start"}.Sanitize()+"()"); err != nil {
+			return layoutState{}, classify("start the partitioned layout", err)
+		}
+		if _, pooled := db.(*pgxpool.Pool); !pooled {
+			defer p.forget()
+		}
 	}
 	st = layoutState{width: width, otherDirect: direct, dbNow: dbNow, readAt: p.now()}
 	if newest != nil {

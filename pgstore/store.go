@@ -183,13 +183,29 @@ func (s *Store) Release(ctx context.Context, c dedupe.Claim) error {
 // otherwise fail with it.
 //
 // For LayoutPartitioned, Check also creates the time partitions when there
-// are none yet, as Cleanup does.
+// are none yet, as Cleanup does. For LayoutLegacy it returns an error
+// wrapping ErrLegacyClosed once the partitioned layout has started on the
+// schema.
 func (s *Store) Check(ctx context.Context) error {
 	if s.part != nil {
 		return s.checkPartitioned(ctx)
 	}
-	_, err := s.pool.Exec(ctx, "SELECT "+cols+" FROM "+s.table+" LIMIT 0")
-	return classify("check "+s.table, err)
+	if _, err := s.pool.Exec(ctx, "SELECT "+cols+" FROM "+s.table+" LIMIT 0"); err != nil {
+		return classify("check "+s.table, err)
+	}
+	// Once the partitioned layout started on the schema, this store may
+	// not claim new keys (ErrLegacyClosed): refused here, at start. A
+	// schema without the partitioned layout's state has nothing to say.
+	var started bool
+	err := s.pool.QueryRow(ctx, "SELECT started_at IS NOT NULL FROM "+
+		pgx.Identifier{s.cfg.Schema, "exactly_keys2_state"}.Sanitize()).Scan(&started)
+	switch {
+	case err == nil && started:
+		return fmt.Errorf("pgstore: check %s: %w", s.table, ErrLegacyClosed)
+	case err != nil && !IsConfigurationError(err) && !errors.Is(err, pgx.ErrNoRows):
+		return classify("check "+s.table, err)
+	}
+	return nil
 }
 
 // CheckMaintenance reports whether the store's role can run Cleanup: an

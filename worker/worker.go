@@ -109,6 +109,14 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		w.closeOwn()
 		return nil
 	}
+	if w.cfg.KeyLayout == pgstore.LayoutLegacy && !w.cfg.NoDedupe {
+		// Once a worker of the partitioned layout ran on the schema, this
+		// one could apply a key that one applied: refused at start.
+		if err := w.store.Check(ctx); errors.Is(err, pgstore.ErrLegacyClosed) {
+			w.closeOwn()
+			return fmt.Errorf("worker: %w", err)
+		}
+	}
 	if w.cfg.CleanupInterval > 0 {
 		// A role that cannot run the key clean-up would fail it forever
 		// (and, on the partitioned layout, every claim once the partitions
