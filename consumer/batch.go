@@ -19,7 +19,8 @@ import (
 // BatchHandlerFunc applies a batch of messages in tx, set-based, and
 // returns nil or one slice of output messages per message (outputs[i]
 // belongs to msgs[i], and is stored as its result for its duplicates, or
-// written to the outbox with BatchConfig.Outputs). msgs holds only the
+// written to the outbox with BatchConfig.Outputs; an output without a
+// context of its own gets msgs[i]'s). msgs holds only the
 // messages to apply: duplicates and key reuses are filtered out before, and
 // each partition's messages are in offset order. An error rolls the whole
 // batch back; the batch is then split to find the failing message (unless

@@ -398,6 +398,13 @@ func (c *BatchConsumer) call(ctx context.Context, tx pgx.Tx, msgs []*message.Mes
 		if key, kerr := c.mw.keyOf(msgs[i], c.cfg.Scope); kerr == nil {
 			fillOutputIDs(key, msgs[i], outs[i])
 		}
+		// An output without a context of its own gets its command's (the
+		// trace it belongs to, for Outputs that read it).
+		for _, o := range outs[i] {
+			if o != nil && o.Context() == context.Background() {
+				o.SetContext(msgs[i].Context())
+			}
+		}
 	}
 	return outs, err
 }

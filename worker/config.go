@@ -181,6 +181,10 @@ type Config struct {
 	OutboxHooks outbox.Hooks
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Plugins extend the worker, each where it belongs (see Plugin):
+	// Plugins: []worker.Plugin{eotel.New(nil), eprom.New(nil)} gives whole
+	// traces and the dashboard's metrics. Defaults to none.
+	Plugins []Plugin
 
 	// NoDedupe runs each message (or batch) in a transaction of its own,
 	// with no key: a redelivery applies it again. Only for measuring the
@@ -255,5 +259,5 @@ func withDefaults(cfg *Config) (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return c, nil
+	return withPlugins(c), nil
 }

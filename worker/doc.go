@@ -26,8 +26,10 @@
 //     the key TTL against the topic's retention; while Postgres or Kafka
 //     cannot be reached the worker waits with back-off;
 //   - health ([Worker.Health], [Worker.HealthHandler] for /healthz), hooks
-//     (Config.Hooks, which plugin/eprom and plugin/eotel implement), and a
-//     graceful stop when Run's context ends.
+//     (Config.Hooks), plugins (Config.Plugins: one value each, which the
+//     worker installs where it belongs, see [Plugin]; plugin/eotel's Tracer
+//     gives whole traces through the outbox, plugin/eprom's Metrics the
+//     dashboard's metrics), and a graceful stop when Run's context ends.
 //
 // Per-message and batch mode are two handler shapes of the same worker:
 // Config.Handler applies one message per transaction, Config.BatchHandler

@@ -69,6 +69,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 	if c.OutputTopic != "" {
 		w.outputs = writer.Outputs(c.OutputTopic)
 	}
+	w.outputs = wrap(c.Plugins, w.outputs, func(p OutputsPlugin, o consumer.OutputsWriter) consumer.OutputsWriter { return p.Outputs(o) })
 	w.down.Store(&[]string{"starting"})
 	return w, nil
 }
@@ -164,6 +165,9 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = w.store.RunCleanup(bgCtx, w.cfg.CleanupInterval, nil) }()
 	}
+	for _, p := range plugins[WatchPlugin](w.cfg.Plugins) {
+		p.Watch(Running{Store: w.store, Relay: relay, Config: w.cfg})
+	}
 
 	if w.cfg.BatchHandler != nil {
 		err = w.runBatch(ctx, sub, pub)
@@ -225,6 +229,9 @@ func (w *Worker) runRouter(ctx context.Context, sub message.Subscriber, pub mess
 	// that is not permanent, and the Subscriber delivers it again after a
 	// back-off; only permanent errors reach the PoisonQueue.
 	router.AddMiddleware(poison, middleware.Timeout(w.cfg.Timeout))
+	for _, p := range plugins[MiddlewarePlugin](w.cfg.Plugins) {
+		router.AddMiddleware(p.Middleware)
+	}
 	var handler message.HandlerFunc
 	if w.cfg.NoDedupe {
 		router.AddMiddleware(w.naiveHooks, middleware.Recoverer)
@@ -258,17 +265,21 @@ func (w *Worker) runRouter(ctx context.Context, sub message.Subscriber, pub mess
 // runBatch is batch mode: a consumer.BatchConsumer.
 func (w *Worker) runBatch(ctx context.Context, sub message.Subscriber, pub message.Publisher) error {
 	defer sub.Close()
+	perMessage := []message.HandlerMiddleware{
+		mustPoison(pub, w.cfg.DeadLetterTopic),
+		middleware.Retry{MaxRetries: 3, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second,
+			Multiplier: 2, ShouldRetry: consumer.ShouldRetry, ResetContextOnRetry: true}.Middleware,
+		middleware.Timeout(w.cfg.Timeout),
+	}
+	for _, p := range plugins[MiddlewarePlugin](w.cfg.Plugins) {
+		perMessage = append(perMessage, p.Middleware)
+	}
 	bc, err := consumer.NewBatchConsumer(w.store, w.cfg.BatchHandler, &consumer.BatchConfig{
 		Scope: w.cfg.Scope, KeyFunc: w.cfg.KeyFunc, FingerprintFunc: w.cfg.FingerprintFunc, MissingKey: w.cfg.MissingKey,
 		TTL: w.cfg.TTL, Outputs: w.outputs, MaxAttempts: w.cfg.MaxAttempts, Hooks: w.cfg.Hooks, Logger: w.cfg.Logger,
 		MaxSize: w.cfg.BatchSize, MaxWait: w.cfg.BatchWait, Workers: w.cfg.BatchWorkers, Timeout: w.cfg.Timeout,
 		Publisher: pub, DeadLetterTopic: w.cfg.DeadLetterTopic, NoDedupe: w.cfg.NoDedupe, AcrossTopics: w.cfg.AcrossTopics,
-		PerMessage: []message.HandlerMiddleware{
-			mustPoison(pub, w.cfg.DeadLetterTopic),
-			middleware.Retry{MaxRetries: 3, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second,
-				Multiplier: 2, ShouldRetry: consumer.ShouldRetry, ResetContextOnRetry: true}.Middleware,
-			middleware.Timeout(w.cfg.Timeout),
-		},
+		PerMessage: perMessage,
 	})
 	if err != nil {
 		return err
@@ -315,6 +326,7 @@ func (w *Worker) pubsub() (message.Subscriber, message.Publisher, error) {
 		}
 		pub = p
 	}
+	pub = wrap(w.cfg.Plugins, pub, func(p PublisherPlugin, pub message.Publisher) message.Publisher { return p.Publisher(pub) })
 	sub := w.cfg.Subscriber
 	if sub == nil {
 		inFlight := w.cfg.MaxInFlight
@@ -336,6 +348,7 @@ func (w *Worker) pubsub() (message.Subscriber, message.Publisher, error) {
 		}
 		sub = s
 	}
+	sub = wrap(w.cfg.Plugins, sub, func(p SubscriberPlugin, sub message.Subscriber) message.Subscriber { return p.Subscriber(sub) })
 	return sub, pub, nil
 }
 

@@ -228,7 +228,9 @@ func (t *Tracer) OnMessage(ctx context.Context, ev consumer.Event) {
 }
 
 // Outputs wraps w (consumer.Config.Outputs) so that each output message
-// written to the outbox carries the trace context of the handler's span.
+// written to the outbox carries the trace context of the handler's span,
+// or, when the message's own context holds a span (a batch's outputs carry
+// their command's), that one's.
 func (t *Tracer) Outputs(w consumer.OutputsWriter) consumer.OutputsWriter {
 	return outputs{t: t, w: w}
 }
@@ -239,7 +241,18 @@ type outputs struct {
 }
 
 func (o outputs) WriteOutputsTx(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
-	o.t.Inject(ctx, msgs...)
+	for _, m := range msgs {
+		if m == nil {
+			continue
+		}
+		// A batch's outputs carry their own command's context (its
+		// trace); others get the handler's, ctx.
+		if mctx := m.Context(); trace.SpanContextFromContext(mctx).IsValid() {
+			o.t.Inject(mctx, m)
+		} else {
+			o.t.Inject(ctx, m)
+		}
+	}
 	return o.w.WriteOutputsTx(ctx, tx, msgs)
 }
 

@@ -2,7 +2,14 @@
 // Prometheus metrics. It is a module of its own, so that importers of the
 // core packages never compile Prometheus.
 //
-// A [Metrics] is both a [consumer.Hooks] and an [outbox.Hooks]:
+// With a worker.Worker, one line installs it whole (the message and relay
+// events, and the gauges of its outbox and key table):
+//
+//	m := eprom.New(nil)
+//	if err := m.Register(prometheus.DefaultRegisterer); err != nil { … }
+//	w, err := worker.New(pool, &worker.Config{…, Plugins: []worker.Plugin{m}})
+//
+// Without one, a [Metrics] is both a [consumer.Hooks] and an [outbox.Hooks]:
 //
 //	m := eprom.New(nil)
 //	if err := m.Register(prometheus.DefaultRegisterer); err != nil { … }
@@ -48,6 +55,7 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/outbox"
+	"github.com/exactly-go/exactly/worker"
 )
 
 // OutboxStats reads an outbox's counts; [outbox.Relay] implements it.
@@ -191,6 +199,18 @@ func (m *Metrics) WatchOutbox(s OutboxStats) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.outbox = s
+}
+
+// Watch implements worker.WatchPlugin: a Worker with the Metrics in
+// Config.Plugins has every scrape read its relay's and its key store's
+// stats (WatchOutbox and WatchKeys).
+func (m *Metrics) Watch(r worker.Running) {
+	if r.Relay != nil {
+		m.WatchOutbox(r.Relay)
+	}
+	if r.Store != nil {
+		m.WatchKeys(r.Store)
+	}
 }
 
 // WatchKeys makes every scrape read s (a [dedupe.Store]'s Stats) for the
