@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -182,6 +183,26 @@ func TestWorkerServesMetricsAndHealth(t *testing.T) {
 	for _, w := range want {
 		if code != 200 || !strings.Contains(body, w) {
 			t.Fatalf("/metrics %d, want %q among:\n%s", code, w, body)
+		}
+	}
+	// Every exactly_ metric it serves is on the dashboard in docs/.
+	dash, err := os.ReadFile("../../../docs/grafana/exactly.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(body, "\n") {
+		name, _, _ := strings.Cut(line, " ")
+		name, _, _ = strings.Cut(name, "{")
+		if !strings.HasPrefix(name, "exactly_") {
+			continue
+		}
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if base, ok := strings.CutSuffix(name, suffix); ok && strings.Contains(body, "# TYPE "+base+" histogram") {
+				name = base
+			}
+		}
+		if !strings.Contains(string(dash), name) {
+			t.Errorf("/metrics serves %s, which the dashboard does not show", name)
 		}
 	}
 }
