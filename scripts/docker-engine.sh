@@ -40,6 +40,12 @@ start() {
 	else
 		[ "$(id -u)" = 0 ] || die "dockerd is not running and only root can start it"
 		mkdir -p "$run"
+		# A pid file left by a dockerd that is gone (a machine stopped
+		# without "stop") names a pid another process may have now, and
+		# dockerd refuses to start while that one runs.
+		if [ -f "$run/dockerd.pid" ] && [ "$(ps -p "$(cat "$run/dockerd.pid")" -o comm= 2>/dev/null)" != dockerd ]; then
+			rm -f "$run/dockerd.pid"
+		fi
 		say "starting dockerd (log: $run/dockerd.log)"
 		nohup dockerd --bridge=none --iptables=false --ip6tables=false --pidfile "$run/dockerd.pid" \
 			>"$run/dockerd.log" 2>&1 </dev/null &

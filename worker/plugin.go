@@ -69,6 +69,9 @@ type Running struct {
 	Relay *outbox.Relay
 	// Config is the worker's configuration with its defaults.
 	Config Config
+	// Offsets reads where each partition of the topic stands
+	// ([Worker.Offsets]); nil without Config.Brokers.
+	Offsets func(ctx context.Context) ([]PartitionOffsets, error)
 }
 
 // plugins returns the plugins that implement T, outermost first.

@@ -165,8 +165,12 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = w.store.RunCleanup(bgCtx, w.cfg.CleanupInterval, nil) }()
 	}
+	running := Running{Store: w.store, Relay: relay, Config: w.cfg}
+	if len(w.cfg.Brokers) > 0 {
+		running.Offsets = w.Offsets
+	}
 	for _, p := range plugins[WatchPlugin](w.cfg.Plugins) {
-		p.Watch(Running{Store: w.store, Relay: relay, Config: w.cfg})
+		p.Watch(running)
 	}
 
 	if w.cfg.BatchHandler != nil {

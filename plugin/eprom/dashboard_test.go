@@ -25,6 +25,7 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/outbox"
 	"github.com/exactly-go/exactly/plugin/eprom"
+	"github.com/exactly-go/exactly/worker"
 )
 
 // dashboardPath is the Grafana dashboard for these metrics, in the
@@ -164,6 +165,13 @@ func exportedSeries(t *testing.T) map[string]series {
 	m := eprom.New(nil)
 	m.WatchKeys(&stats{})
 	m.WatchOutbox(&outboxStats{})
+	offsetCalls := 0
+	m.WatchOffsets(func(context.Context) ([]worker.PartitionOffsets, error) {
+		if offsetCalls++; offsetCalls == 1 {
+			return nil, errFirstScrape
+		}
+		return []worker.PartitionOffsets{{Topic: "orders.commands", Partition: 0, Committed: 5, Position: 7, End: 9}}, nil
+	})
 	reg := prometheus.NewRegistry()
 	if err := m.Register(reg); err != nil {
 		t.Fatal(err)

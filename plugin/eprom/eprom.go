@@ -34,6 +34,8 @@
 //	exactly_outbox_oldest_pending_seconds                  gauge, read at scrape (WatchOutbox): age of the oldest waiting message
 //	exactly_keys{status}                                   gauge, read at scrape (WatchKeys)  : keys by status (processing, completed, expired)
 //	exactly_keys_table_bytes                               gauge, read at scrape (WatchKeys)  : the key table's size on disk
+//	exactly_partition_lag{topic,partition}                 gauge, read at scrape (WatchOffsets): records not yet applied
+//	exactly_position_gap{topic,partition}                  gauge, read at scrape (WatchOffsets): database position minus Kafka's committed offset
 //	exactly_stats_errors_total{source}                     counter: scrapes whose stats query failed
 //
 // The gauges read at scrape query Postgres (one statement each, bounded by
@@ -47,6 +49,7 @@ package eprom
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"time"
 
@@ -89,9 +92,10 @@ type Config struct {
 type Metrics struct {
 	cfg Config
 
-	mu     sync.Mutex
-	outbox OutboxStats
-	keys   KeyStats
+	mu      sync.Mutex
+	outbox  OutboxStats
+	keys    KeyStats
+	offsets func(context.Context) ([]worker.PartitionOffsets, error)
 
 	messages     *prometheus.CounterVec
 	duration     *prometheus.HistogramVec
@@ -110,6 +114,8 @@ type Metrics struct {
 	oldestDesc  *prometheus.Desc
 	keysDesc    *prometheus.Desc
 	bytesDesc   *prometheus.Desc
+	lagDesc     *prometheus.Desc
+	gapDesc     *prometheus.Desc
 }
 
 var (
@@ -161,12 +167,17 @@ func New(cfg *Config) *Metrics {
 		publishLag: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "outbox_publish_lag_seconds", ConstLabels: cl,
 			Help: "Age of a batch's oldest message when it was published.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
 		statsErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "stats_errors_total", ConstLabels: cl,
-			Help: "Scrapes whose stats query failed, by source (outbox, keys)."}, []string{"source"}),
+			Help: "Scrapes whose stats query failed, by source (outbox, keys, offsets)."}, []string{"source"}),
 		pendingDesc: desc("outbox_pending", "Outbox messages waiting to be published."),
 		deadDesc:    desc("outbox_dead", "Outbox messages in DEAD."),
 		oldestDesc:  desc("outbox_oldest_pending_seconds", "Age of the oldest outbox message waiting; 0 when none."),
 		keysDesc:    desc("keys", "Idempotency keys, by status (processing, completed, expired).", "status"),
 		bytesDesc:   desc("keys_table_bytes", "Size on disk of the key table and its indexes."),
+		lagDesc: desc("partition_lag", "Records of the partition not yet applied: its end minus the lower of the "+
+			"group's committed offset in Kafka and its position in the database.", "topic", "partition"),
+		gapDesc: desc("position_gap", "The group's position in the database minus its committed offset in Kafka: "+
+			"above 0 Kafka's commit is behind (it catches up), below 0 the database lost commits (a restore, a "+
+			"failover) and the worker re-applies from its position.", "topic", "partition"),
 	}
 }
 
@@ -188,7 +199,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, c := range m.collectors() {
 		c.Describe(ch)
 	}
-	for _, d := range []*prometheus.Desc{m.pendingDesc, m.deadDesc, m.oldestDesc, m.keysDesc, m.bytesDesc} {
+	for _, d := range []*prometheus.Desc{m.pendingDesc, m.deadDesc, m.oldestDesc, m.keysDesc, m.bytesDesc, m.lagDesc, m.gapDesc} {
 		ch <- d
 	}
 }
@@ -211,6 +222,17 @@ func (m *Metrics) Watch(r worker.Running) {
 	if r.Store != nil {
 		m.WatchKeys(r.Store)
 	}
+	if r.Offsets != nil {
+		m.WatchOffsets(r.Offsets)
+	}
+}
+
+// WatchOffsets makes every scrape read f ([worker.Worker.Offsets]) for the
+// partition_lag and position_gap gauges.
+func (m *Metrics) WatchOffsets(f func(context.Context) ([]worker.PartitionOffsets, error)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.offsets = f
 }
 
 // WatchKeys makes every scrape read s (a [dedupe.Store]'s Stats) for the
@@ -225,8 +247,27 @@ func (m *Metrics) WatchKeys(s KeyStats) {
 // [Metrics.WatchKeys] it queries their stats.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.mu.Lock()
-	ob, keys := m.outbox, m.keys
+	ob, keys, offsets := m.outbox, m.keys, m.offsets
 	m.mu.Unlock()
+	if offsets != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.StatsTimeout)
+		parts, err := offsets(ctx)
+		cancel()
+		if err != nil {
+			m.statsErrors.WithLabelValues("offsets").Inc()
+		}
+		for _, p := range parts {
+			part := strconv.Itoa(p.Partition)
+			done := p.Committed
+			if p.Position >= 0 && (done < 0 || p.Position < done) {
+				done = p.Position
+			}
+			ch <- prometheus.MustNewConstMetric(m.lagDesc, prometheus.GaugeValue, float64(p.End-max(done, 0)), p.Topic, part)
+			if p.Position >= 0 && p.Committed >= 0 {
+				ch <- prometheus.MustNewConstMetric(m.gapDesc, prometheus.GaugeValue, float64(p.Position-p.Committed), p.Topic, part)
+			}
+		}
+	}
 	if ob != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.StatsTimeout)
 		st, err := ob.Stats(ctx)

@@ -30,13 +30,14 @@ func TestWorkerPlugin(t *testing.T) {
 	brokers := kafkatest.Brokers(t)
 	commands, events := kafkatest.Topic(t, 1), kafkatest.Topic(t, 1)
 	kafkatest.CreateTopic(t, commands+".dlq", 1)
+	group := kafkatest.Name("g")
 	m := eprom.New(nil)
 	reg := prometheus.NewRegistry()
 	if err := m.Register(reg); err != nil {
 		t.Fatal(err)
 	}
 	wk, err := worker.New(db.Pool, &worker.Config{Scope: "hits", Schema: db.Schema, Brokers: brokers, Topic: commands,
-		OutputTopic: events, Group: kafkatest.Name("g"), Tables: []string{"hits"}, Logger: quiet(),
+		OutputTopic: events, Group: group, Tables: []string{"hits"}, Logger: quiet(),
 		StartupBackoff: 200 * time.Millisecond, RelayPollInterval: 50 * time.Millisecond,
 		Handler: func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
 			_, err := tx.Exec(ctx, "INSERT INTO "+db.Table("hits")+" VALUES ($1)", msg.UUID)
@@ -67,9 +68,10 @@ func TestWorkerPlugin(t *testing.T) {
 	}
 	applied := map[string]string{"scope": "hits", "topic": commands, "outcome": "applied"}
 	duplicate := map[string]string{"scope": "hits", "topic": commands, "outcome": "duplicate"}
-	testenv.WaitFor(t, time.Minute, "two applied, two duplicates, two events published", func() bool {
+	testenv.WaitFor(t, time.Minute, "two applied, two duplicates, two events published, all four committed", func() bool {
 		return value(t, reg, "exactly_messages_total", applied) == 2 && value(t, reg, "exactly_messages_total", duplicate) == 2 &&
-			value(t, reg, "exactly_outbox_published_total", nil) == 2
+			value(t, reg, "exactly_outbox_published_total", nil) == 2 &&
+			kafkatest.CommittedOffsets(t, group, commands, 1)[0] == 4
 	})
 	for _, c := range []struct {
 		name   string
@@ -79,6 +81,8 @@ func TestWorkerPlugin(t *testing.T) {
 		{"exactly_keys", map[string]string{"status": "completed"}, 2},
 		{"exactly_outbox_pending", nil, 0},
 		{"exactly_outbox_dead", nil, 0},
+		{"exactly_partition_lag", map[string]string{"topic": commands, "partition": "0"}, 0},
+		{"exactly_position_gap", map[string]string{"topic": commands, "partition": "0"}, 0},
 	} {
 		if got := value(t, reg, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)

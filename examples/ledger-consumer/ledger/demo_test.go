@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -174,9 +175,34 @@ func TestWorkerServesMetricsAndHealth(t *testing.T) {
 		return got[0] == end[0] && got[1] == end[1]
 	})
 	code, body := get("/metrics")
-	want := fmt.Sprintf(`exactly_messages_total{outcome="applied"} %d`, wl.Unique)
-	if code != 200 || !strings.Contains(body, want) || !strings.Contains(body, "exactly_handler_seconds_bucket") ||
-		!strings.Contains(body, "exactly_dead_lettered_total") || !strings.Contains(body, "exactly_outbox_lag_seconds") {
-		t.Fatalf("/metrics %d, want %q among:\n%s", code, want, body)
+	// plugin/eprom's metrics, which the dashboard in docs/ shows, and the
+	// ledger's own.
+	want := []string{fmt.Sprintf(`exactly_messages_total{outcome="applied",scope="%s",topic="%s"} %d`, ledger.Scope, commands, wl.Unique),
+		"exactly_message_duration_seconds_bucket", "exactly_dead_lettered_total", "exactly_outbox_published_total",
+		`exactly_keys{status="completed"}`, "exactly_keys_table_bytes", "exactly_outbox_pending", "ledger_rejected_total"}
+	for _, w := range want {
+		if code != 200 || !strings.Contains(body, w) {
+			t.Fatalf("/metrics %d, want %q among:\n%s", code, w, body)
+		}
+	}
+	// Every exactly_ metric it serves is on the dashboard in docs/.
+	dash, err := os.ReadFile("../../../docs/grafana/exactly.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(body, "\n") {
+		name, _, _ := strings.Cut(line, " ")
+		name, _, _ = strings.Cut(name, "{")
+		if !strings.HasPrefix(name, "exactly_") {
+			continue
+		}
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if base, ok := strings.CutSuffix(name, suffix); ok && strings.Contains(body, "# TYPE "+base+" histogram") {
+				name = base
+			}
+		}
+		if !strings.Contains(string(dash), name) {
+			t.Errorf("/metrics serves %s, which the dashboard does not show", name)
+		}
 	}
 }

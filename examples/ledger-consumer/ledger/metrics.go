@@ -12,15 +12,13 @@ import (
 	"github.com/exactly-go/exactly/outbox"
 )
 
-// Metrics adapts the middleware's and the relay's hooks to Prometheus, and
-// keeps totals for progress lines and the demo's summary.
+// Metrics keeps the worker's totals for progress lines and the demo's
+// summary, and counts the commands a ledger rule rejected
+// (ledger_rejected_total). The Prometheus metrics of the messages, the
+// relay, the outbox and the key table are plugin/eprom's, installed as a
+// worker plugin (NewWorker), which the Grafana dashboard in docs/ shows.
 type Metrics struct {
-	messages     *prometheus.CounterVec
-	latency      prometheus.Histogram
-	deadLettered prometheus.Counter
-	rejected     prometheus.Counter
-	published    prometheus.Counter
-	outboxLag    prometheus.Gauge
+	rejected prometheus.Counter
 
 	Applied, Duplicates, KeyReused, DeadLettered, Rejected, Failed, Published atomic.Int64
 	// first is when the first message was handled (Unix nanoseconds).
@@ -35,23 +33,13 @@ func (m *Metrics) First() time.Time {
 	return time.Time{}
 }
 
-// NewMetrics registers the worker's metrics with reg.
+// NewMetrics registers the ledger's own metric with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		messages: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exactly_messages_total",
-			Help: "Messages handled by the dedupe middleware, by outcome (applied, duplicate, key_reused, in_flight, invalid_key, skipped, failed)."}, []string{"outcome"}),
-		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "exactly_handler_seconds",
-			Help: "Claim, handler and commit, per message.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
-		deadLettered: prometheus.NewCounter(prometheus.CounterOpts{Name: "exactly_dead_lettered_total",
-			Help: "Messages sent to the dead-letter topic (permanent errors)."}),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "ledger_rejected_total",
 			Help: "Commands rejected by a ledger rule (recorded, emitted as events)."}),
-		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "exactly_outbox_published_total",
-			Help: "Events published by the outbox relay."}),
-		outboxLag: prometheus.NewGauge(prometheus.GaugeOpts{Name: "exactly_outbox_lag_seconds",
-			Help: "Age of the oldest event in the last published batch."}),
 	}
-	reg.MustRegister(m.messages, m.latency, m.deadLettered, m.rejected, m.published, m.outboxLag)
+	reg.MustRegister(m.rejected)
 	return m
 }
 
@@ -60,8 +48,6 @@ func (m *Metrics) OnMessage(_ context.Context, ev consumer.Event) {
 	if m.first.Load() == 0 {
 		m.first.CompareAndSwap(0, time.Now().Add(-ev.Duration).UnixNano())
 	}
-	m.messages.WithLabelValues(string(ev.Outcome)).Inc()
-	m.latency.Observe(ev.Duration.Seconds())
 	switch ev.Outcome {
 	case consumer.OutcomeApplied:
 		m.Applied.Add(1)
@@ -73,16 +59,13 @@ func (m *Metrics) OnMessage(_ context.Context, ev consumer.Event) {
 		m.Failed.Add(1)
 	}
 	if dedupe.IsPermanent(ev.Err) {
-		m.deadLettered.Inc()
 		m.DeadLettered.Add(1)
 	}
 }
 
 // OnBatch implements outbox.Hooks.
 func (m *Metrics) OnBatch(_ context.Context, ev outbox.BatchEvent) {
-	m.published.Add(float64(ev.Published))
 	m.Published.Add(int64(ev.Published))
-	m.outboxLag.Set(ev.Lag.Seconds())
 }
 
 func (m *Metrics) onRejected() {

@@ -20,6 +20,7 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/outbox"
+	"github.com/exactly-go/exactly/plugin/eprom"
 	"github.com/exactly-go/exactly/pgstore"
 	"github.com/exactly-go/exactly/worker"
 )
@@ -137,12 +138,16 @@ func NewWorker(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	lw := &Worker{cfg: cfg, writer: writer, Metrics: NewMetrics(cfg.Registry)}
+	prom := eprom.New(nil)
+	if err := prom.Register(cfg.Registry); err != nil {
+		return nil, fmt.Errorf("ledger: register the metrics: %w", err)
+	}
 	wcfg := &worker.Config{
 		Scope: Scope, Topic: cfg.Commands, OutputTopic: cfg.Events, DeadLetterTopic: cfg.DeadLetter, Group: cfg.Group,
 		Brokers: cfg.Brokers, Security: cfg.Security, Partitioner: cfg.Partitioner, SessionTimeout: cfg.SessionTimeout,
 		CreateTopics: cfg.CreateTopics, TopicPartitions: 6, Tables: []string{"accounts", "holds", "rejections"}, Schema: cfg.Schema,
 		KeyFunc: cfg.KeyFunc, FingerprintFunc: cfg.FingerprintFunc, StartupBackoff: cfg.Backoff,
-		Hooks: lw.Metrics, Logger: cfg.Logger, NoDedupe: cfg.NoDedupe,
+		Hooks: lw.Metrics, Plugins: []worker.Plugin{prom}, Logger: cfg.Logger, NoDedupe: cfg.NoDedupe,
 		KeyLayout: cfg.KeyLayout, CleanupInterval: cfg.CleanupInterval,
 	}
 	if cfg.Batch > 0 {
