@@ -20,8 +20,8 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/outbox"
-	"github.com/exactly-go/exactly/plugin/eprom"
 	"github.com/exactly-go/exactly/pgstore"
+	"github.com/exactly-go/exactly/plugin/eprom"
 	"github.com/exactly-go/exactly/worker"
 )
 
