@@ -1,0 +1,60 @@
+package pgstore_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/dedupe/dedupetest"
+)
+
+// A legacy claim in a REPEATABLE READ transaction whose snapshot predates
+// the partitioned layout's start: the insert guard reads started_at in
+// that snapshot, sees NULL, and lets the legacy store claim a key that the
+// partitioned store has already claimed and applied.
+func TestLegacyRepeatableReadClaimAfterStart(t *testing.T) {
+	t.Parallel()
+	s, legacy, db := newPartitioned(t, nil, "")
+	ctx := context.Background()
+	apply := func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		_, err := tx.Exec(ctx, "INSERT INTO "+db.Table("applied")+" VALUES (gen_random_uuid()::text, 1)")
+		return nil, err
+	}
+	// The legacy store's transaction, its snapshot taken.
+	tx, err := db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM "+db.Table("applied")+" LIMIT 1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	req := dedupetest.Req("s", uuid.NewString(), "p")
+	// The partitioned store starts its layout (Check) and applies the key.
+	if c, err := s.Do(ctx, req, apply); err != nil || c.Decision != dedupe.DecisionNew {
+		t.Fatalf("partitioned claim: %v %v", c.Decision, err)
+	}
+	c, err := legacy.ClaimTx(ctx, tx, req)
+	if err == nil && c.Decision == dedupe.DecisionNew {
+		if _, err := apply(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("legacy claim: %v %v", c.Decision, err)
+	var n int
+	if err := db.Pool.QueryRow(ctx, "SELECT coalesce(sum(n), 0) FROM "+db.Table("applied")).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("the key was applied %d times, want 1 (legacy claim: %v %v)", n, c.Decision, err)
+	}
+}
