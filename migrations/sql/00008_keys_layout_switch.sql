@@ -11,10 +11,12 @@
 -- longer claim a key that a store of the partitioned layout may claim, and
 -- the keys it claimed before are all committed, and so seen by the
 -- partitioned layout's probe of exactly_keys. Until the start the trigger
--- is disabled, so a legacy claim pays nothing for it. Keys already in
--- exactly_keys keep working (duplicates, lease completions and takeovers
--- are updates). Both functions run with their owner's rights (enabling the
--- trigger needs the table's owner), so the consumer role needs no grant.
+-- is disabled, so a legacy claim pays nothing for it. The keys already in
+-- exactly_keys keep working for the partitioned layout, which reads them; a
+-- legacy store still completes the leases it holds (an update), but every
+-- claim of its is refused, duplicates included (a claim is an insert). Both
+-- functions run with their owner's rights (enabling the trigger needs the
+-- table's owner), so the consumer role needs no grant.
 ALTER TABLE exactly_keys2_state ADD COLUMN started_at timestamptz;
 -- A schema whose partitioned layout already holds keys has started.
 UPDATE exactly_keys2_state SET started_at = now() WHERE EXISTS (SELECT FROM exactly_keys2);
