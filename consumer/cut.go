@@ -18,9 +18,10 @@ import (
 // another is waited for):
 //
 //   - waiting for the database — a lock another session holds, a read or a
-//     write of the disk, a buffer, an internal lock (wait_event_type Lock,
-//     LWLock, IO or BufferPin): the infrastructure's fault, never counted
-//     against the message, which is delivered again;
+//     write of the disk, a buffer, an internal lock, another backend or a
+//     synchronous standby (wait_event_type Lock, LWLock, IO, BufferPin or
+//     IPC): the infrastructure's fault, never counted against the message,
+//     which is delivered again;
 //   - anything else — the handler's own code between statements (the
 //     session idle in its transaction), a statement computing, pg_sleep:
 //     the message's, counted towards MaxAttempts like a handler's error.
@@ -106,7 +107,9 @@ func readWait(pool *pgxpool.Pool, pid uint32) (wait, string) {
 		what = fmt.Sprintf("%s, waiting on %s %s", state, typ, event)
 	}
 	switch typ {
-	case "Lock", "LWLock", "IO", "BufferPin":
+	case "Lock", "LWLock", "IO", "BufferPin", "IPC":
+		// IPC: another backend's read of the same page (BufferIO, from
+		// PostgreSQL 14 on), a synchronous standby, a checkpoint.
 		return waitDatabase, what
 	}
 	return waitMessage, what
@@ -135,13 +138,23 @@ func (e *cutError) Error() string {
 func (e *cutError) Unwrap() error { return e.err }
 
 // cutBy returns err as a *cutError when the attempt bounded by ctx was cut
-// by its deadline, with what the watch read; nil otherwise.
+// by its deadline, with what the watch read; nil otherwise, at once: an
+// attempt that was not cut never waits for a read under way (which ends
+// and closes its connection on its own).
 func cutBy(ctx context.Context, w *cutWatch, err error) *cutError {
-	got, what := w.result()
 	if err == nil || !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		w.stop()
 		return nil
 	}
+	got, what := w.result()
 	return &cutError{wait: got, what: what, err: err}
+}
+
+// stop stops the watch without waiting for a read under way.
+func (w *cutWatch) stop() {
+	if w != nil {
+		w.timer.Stop()
+	}
 }
 
 // storePool returns the pool of a store that has one (a *pgstore.Store).

@@ -108,15 +108,20 @@
 //     in batch mode) while its handler runs is judged by what the handler's
 //     session was doing just before the deadline, read from
 //     pg_stat_activity on a connection outside the pool: waiting for the
-//     database (wait_event_type Lock, LWLock, IO or BufferPin: a lock that
+//     database (wait_event_type Lock, LWLock, IO, BufferPin or IPC: a lock that
 //     another session holds, a slow disk, a long checkpoint) is the
 //     infrastructure's, never counted however often it recurs; anything
 //     else (the handler's own code between statements, a statement
 //     computing, pg_sleep) is the message's, counted as below, so that a
 //     message whose own work always outlasts the deadline ends on the
 //     dead-letter topic and its partition moves on. A session that could
-//     not be read counts as the infrastructure's. Lease mode has no
-//     session to read: a cut there counts as the handler's error does.
+//     not be read counts as the infrastructure's, and so does a cut
+//     outside the handler (the claim, the commit). Known limits: a handler
+//     blocked on a connection whose peer is silently gone while new
+//     connections work looks, from the server, like its own code between
+//     statements (the session idle in its transaction), and counts; lease
+//     mode has no session to read: a cut there counts as the handler's
+//     error does.
 //   - Anything else that the handler returns, or a panic, while the database
 //     answers, counts against the message. After Config.MaxAttempts such
 //     attempts (10 by default; in-process retries and redeliveries alike) the

@@ -741,6 +741,11 @@ func (m *Middleware) failed(msg *message.Message, ev *Event, err error, ownErr b
 	case cut != nil:
 		// Cut while running its own work: counted, whatever the error
 		// the cut left (a cancelled statement's, say).
+	case !ownErr && errors.Is(msg.Context().Err(), context.DeadlineExceeded):
+		// Cut outside the handler (the claim, the commit): not the
+		// message's.
+		ev.Outcome = OutcomeUnavailable
+		return err
 	case m.unavailable(msg.Context(), err):
 		ev.Outcome = OutcomeUnavailable
 		return err

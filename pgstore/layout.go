@@ -204,15 +204,18 @@ func (p *partitioned) layoutState(ctx context.Context, db DBTX) (layoutState, er
 		return layoutState{}, classify("read "+p.state, err)
 	}
 	if !started {
-		// The first claim of the layout on this schema starts it: from
-		// then on no store of the legacy layout inserts a key (see
-		// migration 00008). In a caller's transaction the start commits
-		// with it, or not: the state is read again at the next claim.
+		// The first claim of the layout on this schema starts it, in a
+		// transaction of its own: from then on no store of the legacy
+		// layout inserts a key (see migration 00008). Never in a caller's
+		// transaction: one whose snapshot predates a legacy claim would
+		// not see its key, and one that rolls back would undo the start.
+		if _, pooled := db.(*pgxpool.Pool); !pooled {
+			return layoutState{}, fmt.Errorf("pgstore: %w: the partitioned key layout has not started on schema %s: "+
+				"call Store.Check at start-up (a worker does), before claiming in a transaction of your own",
+				dedupe.ErrMisconfigured, p.schema)
+		}
 		if _, err := db.Exec(ctx, "SELECT "+pgx.Identifier{p.schema, "exactly_keys2_start"}.Sanitize()+"()"); err != nil {
 			return layoutState{}, classify("start the partitioned layout", err)
-		}
-		if _, pooled := db.(*pgxpool.Pool); !pooled {
-			defer p.forget()
 		}
 	}
 	st = layoutState{width: width, otherDirect: direct, dbNow: dbNow, readAt: p.now()}

@@ -81,35 +81,3 @@ func BenchmarkDo(b *testing.B) {
 		}
 	}
 }
-
-// BenchmarkLegacyGuard claims one new key per transaction on the legacy
-// layout, from 4 goroutines, with the guard that refuses legacy claims once
-// the partitioned layout started (migration 00008: an advisory lock taken
-// shared and a read of the state, once per insert statement) and without
-// it: the guard's cost. Run:
-//
-//	go test -run '^$' -bench LegacyGuard -benchtime 2000x -count 5 ./pgstore
-func BenchmarkLegacyGuard(b *testing.B) {
-	for _, guard := range []string{"on", "off"} {
-		b.Run("guard-"+guard, func(b *testing.B) {
-			store, db := storeMakers[pgstore.LayoutLegacy](b, nil)
-			ctx := context.Background()
-			if guard == "off" {
-				if _, err := db.Pool.Exec(ctx, "ALTER TABLE "+db.Table("exactly_keys")+" DISABLE TRIGGER exactly_keys_legacy_guard"); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.SetParallelism(2)
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					id := uuid.NewString()
-					if _, err := store.Do(ctx, dedupetest.Req("bench", id, id), func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "claims/s")
-		})
-	}
-}

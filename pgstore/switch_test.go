@@ -129,7 +129,7 @@ func TestPartitionedStartWaitsForLegacyClaimInFlight(t *testing.T) {
 			return true
 		}
 		var waiting int
-		if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' AND strpos(query, $1) > 0",
+		if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0",
 			db.Schema+`"."exactly_keys2_start"()`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}

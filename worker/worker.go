@@ -101,7 +101,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	defer stop(nil)
 	go w.watchPool(ctx, stop)
 	defer func() {
-		if cause := context.Cause(ctx); errors.Is(cause, errPoolClosed) {
+		if cause := context.Cause(ctx); err == nil && errors.Is(cause, errPoolClosed) {
 			err = cause
 		}
 	}()

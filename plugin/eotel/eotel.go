@@ -21,11 +21,18 @@
 // handler and the [Tracer.OnMessage] hook, which sets the outcome. A failed
 // delivery (any error returned to the router) ends with an error status.
 //
+// With a worker.Worker the Tracer is one plugin (worker.Config.Plugins),
+// installed where each of its parts belongs, in per-message and batch mode:
+//
+//	w, err := worker.New(pool, &worker.Config{…, Plugins: []worker.Plugin{eotel.New(nil)}})
+//
 // Batch mode (consumer.BatchConsumer) runs no per-message middleware on its
-// batch path: subscribe through [Tracer.Subscriber], which puts each
-// message's trace context from its metadata into its context, and set the
-// Tracer as consumer.BatchConfig.Hooks. Each message then gets a consumer
-// span of its own (covering its batch), child of its producer's span:
+// batch path: subscribe through [Tracer.Subscriber], which starts each
+// delivery's consumer span, child of its producer's span, in the message's
+// context, and set the Tracer as consumer.BatchConfig.Hooks, whose Event
+// for the message ends it. A batch handler's spans started from
+// msgs[i].Context() and its outputs for msgs[i] (which carry that context
+// to [Tracer.Outputs]) are then under msgs[i]'s consumer span:
 //
 //	bc, err := consumer.NewBatchConsumer(store, handle, &consumer.BatchConfig{Scope: "ledger", Hooks: tr})
 //	err = bc.Subscribe(ctx, tr.Subscriber(sub), "commands")
@@ -41,6 +48,7 @@ package eotel
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -137,54 +145,91 @@ func (t *Tracer) Extract(ctx context.Context, msg *message.Message) context.Cont
 
 type spanKey struct{}
 
+// msgSpan is the consumer span of one delivery, in its message's context
+// under spanKey. A span the Subscriber started ends with the delivery's
+// first Event ([Tracer.OnMessage]); one the Middleware started, when the
+// Middleware returns.
+type msgSpan struct {
+	span trace.Span
+	// subscriber: started by the Subscriber, ended by OnMessage.
+	subscriber bool
+	ended      atomic.Bool
+}
+
+// spanOf returns the delivery's consumer span in ctx, if any.
+func spanOf(ctx context.Context) (*msgSpan, bool) {
+	ms, ok := ctx.Value(spanKey{}).(*msgSpan)
+	return ms, ok
+}
+
+// consumerAttrs are a delivery's attributes, from its context and metadata.
+func consumerAttrs(ctx context.Context, msg *message.Message) (topic string, attrs []attribute.KeyValue) {
+	src, fromKafka := dedupe.SourceFromContext(ctx)
+	topic, partition, offset := src.Topic, src.Partition, src.Offset
+	if !fromKafka {
+		topic = message.SubscribeTopicFromCtx(ctx)
+	}
+	attrs = []attribute.KeyValue{AttrOperation.String("process"), AttrMessageID.String(msg.UUID)}
+	if topic != "" {
+		attrs = append(attrs, AttrTopic.String(topic))
+	}
+	if fromKafka {
+		attrs = append(attrs, AttrSystem.String("kafka"),
+			AttrPartition.String(strconv.Itoa(int(partition))), AttrOffset.Int64(offset))
+		if k := msg.Metadata.Get(kafkapubsub.MetadataKafkaKey); k != "" {
+			attrs = append(attrs, AttrKafkaKey.String(k))
+		}
+	}
+	return topic, attrs
+}
+
 // Middleware starts a consumer span per delivery, child of the trace context
 // in the message's metadata, and hands its context to the handlers it wraps
 // (msg.Context()). The span ends with an error status when the delivery
 // fails. Output messages without trace context get the span's.
 func (t *Tracer) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		ctx := t.Extract(msg.Context(), msg)
-		src, fromKafka := dedupe.SourceFromContext(msg.Context())
-		topic, partition, offset := src.Topic, src.Partition, src.Offset
-		if !fromKafka {
-			topic = message.SubscribeTopicFromCtx(ctx)
-		}
-		attrs := []attribute.KeyValue{AttrOperation.String("process"), AttrMessageID.String(msg.UUID)}
-		if topic != "" {
-			attrs = append(attrs, AttrTopic.String(topic))
-		}
-		if fromKafka {
-			attrs = append(attrs, AttrSystem.String("kafka"),
-				AttrPartition.String(strconv.Itoa(int(partition))), AttrOffset.Int64(offset))
-			if k := msg.Metadata.Get(kafkapubsub.MetadataKafkaKey); k != "" {
-				attrs = append(attrs, AttrKafkaKey.String(k))
+		if ms, ok := spanOf(msg.Context()); ok && ms.subscriber && !ms.ended.Load() {
+			// The Subscriber started this delivery's span: it is the one,
+			// and the delivery's Event ends it.
+			if name := message.HandlerNameFromCtx(msg.Context()); name != "" {
+				ms.span.SetAttributes(AttrHandler.String(name))
 			}
+			outs, err := h(msg)
+			return t.injectOutputs(ms.span, outs, err)
 		}
+		ctx := t.Extract(msg.Context(), msg)
+		topic, attrs := consumerAttrs(msg.Context(), msg)
 		if name := message.HandlerNameFromCtx(ctx); name != "" {
 			attrs = append(attrs, AttrHandler.String(name))
 		}
 		ctx, span := t.tracer.Start(ctx, spanName("process", topic),
 			trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
 		defer span.End()
-		msg.SetContext(context.WithValue(ctx, spanKey{}, span))
+		msg.SetContext(context.WithValue(ctx, spanKey{}, &msgSpan{span: span}))
 
 		outs, err := h(msg)
+		outs, err = t.injectOutputs(span, outs, err)
 		if err != nil {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
 		}
-		// Outputs go out after the handler returned, through the router's
-		// publisher: they carry this span's context, without its
-		// cancellation.
-		sc := span.SpanContext()
-		for _, o := range outs {
-			if o == nil || trace.SpanContextFromContext(t.Extract(context.Background(), o)).IsValid() {
-				continue
-			}
-			t.Inject(trace.ContextWithSpanContext(context.Background(), sc), o)
-		}
 		return outs, err
 	}
+}
+
+// injectOutputs gives the outputs without trace context the context of
+// span: they go out after the handler returned, through the router's
+// publisher, without the span's cancellation.
+func (t *Tracer) injectOutputs(span trace.Span, outs []*message.Message, err error) ([]*message.Message, error) {
+	sc := span.SpanContext()
+	for _, o := range outs {
+		if o == nil || trace.SpanContextFromContext(t.Extract(context.Background(), o)).IsValid() {
+			continue
+		}
+		t.Inject(trace.ContextWithSpanContext(context.Background(), sc), o)
+	}
+	return outs, err
 }
 
 func spanName(op, topic string) string {
@@ -205,7 +250,18 @@ func (t *Tracer) OnMessage(ctx context.Context, ev consumer.Event) {
 	if ev.Key != "" {
 		attrs = append(attrs, AttrKey.String(ev.Key))
 	}
-	span, ours := ctx.Value(spanKey{}).(trace.Span)
+	ms, ours := spanOf(ctx)
+	var span trace.Span
+	switch {
+	case ours && ms.subscriber && ms.ended.CompareAndSwap(false, true):
+		// The delivery's first Event ends the span the Subscriber started.
+		span = ms.span
+		defer span.End()
+	case ours && !ms.subscriber:
+		span = ms.span // the Middleware ends it
+	default:
+		ours = false
+	}
 	if !ours {
 		end := time.Now()
 		attrs = append(attrs, AttrOperation.String("process"))
@@ -301,11 +357,12 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 func (p *publisher) Close() error { return p.pub.Close() }
 
 // Subscriber wraps sub: each message it delivers carries, in its context,
-// the trace context found in its metadata (the producer's span), so that
-// whatever reads msg.Context() joins the producer's trace: the
-// [Tracer.OnMessage] hook in batch mode (consumer.BatchConfig.Hooks), a
-// handler's own spans. Messages are passed on as they are, so acks and
-// nacks reach sub. With [Tracer.Middleware] it is not needed.
+// a consumer span started at delivery, child of the trace context found in
+// its metadata (the producer's span), so that whatever reads msg.Context()
+// is under it: a handler's own spans, the outputs a batch handler returns
+// for it. The delivery's first Event ([Tracer.OnMessage]) sets its
+// outcome and ends it; [Tracer.Middleware] uses it instead of starting one.
+// Messages are passed on as they are, so acks and nacks reach sub.
 func (t *Tracer) Subscriber(sub message.Subscriber) message.Subscriber {
 	return &subscriber{t: t, sub: sub}
 }
@@ -316,6 +373,7 @@ type subscriber struct {
 }
 
 func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	subTopic := topic
 	in, err := s.sub.Subscribe(ctx, topic)
 	if err != nil {
 		return nil, err
@@ -324,7 +382,18 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	go func() {
 		defer close(out)
 		for m := range in {
-			m.SetContext(s.t.Extract(m.Context(), m))
+			// The delivery's consumer span starts here, child of its
+			// producer's span, so that everything the message's context
+			// reaches (the handler's spans, a batch handler's outputs)
+			// is under it; its first Event ends it.
+			ctx := s.t.Extract(m.Context(), m)
+			topic, attrs := consumerAttrs(m.Context(), m)
+			if topic == "" {
+				topic = subTopic
+			}
+			ctx, span := s.t.tracer.Start(ctx, spanName("process", topic),
+				trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+			m.SetContext(context.WithValue(ctx, spanKey{}, &msgSpan{span: span, subscriber: true}))
 			select {
 			case out <- m:
 			case <-ctx.Done():

@@ -33,6 +33,10 @@ func TestWholeTraceThroughTwoWorkers(t *testing.T) {
 				kafkatest.CreateTopic(t, dlq, 1)
 			}
 			apply := func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
+				// The handler's own span, from its message's context (a
+				// batch handler's ctx is the batch's).
+				_, own := w.tp.Tracer("handler").Start(msg.Context(), "handler work")
+				defer own.End()
 				if _, err := tx.Exec(ctx, "INSERT INTO "+w.db.Table("applied")+" VALUES ($1)", msg.UUID); err != nil {
 					return nil, err
 				}
@@ -121,16 +125,21 @@ func TestWholeTraceThroughTwoWorkers(t *testing.T) {
 			if outcomes["applied"] != 1 || outcomes["duplicate"] != 1 {
 				t.Errorf("outcomes of the command's deliveries %v, want one applied and one duplicate", outcomes)
 			}
+			for _, h := range spans(w.rec, trace.SpanKindInternal, "handler work") {
+				if got := parentName(h); got != "process "+commands && got != "process "+events {
+					t.Errorf("the handler's span's parent is %q, want its command's consumer span", got)
+				}
+			}
+			if n := len(spans(w.rec, trace.SpanKindInternal, "handler work")); n != 2 {
+				t.Errorf("%d handler spans, want 2 (the command once, the event once; the duplicate runs nothing)", n)
+			}
 			relays := spans(w.rec, trace.SpanKindProducer, "send "+events)
 			if len(relays) != 1 {
 				t.Fatalf("%d send spans for the events topic, want 1 (the duplicate publishes nothing)", len(relays))
 			}
-			// Per message, the event's send span is a child of the consumer
-			// span that wrote it; in a batch, of its command's send span.
+			// The event's send span is a child of the consumer span of the
+			// command that returned it, in both modes.
 			want := "process " + commands
-			if mode == "batch" {
-				want = "send " + commands
-			}
 			if got := parentName(relays[0]); got != want {
 				t.Errorf("the event's send span's parent is %q, want %q", got, want)
 			}
