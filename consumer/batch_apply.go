@@ -334,7 +334,10 @@ func (c *BatchConsumer) runBatch(ctx context.Context, items []item) (answers []p
 		return nil, err
 	}
 	if held, ok := c.foreignAt(reqs, answers); ok {
-		// Only duplicates: nothing ran, nothing was written.
+		// Only duplicates in the attempt that committed (fn judged the
+		// claims of the attempts it ran in, but a retried attempt may find
+		// as duplicates keys that were fresh before): nothing ran, nothing
+		// was written.
 		return nil, held
 	}
 	c.keep(items, answers, outputs)

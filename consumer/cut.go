@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -45,8 +44,7 @@ const cutLead = 200 * time.Millisecond
 // is doing, while the attempt still runs.
 type cutWatch struct {
 	timer *time.Timer
-	done  chan struct{}
-	mu    sync.Mutex
+	done  chan struct{} // closed once got and what are set
 	got   wait
 	what  string
 }
@@ -63,11 +61,8 @@ func watchCut(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn) *cutWatch
 	pid := conn.PgConn().PID()
 	w := &cutWatch{done: make(chan struct{})}
 	w.timer = time.AfterFunc(left-lead, func() {
-		defer close(w.done)
-		got, what := readWait(pool, pid)
-		w.mu.Lock()
-		w.got, w.what = got, what
-		w.mu.Unlock()
+		w.got, w.what = readWait(pool, pid)
+		close(w.done)
 	})
 	return w
 }
@@ -82,8 +77,6 @@ func (w *cutWatch) result() (wait, string) {
 		return waitUnknown, "" // the attempt ended before the deadline came near
 	}
 	<-w.done
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	return w.got, w.what
 }
 

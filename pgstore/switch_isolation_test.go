@@ -20,10 +20,7 @@ func TestLegacyRepeatableReadClaimAfterStart(t *testing.T) {
 	t.Parallel()
 	s, legacy, db := newPartitioned(t, nil, "")
 	ctx := context.Background()
-	apply := func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
-		_, err := tx.Exec(ctx, "INSERT INTO "+db.Table("applied")+" VALUES (gen_random_uuid()::text, 1)")
-		return nil, err
-	}
+	apply := countRuns(db, "")
 	// The legacy store's transaction, its snapshot taken.
 	tx, err := db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	if err != nil {
@@ -51,11 +48,7 @@ func TestLegacyRepeatableReadClaimAfterStart(t *testing.T) {
 		}
 	}
 	t.Logf("legacy claim: %v %v", c.Decision, err)
-	var n int
-	if err := db.Pool.QueryRow(ctx, "SELECT coalesce(sum(n), 0) FROM "+db.Table("applied")).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if n != 1 {
+	if n := runs(t, db); n != 1 {
 		t.Fatalf("the key was applied %d times, want 1 (legacy claim: %v %v)", n, c.Decision, err)
 	}
 }
@@ -70,10 +63,7 @@ func TestPartitionedRepeatableReadClaimMissesLegacyKey(t *testing.T) {
 	t.Parallel()
 	s, legacy, db := newPartitioned(t, nil, "")
 	ctx := context.Background()
-	apply := func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
-		_, err := tx.Exec(ctx, "INSERT INTO "+db.Table("applied")+" VALUES (gen_random_uuid()::text, 1)")
-		return nil, err
-	}
+	apply := countRuns(db, "")
 	// Partitions exist, the layout not started yet (as before the
 	// first partitioned worker's claim).
 	if err := s.Check(ctx); err != nil {
@@ -109,11 +99,7 @@ func TestPartitionedRepeatableReadClaimMissesLegacyKey(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var n int
-	if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+db.Table("applied")).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if n != 1 {
+	if n := runs(t, db); n != 1 {
 		t.Fatalf("the key was applied %d times, want 1", n)
 	}
 }

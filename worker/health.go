@@ -142,6 +142,15 @@ func (w *Worker) topics() []kafkapubsub.TopicSpec {
 	return specs
 }
 
+// kafkaClient returns a client on connections of its own (a shared
+// transport would answer from connections it keeps to brokers it learnt
+// of earlier), and the function that closes them.
+func (w *Worker) kafkaClient() (*kafka.Client, func()) {
+	tr := w.cfg.Security.Transport()
+	tr.DialTimeout, tr.IdleTimeout = 3*time.Second, time.Second
+	return &kafka.Client{Addr: kafka.TCP(w.cfg.Brokers...), Timeout: 5 * time.Second, Transport: tr}, tr.CloseIdleConnections
+}
+
 // checkKafka reaches the brokers on connections of its own (a shared
 // transport would answer from connections it keeps to brokers it learnt
 // of earlier), and checks or creates the topics.
@@ -153,10 +162,8 @@ func (w *Worker) checkKafka(ctx context.Context, create bool) (string, error) {
 		}
 		return "", nil
 	}
-	tr := w.cfg.Security.Transport()
-	tr.DialTimeout, tr.IdleTimeout = 3*time.Second, time.Second
-	defer tr.CloseIdleConnections()
-	c := &kafka.Client{Addr: kafka.TCP(w.cfg.Brokers...), Timeout: 5 * time.Second, Transport: tr}
+	c, done := w.kafkaClient()
+	defer done()
 	names := make([]string, len(specs))
 	for i, s := range specs {
 		names[i] = s.Name

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/segmentio/kafka-go"
 
@@ -36,10 +35,8 @@ func (w *Worker) Offsets(ctx context.Context) ([]PartitionOffsets, error) {
 	if len(w.cfg.Brokers) == 0 {
 		return nil, errors.New("worker: Offsets needs Config.Brokers")
 	}
-	tr := w.cfg.Security.Transport()
-	tr.DialTimeout, tr.IdleTimeout = 3*time.Second, time.Second
-	defer tr.CloseIdleConnections()
-	c := &kafka.Client{Addr: kafka.TCP(w.cfg.Brokers...), Timeout: 5 * time.Second, Transport: tr}
+	c, done := w.kafkaClient()
+	defer done()
 	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{w.cfg.Topic}})
 	if err != nil {
 		return nil, fmt.Errorf("worker: offsets of %s: %w", w.cfg.Topic, err)
