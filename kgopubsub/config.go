@@ -1,0 +1,138 @@
+package kgopubsub
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/kafkapubsub"
+)
+
+// GroupProtocol is the consumer-group protocol a Subscriber joins with.
+type GroupProtocol string
+
+const (
+	// ProtocolClassic is the client-driven protocol (JoinGroup and
+	// SyncGroup) with the cooperative-sticky assignor: a rebalance moves
+	// only the partitions that must move, and the others go on consuming.
+	// The default.
+	ProtocolClassic GroupProtocol = "classic"
+	// ProtocolConsumer is KIP-848's broker-driven protocol
+	// (ConsumerGroupHeartbeat, Kafka 4.0 and later): the coordinator
+	// assigns partitions with no group-wide barrier. On a broker without it
+	// the Subscriber joins with ProtocolClassic.
+	ProtocolConsumer GroupProtocol = "consumer"
+)
+
+// SubscriberConfig configures a Subscriber. The embedded
+// kafkapubsub.SubscriberConfig has the same fields with the same meaning
+// and defaults as for kafkapubsub's Subscriber (Brokers, ConsumerGroup,
+// StartOffset, NackBackoff, CommitInterval, MaxInFlight, KeyOrdered,
+// DrainTimeout, the group timeouts, Isolation, MaxWait, MaxBytes, Security,
+// Positions, Logger); the fields below are franz-go's own.
+type SubscriberConfig struct {
+	kafkapubsub.SubscriberConfig
+	// InstanceID makes the member static (group.instance.id): a member that
+	// stops and comes back with the same InstanceID within SessionTimeout
+	// gets its partitions back with no rebalance, and a static member does
+	// not leave the group when it closes. Each running member needs an
+	// InstanceID of its own (a pod name, a host name); two members with
+	// the same one fence each other. Defaults to "": a dynamic member.
+	InstanceID string
+	// GroupProtocol is ProtocolClassic (the default) or ProtocolConsumer.
+	GroupProtocol GroupProtocol
+	// Options are further franz-go options, applied after the Subscriber's
+	// own (a SASL mechanism of franz-go's, a dialer, a logger of kgo's).
+	// Defaults to none.
+	Options []kgo.Opt
+}
+
+func (c *SubscriberConfig) withDefaults() (SubscriberConfig, error) {
+	var o SubscriberConfig
+	if c != nil {
+		o = *c
+	}
+	if len(o.Brokers) == 0 {
+		return o, errors.New("kgopubsub: SubscriberConfig.Brokers is empty: set the Kafka bootstrap addresses")
+	}
+	if o.Positions != nil && o.ConsumerGroup == "" {
+		return o, errors.New("kgopubsub: SubscriberConfig.Positions is set without ConsumerGroup: positions are kept per group; set ConsumerGroup or leave Positions nil")
+	}
+	if o.InstanceID != "" && o.ConsumerGroup == "" {
+		return o, errors.New("kgopubsub: SubscriberConfig.InstanceID is set without ConsumerGroup: set ConsumerGroup or leave InstanceID empty")
+	}
+	switch o.GroupProtocol {
+	case "":
+		o.GroupProtocol = ProtocolClassic
+	case ProtocolClassic, ProtocolConsumer:
+	default:
+		return o, fmt.Errorf("kgopubsub: SubscriberConfig.GroupProtocol is %q: use %q or %q", o.GroupProtocol, ProtocolClassic, ProtocolConsumer)
+	}
+	if o.StartOffset == 0 {
+		o.StartOffset = kafkapubsub.StartFirst
+	}
+	if o.StartOffset != kafkapubsub.StartFirst && o.StartOffset != kafkapubsub.StartLast {
+		return o, fmt.Errorf("kgopubsub: SubscriberConfig.StartOffset is %d: use kafkapubsub.StartFirst or kafkapubsub.StartLast", o.StartOffset)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&o.NackBackoff, 100*time.Millisecond)
+	def(&o.MaxNackBackoff, 5*time.Second)
+	def(&o.SessionTimeout, 10*time.Second)
+	def(&o.RebalanceTimeout, 30*time.Second)
+	def(&o.DrainTimeout, min(10*time.Second, o.RebalanceTimeout/2))
+	def(&o.HeartbeatInterval, time.Second)
+	def(&o.MaxWait, 250*time.Millisecond)
+	def(&o.CommitInterval, 200*time.Millisecond)
+	if o.MaxInFlight == 0 {
+		o.MaxInFlight = 1
+	}
+	if o.MaxInFlight < 0 {
+		return o, fmt.Errorf("kgopubsub: SubscriberConfig.MaxInFlight is %d: set 1 or more (1 is one message per partition at a time)", o.MaxInFlight)
+	}
+	if o.MaxBytes == 0 {
+		o.MaxBytes = 10 << 20
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	for name, d := range map[string]time.Duration{"NackBackoff": o.NackBackoff, "MaxNackBackoff": o.MaxNackBackoff,
+		"DrainTimeout": o.DrainTimeout, "SessionTimeout": o.SessionTimeout, "RebalanceTimeout": o.RebalanceTimeout,
+		"HeartbeatInterval": o.HeartbeatInterval, "MaxWait": o.MaxWait} {
+		if d < 0 {
+			return o, fmt.Errorf("kgopubsub: SubscriberConfig.%s is %v: set a positive duration", name, d)
+		}
+	}
+	if o.DrainTimeout >= o.RebalanceTimeout {
+		return o, fmt.Errorf("kgopubsub: SubscriberConfig.DrainTimeout (%v) is not below RebalanceTimeout (%v): the group would finish the rebalance without this member and refuse its last commit; lower DrainTimeout or raise RebalanceTimeout", o.DrainTimeout, o.RebalanceTimeout)
+	}
+	if o.HeartbeatInterval >= o.SessionTimeout {
+		return o, fmt.Errorf("kgopubsub: SubscriberConfig.HeartbeatInterval (%v) is not below SessionTimeout (%v): lower HeartbeatInterval (a third of SessionTimeout or less)", o.HeartbeatInterval, o.SessionTimeout)
+	}
+	switch o.Isolation {
+	case 0:
+		o.Isolation = kafkapubsub.ReadCommitted
+	case kafkapubsub.ReadCommitted, kafkapubsub.ReadUncommitted:
+	default:
+		return o, fmt.Errorf("kgopubsub: SubscriberConfig.Isolation is %d: use kafkapubsub.ReadCommitted or kafkapubsub.ReadUncommitted", o.Isolation)
+	}
+	return o, nil
+}
+
+// securityOpts turns sec into franz-go options.
+func securityOpts(sec kafkapubsub.Security) []kgo.Opt {
+	var opts []kgo.Opt
+	if sec.TLS != nil {
+		opts = append(opts, kgo.DialTLSConfig(sec.TLS.Clone()))
+	}
+	if sec.SASL != nil {
+		opts = append(opts, kgo.SASL(fromKafkaGo(sec.SASL)))
+	}
+	return opts
+}

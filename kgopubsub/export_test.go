@@ -1,0 +1,21 @@
+package kgopubsub
+
+// GroupGeneration returns the generation (or, under ProtocolConsumer, the
+// member epoch) and member ID of s's member of the group for topic, as
+// franz-go holds them; ok is false before the member's client exists.
+func GroupGeneration(s *Subscriber, topic string) (memberID string, generation int32, ok bool) {
+	s.mu.Lock()
+	m := s.members[topic]
+	s.mu.Unlock()
+	if m == nil {
+		return "", 0, false
+	}
+	m.mu.Lock()
+	cl := m.cl
+	m.mu.Unlock()
+	if cl == nil {
+		return "", 0, false
+	}
+	memberID, generation = cl.GroupMetadata()
+	return memberID, generation, true
+}

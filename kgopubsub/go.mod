@@ -1,0 +1,20 @@
+module github.com/exactly-go/exactly/kgopubsub
+
+go 1.25.0
+
+require (
+	github.com/ThreeDotsLabs/watermill v1.5.1
+	github.com/exactly-go/exactly v0.1.0-rc.1
+	github.com/segmentio/kafka-go v0.4.51
+	github.com/twmb/franz-go v1.22.3
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1
+)
+
+require (
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/klauspost/compress v1.20.4 // indirect
+	github.com/lithammer/shortuuid/v3 v3.0.7 // indirect
+	github.com/oklog/ulid v1.3.1 // indirect
+	github.com/pierrec/lz4/v4 v4.1.33 // indirect
+	github.com/pkg/errors v0.9.1 // indirect
+)

@@ -1,0 +1,130 @@
+package kgopubsub
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/kafkapubsub"
+)
+
+// reserved says whether k is a metadata key the Subscriber sets, which the
+// Publisher never writes as a header.
+func reserved(k string) bool {
+	switch k {
+	case kafkapubsub.UUIDHeader, kafkapubsub.MetadataTopic, kafkapubsub.MetadataPartition, kafkapubsub.MetadataOffset,
+		kafkapubsub.MetadataKafkaKey, kafkapubsub.MetadataTimestamp:
+		return true
+	}
+	return false
+}
+
+// toWatermill converts a fetched record into a Watermill message, with the
+// metadata kafkapubsub's Subscriber sets.
+func toWatermill(r *kgo.Record) *message.Message {
+	var uuid string
+	md := make(message.Metadata, len(r.Headers)+5)
+	for _, h := range r.Headers {
+		if h.Key == kafkapubsub.UUIDHeader {
+			uuid = string(h.Value)
+			continue
+		}
+		md[h.Key] = string(h.Value)
+	}
+	msg := message.NewMessage(uuid, r.Value)
+	md[kafkapubsub.MetadataTopic] = r.Topic
+	md[kafkapubsub.MetadataPartition] = strconv.Itoa(int(r.Partition))
+	md[kafkapubsub.MetadataOffset] = strconv.FormatInt(r.Offset, 10)
+	if r.Key != nil {
+		md[kafkapubsub.MetadataKafkaKey] = string(r.Key)
+	}
+	if !r.Timestamp.IsZero() {
+		md[kafkapubsub.MetadataTimestamp] = r.Timestamp.UTC().Format(time.RFC3339Nano)
+	}
+	msg.Metadata = md
+	return msg
+}
+
+// arrivedKey carries, in the context of a message the Subscriber delivers,
+// the record as it arrived.
+type arrivedKey struct{}
+
+func withArrived(ctx context.Context, r *kgo.Record) context.Context {
+	return context.WithValue(ctx, arrivedKey{}, r)
+}
+
+// arrived returns the record msg was made of when msg is a message the
+// Subscriber delivered, published again under the ID it arrived with (a
+// dead letter, a message forwarded as it is), and nil otherwise.
+func arrived(msg *message.Message) *kgo.Record {
+	r, _ := msg.Context().Value(arrivedKey{}).(*kgo.Record)
+	if r == nil || msg.UUID != arrivedUUID(r) {
+		return nil
+	}
+	return r
+}
+
+func arrivedUUID(r *kgo.Record) string {
+	var uuid string
+	for _, h := range r.Headers {
+		if h.Key == kafkapubsub.UUIDHeader {
+			uuid = string(h.Value)
+		}
+	}
+	return uuid
+}
+
+// toRecord converts a Watermill message into a record for topic.
+func toRecord(topic string, msg *message.Message, key []byte) *kgo.Record {
+	headers := make([]kgo.RecordHeader, 0, len(msg.Metadata)+1)
+	headers = append(headers, kgo.RecordHeader{Key: kafkapubsub.UUIDHeader, Value: []byte(msg.UUID)})
+	for k, v := range msg.Metadata {
+		if reserved(k) {
+			continue
+		}
+		headers = append(headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
+	}
+	return &kgo.Record{Topic: topic, Key: key, Value: msg.Payload, Headers: headers}
+}
+
+// toRecordAsArrived converts msg, a message the Subscriber delivered as r,
+// into a record for topic that is r as it arrived (its headers in their
+// order, a repeated name included, and its message ID header only if it
+// had one) with msg's changes, as kafkapubsub's Publisher does.
+func toRecordAsArrived(topic string, msg *message.Message, r *kgo.Record, key []byte) *kgo.Record {
+	last := make(map[string]string, len(r.Headers))
+	for _, h := range r.Headers {
+		last[h.Key] = string(h.Value)
+	}
+	headers := make([]kgo.RecordHeader, 0, len(r.Headers)+len(msg.Metadata))
+	for _, h := range r.Headers {
+		if h.Key == kafkapubsub.UUIDHeader {
+			headers = append(headers, h)
+			continue
+		}
+		if v, ok := msg.Metadata[h.Key]; ok && v == last[h.Key] {
+			headers = append(headers, h)
+		}
+	}
+	var added []string
+	for k, v := range msg.Metadata {
+		if reserved(k) {
+			continue
+		}
+		if was, ok := last[k]; !ok || was != v {
+			added = append(added, k)
+		}
+	}
+	slices.Sort(added)
+	for _, k := range added {
+		headers = append(headers, kgo.RecordHeader{Key: k, Value: []byte(msg.Metadata[k])})
+	}
+	if string(key) == string(r.Key) {
+		key = r.Key
+	}
+	return &kgo.Record{Topic: topic, Key: key, Value: msg.Payload, Headers: headers}
+}

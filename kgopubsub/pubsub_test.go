@@ -1,0 +1,150 @@
+package kgopubsub_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
+	"github.com/exactly-go/exactly/kafkapubsub"
+	"github.com/exactly-go/exactly/kgopubsub"
+)
+
+func quietLogger() *slog.Logger {
+	level := slog.LevelError
+	if os.Getenv("EXACTLY_TEST_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+func newPubSubOn(t *testing.T, brokers []string, group string) (message.Publisher, message.Subscriber) {
+	pub, err := kgopubsub.NewPublisher(&kgopubsub.PublisherConfig{PublisherConfig: kafkapubsub.PublisherConfig{
+		Brokers:                brokers,
+		AllowAutoTopicCreation: true,
+		// Messages of one kind share a key, so they share a partition and keep their order.
+		PartitionKeyFunc: func(_ string, m *message.Message) (string, error) { return string(m.Payload), nil },
+		Logger:           quietLogger(),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := kgopubsub.NewSubscriber(&kgopubsub.SubscriberConfig{SubscriberConfig: kafkapubsub.SubscriberConfig{
+		Brokers:          brokers,
+		ConsumerGroup:    group,
+		NackBackoff:      10 * time.Millisecond,
+		MaxNackBackoff:   10 * time.Millisecond,
+		SessionTimeout:   6 * time.Second,
+		RebalanceTimeout: 10 * time.Second,
+		DrainTimeout:     5 * time.Second,
+		Logger:           quietLogger(),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pub, sub
+}
+
+func newPubSub(t *testing.T, group string) (message.Publisher, message.Subscriber) {
+	return newPubSubOn(t, kafkatest.Brokers(t), group)
+}
+
+// TestPubSub runs Watermill's universal Pub/Sub test suite with the
+// features kafkapubsub's run declares. Its TestReconnect restarts a broker
+// of its own; it races on the suite's own slice, so under the race
+// detector it skips (as kafkapubsub's does).
+func TestPubSub(t *testing.T) {
+	kafkatest.RequireReal(t)
+	own := kafkatest.PrepareOwn(t, nil)
+	var started sync.Once
+	features := tests.Features{
+		ConsumerGroups:                   true,
+		ExactlyOnceDelivery:              false,
+		GuaranteedOrder:                  true,
+		Persistent:                       true,
+		NewSubscriberReceivesOldMessages: true,
+		RestartServiceCommand:            own.Restart,
+	}
+	tests.TestPubSub(t, features,
+		func(t *testing.T) (message.Publisher, message.Subscriber) {
+			name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
+			if strings.Contains(name, "TestNewSubscriberReceivesOldMessages") {
+				name = kafkatest.Name(name)
+			}
+			if strings.Contains(name, "TestReconnect") {
+				if raceDetector {
+					t.Skip("Watermill's TestReconnect races on its own slice of published messages: run it without -race")
+				}
+				started.Do(func() { own.Start(t) })
+				return newPubSubOn(t, []string{own.Addr}, "ps-"+name)
+			}
+			return newPubSub(t, "ps-"+name)
+		},
+		newPubSub,
+	)
+}
+
+// produceKeyed writes n records spread over keys, each record's value its
+// sequence number within its key, hashed to partitions by key.
+func produceKeyed(t testing.TB, brokers []string, topic string, n, keys int) {
+	t.Helper()
+	msgs := make([]kafka.Message, n)
+	for i := range msgs {
+		msgs[i] = kafka.Message{Key: []byte(fmt.Sprintf("k%03d", i%keys)), Value: []byte(strconv.Itoa(i / keys))}
+	}
+	wr := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll,
+		BatchTimeout: time.Millisecond, BatchSize: 1000}
+	defer wr.Close()
+	if err := wr.WriteMessages(context.Background(), msgs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitCommitted waits until group has committed every record of topic.
+func waitCommitted(t *testing.T, group, topic string, partitions int, d time.Duration) {
+	t.Helper()
+	end := kafkatest.EndOffsets(t, topic, partitions)
+	testenv.WaitFor(t, d, "the group to commit every record", func() bool {
+		c := kafkatest.CommittedOffsets(t, group, topic, partitions)
+		for p, o := range end {
+			if c[p] != o {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func subscriber(t *testing.T, cfg kgopubsub.SubscriberConfig) *kgopubsub.Subscriber {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
+	sub, err := kgopubsub.NewSubscriber(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Close() })
+	return sub
+}
+
+func offsetOf(m *message.Message) int64 {
+	o, _ := strconv.ParseInt(m.Metadata.Get(kafkapubsub.MetadataOffset), 10, 64)
+	return o
+}
+
+func partitionOf(m *message.Message) int {
+	p, _ := strconv.Atoi(m.Metadata.Get(kafkapubsub.MetadataPartition))
+	return p
+}

@@ -1,0 +1,5 @@
+//go:build race
+
+package kgopubsub_test
+
+const raceDetector = true

@@ -1,0 +1,182 @@
+package kgopubsub
+
+import (
+	"context"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// lookaheadFactor bounds a partition's window: it holds at most
+// lookaheadFactor × MaxInFlight records from its lowest unacked offset on.
+// Records acked above that offset still count, so a slow message at the
+// bottom of the window stops new deliveries once the window is full, which
+// bounds both memory and what a crash redelivers.
+const lookaheadFactor = 4
+
+// entryState is where one record of a window stands.
+type entryState uint8
+
+const (
+	waiting    entryState = iota // fetched, never delivered
+	delivered                    // with the handler, awaiting its ack
+	backingOff                   // nacked: waits out its back-off, keeping its slot and key
+	ready                        // back-off over: to be delivered again
+	done                         // acked
+)
+
+// recordKey is a record's Kafka key as the key-ordered window sees it. All
+// records with a null key share one recordKey, distinct from the empty key.
+type recordKey struct {
+	null bool
+	key  string
+}
+
+func keyOf(km *kgo.Record) recordKey {
+	if km.Key == nil {
+		return recordKey{null: true}
+	}
+	return recordKey{key: string(km.Key)}
+}
+
+// entry is one record of a window.
+type entry struct {
+	km      *kgo.Record
+	key     recordKey
+	state   entryState
+	backoff time.Duration // the next nack's pause
+	// msg is the current delivery of the record (nil between deliveries),
+	// cancel ends its context, retry is its pending back-off timer.
+	msg    *message.Message
+	cancel context.CancelFunc
+	retry  *time.Timer
+}
+
+// window is one partition's records from the lowest unacked offset to the
+// newest fetched one, in offset order. Up to max of them are in flight
+// (delivered, or nacked and waiting to be delivered again); with keyed, at
+// most one per record key. It is owned by one goroutine.
+type window struct {
+	max, lookahead int
+	keyed          bool
+	entries        []*entry
+	inFlight       int
+	ready          int // entries in state ready
+	// nacks counts the entries nacked and not yet delivered again
+	// (backingOff or ready).
+	nacks int
+	busy  map[recordKey]bool
+	// firstWaiting is the index of the first waiting entry, or len(entries):
+	// no entry below it is waiting.
+	firstWaiting int
+	// base is the position after every record taken in: the watermark
+	// when the window is empty; -1 before the first record.
+	base int64
+}
+
+func newWindow(maxInFlight int, keyed bool, pos int64) *window {
+	return &window{max: maxInFlight, lookahead: lookaheadFactor * maxInFlight, keyed: keyed, busy: map[recordKey]bool{}, base: pos}
+}
+
+// full says whether the window takes no more records.
+func (w *window) full() bool { return len(w.entries) >= w.lookahead }
+
+// add takes in the next fetched record.
+func (w *window) add(km *kgo.Record, backoff time.Duration) {
+	w.entries = append(w.entries, &entry{km: km, key: keyOf(km), backoff: backoff})
+	w.base = max(w.base, km.Offset+1)
+}
+
+
+// watermark is the offset to commit: the lowest record not acked, or the
+// position after everything taken in when every record is acked.
+func (w *window) watermark() int64 {
+	if len(w.entries) > 0 {
+		return w.entries[0].km.Offset
+	}
+	return w.base
+}
+
+// next returns the entry to deliver now, or nil: a record whose back-off is
+// over first (it holds the watermark), else, while fewer than max are in
+// flight, the lowest waiting record — with keyed, the lowest whose key has
+// nothing in flight.
+func (w *window) next() *entry {
+	if !w.keyed && w.nacks > 0 {
+		// In offset order, a nack rewinds the partition as a seek would:
+		// the nacked records go again lowest first, each only once every
+		// lower nacked one is out again, and nothing new goes before them.
+		for _, e := range w.entries {
+			switch e.state {
+			case ready:
+				return e
+			case backingOff:
+				return nil
+			}
+		}
+		return nil
+	}
+	if w.ready > 0 {
+		for _, e := range w.entries {
+			if e.state == ready {
+				return e
+			}
+		}
+	}
+	if w.inFlight >= w.max {
+		return nil
+	}
+	for _, e := range w.entries[w.firstWaiting:] {
+		if e.state == waiting && (!w.keyed || !w.busy[e.key]) {
+			return e
+		}
+	}
+	return nil
+}
+
+// nacked puts e in its back-off; it keeps its slot and its key.
+func (w *window) nacked(e *entry) {
+	e.state = backingOff
+	w.nacks++
+}
+
+// retry makes e, whose back-off is over, the next to deliver.
+func (w *window) retry(e *entry) {
+	if e.state == backingOff {
+		e.state = ready
+		w.ready++
+	}
+}
+
+// sent records that e went out on the channel.
+func (w *window) sent(e *entry) {
+	switch e.state {
+	case waiting:
+		w.inFlight++
+		w.busy[e.key] = true
+	case ready:
+		w.ready--
+		w.nacks--
+	}
+	e.state = delivered
+	for w.firstWaiting < len(w.entries) && w.entries[w.firstWaiting].state != waiting {
+		w.firstWaiting++
+	}
+}
+
+// acked frees e's slot and key and drops acked entries from the bottom.
+func (w *window) acked(e *entry) {
+	e.state = done
+	w.inFlight--
+	delete(w.busy, e.key)
+	n := 0
+	for n < len(w.entries) && w.entries[n].state == done {
+		n++
+	}
+	if n > 0 {
+		clear(w.entries[:n])
+		w.entries = w.entries[n:]
+		w.firstWaiting -= n
+	}
+}
