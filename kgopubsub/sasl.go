@@ -5,8 +5,8 @@ import (
 	"net"
 	"strconv"
 
-	kgosasl "github.com/twmb/franz-go/pkg/sasl"
 	"github.com/segmentio/kafka-go/sasl"
+	kgosasl "github.com/twmb/franz-go/pkg/sasl"
 )
 
 // fromKafkaGo runs a kafka-go SASL mechanism (kafkapubsub.Security.SASL:

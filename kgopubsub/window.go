@@ -88,7 +88,6 @@ func (w *window) add(km *kgo.Record, backoff time.Duration) {
 	w.base = max(w.base, km.Offset+1)
 }
 
-
 // watermark is the offset to commit: the lowest record not acked, or the
 // position after everything taken in when every record is acked.
 func (w *window) watermark() int64 {
