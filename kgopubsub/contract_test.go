@@ -321,6 +321,8 @@ func rebalanceWithoutLossOrDup(t *testing.T, protocol kgopubsub.GroupProtocol) {
 	}
 	cb := &counter{got: map[[2]int64]int{}}
 	go consume(chB, cb, 5*time.Millisecond)
+	testenv.WaitFor(t, time.Minute, "the second member to be given records", func() bool { return cb.total() > 0 })
+	checkProtocol(t, group, protocol, 2)
 	waitCommitted(t, group, topic, partitions, 2*time.Minute)
 	c.mu.Lock()
 	cb.mu.Lock()
