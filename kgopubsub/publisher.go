@@ -22,7 +22,11 @@ import (
 // for kafkapubsub's Publisher (Brokers, PartitionKeyFunc,
 // AllowAutoTopicCreation, BatchTimeout as the linger, PublishTimeout,
 // MaxRecordBytes, Partitioner, Compression, Acks, Security, Logger);
-// BatchSize does not apply: franz-go batches by bytes.
+// BatchSize does not apply: franz-go batches by bytes, up to its default
+// batch size (about 1 MB, the broker's default max.message.bytes), which
+// also bounds one record: a larger one fails with
+// kafkapubsub.ErrRecordTooLarge (kafkapubsub's Publisher sends it in a
+// batch of its own).
 type PublisherConfig struct {
 	kafkapubsub.PublisherConfig
 	// Options are further franz-go options, applied after the Publisher's
@@ -112,7 +116,6 @@ func NewPublisher(cfg *PublisherConfig) (*Publisher, error) {
 		kgo.RecordPartitioner(partitioner(c.Partitioner)),
 		kgo.ProducerLinger(c.BatchTimeout),
 		kgo.ProducerBatchCompression(cc),
-		kgo.ProducerBatchMaxBytes(int32(min(max(c.MaxRecordBytes+64<<10, 1<<20), 1<<30))),
 		kgo.MaxBufferedRecords(1 << 16),
 	}
 	if c.Acks == kafkapubsub.AcksLeader {
