@@ -82,7 +82,7 @@ const (
 )
 
 var (
-	benchOnce  sync.Once
+	benchOnce      sync.Once
 	benchTopicName string
 )
 
