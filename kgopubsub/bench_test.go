@@ -3,6 +3,7 @@ package kgopubsub_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -18,7 +19,8 @@ import (
 
 // Subscribe throughput, side by side on one topic in one run: kgopubsub's
 // Subscriber, bare kgo (a group consumer that polls and counts, with
-// read_committed and autocommit, doing nothing per record) and
+// read_committed and autocommit, doing nothing per record), bare kgo
+// handing a Watermill message per record over a channel, and
 // kafkapubsub's Subscriber, each with MaxInFlight 1 (one message per
 // partition at a time) and 64 (a window):
 //
@@ -46,6 +48,41 @@ func BenchmarkSubscribe(b *testing.B) {
 					if n := fs.NumRecords(); n > 0 {
 						count(n)
 					}
+				}
+			}()
+			return func() { <-done; cl.Close() }
+		})
+	})
+	// The floor of any Watermill subscriber on kgo: bare kgo that makes a
+	// Watermill message of each record and hands it over a channel to a
+	// goroutine that acks it, waiting for no ack.
+	b.Run("bare-kgo-watermill-channel", func(b *testing.B) {
+		benchConsume(b, func(ctx context.Context, group string, count func(int)) func() {
+			cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic), kgo.ConsumerGroup(group),
+				kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			ch := make(chan *message.Message)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for m := range ch {
+					m.Ack()
+					count(1)
+				}
+			}()
+			go func() {
+				defer close(ch)
+				for ctx.Err() == nil {
+					cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+						m := message.NewMessage("", r.Value)
+						m.Metadata.Set(kafkapubsub.MetadataOffset, strconv.FormatInt(r.Offset, 10))
+						select {
+						case ch <- m:
+						case <-ctx.Done():
+						}
+					})
 				}
 			}()
 			return func() { <-done; cl.Close() }
