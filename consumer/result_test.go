@@ -134,7 +134,7 @@ func TestOutputIDsSurviveReapplication(t *testing.T) {
 			outs[i] = outputs()
 		}
 		return outs, nil
-	}, &consumer.BatchConfig{Scope: "ledger", Outputs: wr.Outputs("events"), MaxSize: 1, MaxWait: time.Millisecond, Logger: quietLogger()})
+	}, &consumer.BatchConfig{Config: consumer.Config{Scope: "ledger", Outputs: wr.Outputs("events"), Logger: quietLogger()}, MaxSize: 1, MaxWait: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

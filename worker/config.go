@@ -185,12 +185,6 @@ type Config struct {
 	// Plugins: []worker.Plugin{eotel.New(nil), eprom.New(nil)} gives whole
 	// traces and the dashboard's metrics. Defaults to none.
 	Plugins []Plugin
-
-	// NoDedupe runs each message (or batch) in a transaction of its own,
-	// with no key: a redelivery applies it again. Only for measuring the
-	// claim's cost and for proving that a replay catches double
-	// applications. Defaults to false.
-	NoDedupe bool
 }
 
 // withDefaults returns a copy of cfg with its defaults filled in, or an

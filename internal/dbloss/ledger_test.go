@@ -143,7 +143,7 @@ func (l ledger) start(t *testing.T, pool *pgxpool.Pool, brokers []string, topic 
 	if l.mode == batch {
 		bc, err := consumer.NewBatchConsumer(store, func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
 			return nil, l.apply(ctx, tx, msgs)
-		}, &consumer.BatchConfig{Scope: "ledger", MaxSize: 50, Logger: quiet(), MaxAttempts: -1})
+		}, &consumer.BatchConfig{Config: consumer.Config{Scope: "ledger", Logger: quiet(), MaxAttempts: -1}, MaxSize: 50})
 		if err != nil {
 			t.Fatal(err)
 		}

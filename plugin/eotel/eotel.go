@@ -34,7 +34,7 @@
 // msgs[i].Context() and its outputs for msgs[i] (which carry that context
 // to [Tracer.Outputs]) are then under msgs[i]'s consumer span:
 //
-//	bc, err := consumer.NewBatchConsumer(store, handle, &consumer.BatchConfig{Scope: "ledger", Hooks: tr})
+//	bc, err := consumer.NewBatchConsumer(store, handle, &consumer.BatchConfig{Config: consumer.Config{Scope: "ledger", Hooks: tr}})
 //	err = bc.Subscribe(ctx, tr.Subscriber(sub), "commands")
 //
 // Through the outbox: the outbox stores each message's metadata with its

@@ -2,14 +2,31 @@ package consumer
 
 import (
 	"context"
-	"fmt"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
-
-	"github.com/exactly-go/exactly/internal/pgtx"
 )
+
+// cut applies items in offset order with each message at (ascending
+// indexes) alone on the per-message path: the messages before the first
+// as a batch, the first alone, the messages up to the next as a batch, and
+// so on. It stops at the first nack, nacking everything after it.
+func (c *BatchConsumer) cut(ctx context.Context, items []item, at []int) (stopped bool) {
+	from := 0
+	for _, i := range at {
+		if c.apply(ctx, items[from:i], time.Now()) {
+			nackItems(items[i:])
+			return true
+		}
+		if !c.one(items[i].msg) {
+			nackItems(items[i+1:])
+			return true
+		}
+		from = i + 1
+	}
+	return c.apply(ctx, items[from:], time.Now())
+}
 
 // many takes msgs down the per-message path at once: messages that were not
 // applied with their batch and never will be in it (key reused, in flight,
@@ -45,38 +62,6 @@ func (c *BatchConsumer) one(msg *message.Message) bool {
 	}
 	msg.Ack()
 	return true
-}
-
-// plainOne is the per-message path with NoDedupe.
-func (c *BatchConsumer) plainOne(msg *message.Message) ([]*message.Message, error) {
-	var outs [][]*message.Message
-	err := c.plain(msg.Context(), func(tx pgx.Tx) error {
-		var err error
-		if outs, err = c.call(msg.Context(), tx, []*message.Message{msg}); err == nil {
-			err = c.writeOutputs(msg.Context(), tx, outs)
-		}
-		return err
-	})
-	if err != nil || len(outs) == 0 || c.cfg.Outputs != nil {
-		return nil, err
-	}
-	return outs[0], nil
-}
-
-// plain runs fn in a transaction with no keys.
-func (c *BatchConsumer) plain(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	tx, err := c.store.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer pgtx.Rollback(ctx, tx)
-	if err := fn(tx); err != nil {
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("consumer: commit: %w", err)
-	}
-	return nil
 }
 
 func nackAll(msgs []*message.Message) {

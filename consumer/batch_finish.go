@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/pgstore"
 )
 
 func (c *BatchConsumer) writeOutputs(ctx context.Context, tx pgx.Tx, outs [][]*message.Message) error {
@@ -29,7 +28,7 @@ func (c *BatchConsumer) writeOutputs(ctx context.Context, tx pgx.Tx, outs [][]*m
 // claim failed on its own (key reused, in flight) takes the per-message
 // path, which dead-letters or retries it. It reports whether it stopped
 // at a nacked message (the rest nacked too).
-func (c *BatchConsumer) finish(ctx context.Context, items []item, answers []pgstore.BatchClaim, start time.Time) (stopped bool) {
+func (c *BatchConsumer) finish(ctx context.Context, items []item, answers []dedupe.BatchClaim, start time.Time) (stopped bool) {
 	d := time.Since(start)
 	// The messages whose claim failed on its own were not applied: they
 	// take the per-message path once the others are done. Those that can
