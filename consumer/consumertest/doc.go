@@ -11,8 +11,8 @@
 //   - [MemStore], in memory, for handlers (per-message and batch) that
 //     write no SQL. It decides as pgstore does ([dedupe.Decide]) and
 //     passes the same conformance suite (dedupetest.Exercise); its
-//     transactions ([Tx]) run no SQL and record
-//     whether they were committed or rolled back.
+//     transactions ([Tx]) run no SQL and record whether they were
+//     committed or rolled back.
 //   - [*pgstore.Store] on a pool, for handlers that write SQL: the handler
 //     gets a real transaction, and a test reads its writes back.
 //
