@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/exactly-go/exactly/internal/embedpg"
+	"github.com/exactly-go/exactly/embedpg"
 	"github.com/exactly-go/exactly/internal/redact"
 )
 

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/exactly-go/exactly/internal/embedpg"
+	"github.com/exactly-go/exactly/embedpg"
 	"github.com/exactly-go/exactly/internal/testkit/testenv"
 	"github.com/exactly-go/exactly/migrations"
 )

@@ -97,7 +97,7 @@ func (o options) repro() string {
 	if o.keyLayout != "legacy" {
 		env += " CHAOS_KEY_LAYOUT=" + o.keyLayout
 	}
-	return env + " go test -race -count=1 -timeout 20m -run 'TestChaos$' -v ./internal/chaos/"
+	return env + " go test -race -count=1 -timeout 20m -run 'TestChaos$' -v ./systest/chaos/"
 }
 
 type scale struct {

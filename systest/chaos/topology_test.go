@@ -71,7 +71,7 @@ func (tp *topology) repro(o options) string {
 	if o.keyLayout != "legacy" {
 		env += " CHAOS_KEY_LAYOUT=" + o.keyLayout
 	}
-	return env + " go test -race -count=1 -timeout 60m -run 'TestChaosTopology$' -v ./internal/chaos/"
+	return env + " go test -race -count=1 -timeout 60m -run 'TestChaosTopology$' -v ./systest/chaos/"
 }
 
 func TestChaosTopology(t *testing.T) {

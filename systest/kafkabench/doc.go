@@ -3,5 +3,5 @@
 // its own so that watermill-kafka and sarama stay out of the library's
 // go.mod. Run:
 //
-//	go test -run '^$' -bench Subscriber -benchtime 3x ./internal/kafkabench
+//	go test -run '^$' -bench Subscriber -benchtime 3x ./systest/kafkabench
 package kafkabench

@@ -2,7 +2,7 @@
 // until it is told to stop, for test runs against several PostgreSQL
 // versions (scripts/matrix.sh).
 //
-//	go run ./internal/embedpg/cmd/pgserver -version 13.23.0 -port 57432
+//	go run ./tools/pgserver -version 13.23.0 -port 57432
 //
 // -version is a release of the io.zonky.test.postgres binaries on Maven
 // Central (fetched once and cached, see package embedpg); -machine runs the
@@ -25,7 +25,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/exactly-go/exactly/internal/embedpg"
+	"github.com/exactly-go/exactly/embedpg"
 )
 
 func main() {

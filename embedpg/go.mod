@@ -1,4 +1,4 @@
-module github.com/exactly-go/exactly/internal/embedpg
+module github.com/exactly-go/exactly/embedpg
 
 go 1.25.0
 
