@@ -234,9 +234,9 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 	workerDB, workerBrokers := dbURL, brokers
 	var np *netProxies
 	if topo.usesNet() {
-		pgPorts := []int{pg.port}
+		pgPorts := []int{pg.Port}
 		if pair != nil {
-			pgPorts = []int{pair.nodes[0].port, pair.nodes[1].port}
+			pgPorts = []int{pair.nodes[0].Port, pair.nodes[1].Port}
 		}
 		np, err = newNetProxies(t, o.seed, pgPorts, kc3.aports, kc3.qports)
 		if err != nil {

@@ -4,13 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,26 +17,8 @@ import (
 	"time"
 
 	"github.com/exactly-go/exactly/internal/testkit/testenv"
+	"github.com/exactly-go/exactly/systest/pgcluster"
 )
-
-// freePort returns a loopback port nothing listens on right now.
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-func portOpen(port int) bool {
-	c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), time.Second)
-	if err == nil {
-		c.Close()
-	}
-	return err == nil
-}
 
 // moduleRoot is the repository's root, the directory of go.work (the suite
 // builds ./examples/ledger-consumer, a module of the workspace).
@@ -52,143 +31,15 @@ func moduleRoot(t testing.TB) string {
 	return filepath.Dir(string(bytes.TrimSpace(out)))
 }
 
-// pgCluster is a PostgreSQL cluster of the suite's own (initdb in a
-// temporary directory, its own port), run as the postgres user so it can be
-// crashed and paused without touching the shared server.
-type pgCluster struct {
-	bin, dir, sock string
-	port           int
-	uid, gid       int
-}
-
-func pgBinDir() string {
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Strings(dirs)
-	for i := len(dirs) - 1; i >= 0; i-- {
-		if _, err := os.Stat(filepath.Join(dirs[i], "initdb")); err == nil {
-			return dirs[i]
-		}
-	}
-	if p, err := exec.LookPath("initdb"); err == nil {
-		return filepath.Dir(p)
-	}
-	return ""
-}
-
-func newPGCluster(t testing.TB, base string) *pgCluster {
+// newPGCluster starts the suite's PostgreSQL cluster in base/pgdata.
+func newPGCluster(t testing.TB, base string) *pgcluster.Cluster {
 	t.Helper()
-	bin := pgBinDir()
-	u, err := user.Lookup("postgres")
-	if err != nil {
-		t.Fatal(err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	c := &pgCluster{bin: bin, dir: filepath.Join(base, "pgdata"), sock: filepath.Join(base, "pgsock"), port: freePort(t), uid: uid, gid: gid}
-	for _, d := range []string{c.dir, c.sock} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chown(d, uid, gid); err != nil {
-			t.Fatal(err)
-		}
-	}
 	_ = os.Chmod(base, 0o755)
-	if out, err := c.run("initdb", "-D", c.dir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"); err != nil {
-		t.Fatalf("chaos: initdb: %v\n%s", err, out)
-	}
-	conf := fmt.Sprintf("\nport = %d\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '%s'\nmax_connections = 200\nfsync = off\nfull_page_writes = off\nshared_buffers = 64MB\n", c.port, c.sock)
-	f, err := os.OpenFile(filepath.Join(c.dir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
+	c := pgcluster.Init(t, pgcluster.NewestBin(), base, "pgdata", "max_connections = 200\nfsync = off\nfull_page_writes = off\nshared_buffers = 64MB\n")
+	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
-	_, _ = f.WriteString(conf)
-	f.Close()
-	if err := c.start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = c.run("pg_ctl", "-D", c.dir, "-m", "immediate", "-w", "stop") })
 	return c
-}
-
-// run runs a server binary as the postgres user.
-func (c *pgCluster) run(name string, args ...string) ([]byte, error) {
-	cmd := exec.Command("runuser", append([]string{"-u", "postgres", "--", filepath.Join(c.bin, name)}, args...)...)
-	return cmd.CombinedOutput()
-}
-
-// URL is the cluster's database URL.
-func (c *pgCluster) URL() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
-}
-
-func (c *pgCluster) start() error {
-	out, err := c.run("pg_ctl", "-D", c.dir, "-l", filepath.Join(c.dir, "server.log"), "-w", "-t", "60", "start")
-	if err != nil {
-		return fmt.Errorf("chaos: pg_ctl start: %v\n%s", err, out)
-	}
-	return nil
-}
-
-// restartImmediate crashes the server (pg_ctl stop -m immediate: no
-// checkpoint, crash recovery on the next start) and starts it again.
-func (c *pgCluster) restartImmediate() error {
-	if out, err := c.run("pg_ctl", "-D", c.dir, "-m", "immediate", "-w", "stop"); err != nil {
-		return fmt.Errorf("chaos: pg_ctl stop -m immediate: %v\n%s", err, out)
-	}
-	return c.start()
-}
-
-// pids is the postmaster and every process it forked.
-func (c *pgCluster) pids() []int {
-	b, err := os.ReadFile(filepath.Join(c.dir, "postmaster.pid"))
-	if err != nil {
-		return nil
-	}
-	pm, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
-	if err != nil {
-		return nil
-	}
-	return append([]int{pm}, children(pm)...)
-}
-
-// children lists the processes whose parent is pid.
-func children(pid int) []int {
-	ents, _ := os.ReadDir("/proc")
-	var out []int
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid …; comm may hold spaces, so cut after ')'.
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-// pause stops every process of the cluster for d, then resumes them.
-func (c *pgCluster) pause(d time.Duration) {
-	ps := c.pids()
-	for _, p := range ps {
-		_ = syscall.Kill(p, syscall.SIGSTOP)
-	}
-	time.Sleep(d) // the fault itself: the server is frozen this long
-	for _, p := range ps {
-		_ = syscall.Kill(p, syscall.SIGCONT)
-	}
 }
 
 // broker is a Kafka broker of the suite's own, run by scripts/kafka.sh on
@@ -207,24 +58,16 @@ func requireTools(t testing.TB) {
 	if _, err := exec.LookPath("java"); err != nil {
 		testenv.Missing(t, "chaos: java not found: the suite runs its own Kafka broker through scripts/kafka.sh (Java 17+)")
 	}
-	if pgBinDir() == "" {
-		testenv.Missing(t, "chaos: PostgreSQL server binaries (initdb, pg_ctl) not found: install postgresql")
-	}
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "chaos: the suite runs its own Postgres cluster as the postgres user and needs root for that (runuser)")
-	}
-	if _, err := user.Lookup("postgres"); err != nil {
-		testenv.Missing(t, "chaos: no postgres user to run a Postgres cluster as: %v", err)
-	}
+	pgcluster.Require(t, "chaos", pgcluster.NewestBin())
 }
 
 func startBroker(root, base string) (*broker, error) {
 	b := &broker{script: filepath.Join(root, "scripts", "kafka.sh"), run: filepath.Join(base, "kafka")}
 	var err error
-	if b.port, err = freePortErr(); err != nil {
+	if b.port, err = pgcluster.FreePort(); err != nil {
 		return nil, err
 	}
-	cport, err := freePortErr()
+	cport, err := pgcluster.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -233,15 +76,6 @@ func startBroker(root, base string) (*broker, error) {
 		// Fewer internal partitions: a restart after kill -9 recovers each.
 		"KAFKA_PROPERTIES=offsets.topic.num.partitions=3\ntransaction.state.log.num.partitions=3")
 	return b, b.do("start")
-}
-
-func freePortErr() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 func (b *broker) Addr() string { return "127.0.0.1:" + strconv.Itoa(b.port) }

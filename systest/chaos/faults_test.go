@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/exactly-go/exactly/internal/kafkaadmin"
+	"github.com/exactly-go/exactly/systest/pgcluster"
 )
 
 // chaosRun injects the faults of one run.
@@ -23,7 +24,7 @@ type chaosRun struct {
 	o    options
 	sc   scale
 	ws   *workers
-	pg   *pgCluster
+	pg   *pgcluster.Cluster
 	br   *broker
 	pool *pgxpool.Pool
 	n    *counts
@@ -78,7 +79,7 @@ func (c *chaosRun) runPlan(ctx context.Context) {
 		case "kill":
 			c.kill(ctx)
 		case "pg-restart":
-			if err := c.pg.restartImmediate(); err != nil {
+			if err := c.pg.RestartImmediate(); err != nil {
 				c.t.Error(err)
 			}
 			c.n.pgRestarts.Add(1)
@@ -89,7 +90,7 @@ func (c *chaosRun) runPlan(ctx context.Context) {
 		case "pg-restore":
 			c.restore(ctx)
 		case "pg-pause":
-			c.pg.pause(time.Duration(1000+c.rnd.IntN(1500)) * time.Millisecond)
+			c.pg.Pause(time.Duration(1000+c.rnd.IntN(1500)) * time.Millisecond)
 			c.n.pauses.Add(1)
 		case "broker-pause":
 			c.br.pause(time.Duration(1000+c.rnd.IntN(1500)) * time.Millisecond)

@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/exactly-go/exactly/internal/kafkaadmin"
+	"github.com/exactly-go/exactly/systest/pgcluster"
 )
 
 // The bad network: with a net-* kind in the run, every connection of the
@@ -242,7 +243,7 @@ func newNetProxies(t testing.TB, seed uint64, pgPorts []int, kafkaListen, kafkaU
 		return p, nil
 	}
 	for i, port := range pgPorts {
-		lp, err := freePortErr()
+		lp, err := pgcluster.FreePort()
 		if err != nil {
 			return nil, err
 		}

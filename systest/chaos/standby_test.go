@@ -6,14 +6,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/systest/pgcluster"
 )
 
 // The pg-failover fault: the topology run's Postgres is a primary with a
@@ -36,42 +36,31 @@ import (
 // suite's own on ports of their own.
 type pgPair struct {
 	mu      sync.Mutex
-	nodes   [2]*pgCluster
+	nodes   [2]*pgcluster.Cluster
 	primary int // the index of the primary in nodes
 }
 
 // newPGPair makes prim (newPGCluster's) a primary with a synchronous
 // standby of it under base.
-func newPGPair(t testing.TB, prim *pgCluster, base string) *pgPair {
+func newPGPair(t testing.TB, prim *pgcluster.Cluster, base string) *pgPair {
 	t.Helper()
 	p := &pgPair{}
 	// A standby copies this file: the setting is the promoted server's too.
-	appendConf(t, prim, "synchronous_standby_names = '*'\nwal_keep_size = '256MB'\nhot_standby = on\n")
-	sb := &pgCluster{bin: prim.bin, dir: filepath.Join(base, "pgdata-standby"), sock: prim.sock, port: freePort(t), uid: prim.uid, gid: prim.gid}
-	p.nodes = [2]*pgCluster{prim, sb}
+	if err := prim.Configure("synchronous_standby_names = '*'\nwal_keep_size = '256MB'\nhot_standby = on\n"); err != nil {
+		t.Fatal(err)
+	}
+	sb := pgcluster.New(t, prim.Bin, base, "pgdata-standby")
+	p.nodes = [2]*pgcluster.Cluster{prim, sb}
 	if err := p.buildStandby(1); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = sb.run("pg_ctl", "-D", sb.dir, "-m", "immediate", "-w", "stop") })
-	if out, err := prim.run("pg_ctl", "-D", prim.dir, "reload"); err != nil {
-		t.Fatalf("chaos: pg_ctl reload: %v\n%s", err, out)
+	if err := prim.Reload(); err != nil {
+		t.Fatal(err)
 	}
 	if err := p.waitSync(context.Background(), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	return p
-}
-
-func appendConf(t testing.TB, c *pgCluster, settings string) {
-	t.Helper()
-	f, err := os.OpenFile(filepath.Join(c.dir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.WriteString("\n" + settings); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // DSN is the connection string of the pair: both servers, the one that
@@ -81,7 +70,7 @@ func (p *pgPair) DSN() string {
 }
 
 func (p *pgPair) dsn(attrs string) string {
-	u := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=5", p.nodes[0].port, p.nodes[1].port)
+	u := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=5", p.nodes[0].Port, p.nodes[1].Port)
 	if attrs != "" {
 		u += "&target_session_attrs=" + attrs
 	}
@@ -100,30 +89,11 @@ func (p *pgPair) primaryURL() string {
 // checkpoint), its own port, started.
 func (p *pgPair) buildStandby(i int) error {
 	prim, sb := p.nodes[p.primary], p.nodes[i]
-	if err := os.RemoveAll(sb.dir); err != nil {
+	if err := prim.Backup(sb, true); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(sb.dir, 0o700); err != nil {
-		return err
-	}
-	if err := os.Chown(sb.dir, sb.uid, sb.gid); err != nil {
-		return err
-	}
-	if out, err := sb.run("pg_basebackup", "-h", "127.0.0.1", "-p", fmt.Sprint(prim.port), "-U", "postgres", "-D", sb.dir,
-		"-X", "stream", "-c", "fast", "-R", "--no-sync"); err != nil {
-		return fmt.Errorf("chaos: pg_basebackup from port %d: %v\n%s", prim.port, err, out)
-	}
-	f, err := os.OpenFile(filepath.Join(sb.dir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(f, "\nport = %d\n", sb.port)
-	f.Close()
-	if err != nil {
-		return err
-	}
-	if err := sb.start(); err != nil {
-		return fmt.Errorf("%w\n%s", err, lastLines(filepath.Join(sb.dir, "server.log"), 5))
+	if err := sb.Start(); err != nil {
+		return fmt.Errorf("%w\n%s", err, lastLines(filepath.Join(sb.Dir, "server.log"), 5))
 	}
 	return nil
 }
@@ -154,41 +124,6 @@ func (p *pgPair) waitSync(ctx context.Context, d time.Duration) error {
 	return fmt.Errorf("chaos: the primary (%s) has no synchronous standby within %v: %v", url, d, last)
 }
 
-// kill9 kills the postmaster and every backend of c with SIGKILL and waits
-// for them to be gone.
-func kill9(c *pgCluster) error {
-	ps := c.pids()
-	for _, pid := range ps {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		alive := slices.ContainsFunc(ps, func(pid int) bool { return syscall.Kill(pid, 0) == nil && !zombie(pid) })
-		if !alive && !portOpen(c.port) {
-			// A server killed this way leaves its socket and the socket's
-			// lock file, which a new one on the port refuses to take over.
-			sock := filepath.Join(c.sock, fmt.Sprintf(".s.PGSQL.%d", c.port))
-			_ = os.Remove(sock + ".lock")
-			_ = os.Remove(sock)
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("chaos: the Postgres on port %d still runs 30s after SIGKILL", c.port)
-		}
-		time.Sleep(50 * time.Millisecond) // poll: the kernel reaps them
-	}
-}
-
-// zombie reports whether pid has exited and waits for its parent.
-func zombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i >= 0 && len(s) > i+2 && s[i+2] == 'Z'
-}
-
 // failover kills the primary, promotes the standby and, once it accepts
 // writes, calls promoted; then it rebuilds a standby from the new primary
 // in the old one's place and waits until it streams synchronously.
@@ -196,11 +131,11 @@ func (p *pgPair) failover(ctx context.Context, promoted func()) error {
 	p.mu.Lock()
 	old, nw := p.primary, 1-p.primary
 	p.mu.Unlock()
-	if err := kill9(p.nodes[old]); err != nil {
+	if err := p.nodes[old].Kill9(); err != nil {
 		return err
 	}
-	if out, err := p.nodes[nw].run("pg_ctl", "-D", p.nodes[nw].dir, "-w", "-t", "120", "promote"); err != nil {
-		return fmt.Errorf("chaos: pg_ctl promote: %v\n%s", err, out)
+	if err := p.nodes[nw].Promote(); err != nil {
+		return err
 	}
 	p.mu.Lock()
 	p.primary = nw

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/kafkapubsub"
+	"github.com/exactly-go/exactly/systest/pgcluster"
 )
 
 // The topology run: the workers, the producers and the audit of TestChaos,
@@ -121,7 +122,7 @@ func startCluster(root, base string, n int, proxied bool) (*kcluster, error) {
 	for i := 0; i < n; i++ {
 		var ps [4]int
 		for j := range ps {
-			p, err := freePortErr()
+			p, err := pgcluster.FreePort()
 			if err != nil {
 				return nil, err
 			}

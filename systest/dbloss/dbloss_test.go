@@ -10,6 +10,7 @@ import (
 
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
 	"github.com/exactly-go/exactly/internal/testkit/testenv"
+	"github.com/exactly-go/exactly/systest/pgcluster"
 )
 
 const partitions = 3
@@ -111,13 +112,13 @@ func (w *world) audit(pool *pgxpool.Pool) {
 // received are lost, while Kafka's committed offsets had passed them.
 func TestAsyncStandbyFailover(t *testing.T) {
 	w := newWorld(t)
-	base := baseDir(t)
+	base := pgcluster.BaseDir(t)
 	primary := newPrimary(t, base, "primary")
-	ppool := primary.pool("dbloss")
+	ppool := pool(t, primary, "dbloss")
 	w.create(ppool)
-	standby := primary.baseBackup(base, "standby", true)
-	standby.start()
-	spool := standby.pool("dbloss")
+	standby := backup(t, primary, base, "standby", true)
+	must(t, standby.Start())
+	spool := pool(t, standby, "dbloss")
 
 	w.start(ppool)
 	w.produce(100)
@@ -129,13 +130,13 @@ func TestAsyncStandbyFailover(t *testing.T) {
 
 	// From here the standby receives nothing; the primary goes on
 	// committing, and Kafka's offsets go past what the standby has.
-	primary.stopWALSenders()
+	must(t, primary.StopWALSenders())
 	w.produce(200)
 	w.waitCommitted(ppool)
 	w.produce(60)
 	before := w.entries(ppool)
 	flushed = lsn(t, ppool, "pg_current_wal_flush_lsn()")
-	primary.kill9() // mid-stream: the last 60 commands are being consumed
+	must(t, primary.Kill9()) // mid-stream: the last 60 commands are being consumed
 	replayed := lsn(t, spool, "pg_last_wal_replay_lsn()")
 	if !lsnAhead(t, spool, flushed, replayed) {
 		t.Fatalf("the primary's flushed LSN %s is not ahead of the standby's replay LSN %s: no commit was lost", flushed, replayed)
@@ -143,7 +144,7 @@ func TestAsyncStandbyFailover(t *testing.T) {
 	t.Logf("killed the primary at flushed LSN %s; the standby replayed up to %s", flushed, replayed)
 	w.stop()
 
-	standby.promote()
+	must(t, standby.Promote())
 	after := w.entries(spool)
 	for _, l := range w.ledgers {
 		if after[l.schema] >= before[l.schema] {
@@ -161,9 +162,9 @@ func TestAsyncStandbyFailover(t *testing.T) {
 // end are lost.
 func TestRestoreBaseBackup(t *testing.T) {
 	w := newWorld(t)
-	base := baseDir(t)
+	base := pgcluster.BaseDir(t)
 	origin := newPrimary(t, base, "origin")
-	opool := origin.pool("dbloss")
+	opool := pool(t, origin, "dbloss")
 	w.create(opool)
 
 	w.start(opool)
@@ -172,17 +173,17 @@ func TestRestoreBaseBackup(t *testing.T) {
 	// The backup runs while commands are being consumed.
 	produced := make(chan struct{})
 	go func() { defer close(produced); w.produce(200) }()
-	restored := origin.baseBackup(base, "restored", false)
+	restored := backup(t, origin, base, "restored", false)
 	<-produced
 	w.produce(100)
 	w.waitCommitted(opool)
 	w.produce(60)
 	before := w.entries(opool)
-	origin.kill9() // mid-stream: the last 60 commands are being consumed
+	must(t, origin.Kill9()) // mid-stream: the last 60 commands are being consumed
 	w.stop()
 
-	restored.start()
-	rpool := restored.pool("dbloss")
+	must(t, restored.Start())
+	rpool := pool(t, restored, "dbloss")
 	after := w.entries(rpool)
 	for _, l := range w.ledgers {
 		if after[l.schema] >= before[l.schema] {

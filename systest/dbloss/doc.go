@@ -7,7 +7,7 @@
 // and a real Kafka broker; without positions the lost commits stay lost,
 // with them every command is applied exactly once.
 //
-// The clusters run as the postgres user from /usr/lib/postgresql/15/bin
-// on ports from 55432 to 55439; without root or those binaries the tests skip
-// (and fail under CI=true).
+// The clusters (package pgcluster) run as the postgres user from
+// /usr/lib/postgresql/15/bin on free ports; without root or those binaries
+// the tests skip (and fail under CI=true).
 package dbloss
