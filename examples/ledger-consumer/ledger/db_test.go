@@ -114,3 +114,39 @@ func TestOpenDBUsesAnsweringServer(t *testing.T) {
 		t.Fatalf("connected to port %d database %s (progress %q); want the answering server at %d/%s", port, db, progress.String(), want.Port, want.Database)
 	}
 }
+
+// A password never reaches a message, whatever form the connection string
+// has, a malformed one included: not the connect error, not the parse
+// error, not the line that names the server.
+func TestDatabaseMessagesHidePassword(t *testing.T) {
+	t.Parallel()
+	const pw = "s3cret-pw"
+	u := closedURL(t)
+	port, _, _ := strings.Cut(strings.TrimPrefix(u, "postgres://postgres:postgres@127.0.0.1:"), "/")
+	for _, dsn := range []string{
+		strings.Replace(u, "postgres:postgres@", "postgres:"+pw+"@", 1),
+		u + "&password=" + pw,
+		"host=127.0.0.1 port=" + port + " user=postgres password='" + pw + "' sslmode=disable",
+		"postgres://postgres:" + pw + "@127.0.0.1:5x/postgres", // a bad port
+		"postgres://postgres:" + pw + "%zz@127.0.0.1/postgres", // a bad escape
+		"host=127.0.0.1 password=" + pw + " sslmode=bogus",     // an unknown sslmode
+		"host=127.0.0.1 password = " + pw + " port=5x",         // spaces around =, a bad port
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		pool, _, err := openDB(ctx, dsn, false, nil, nil)
+		cancel()
+		if err == nil {
+			pool.Close()
+			t.Fatalf("%q connected to a closed port", dsn)
+		}
+		if strings.Contains(err.Error(), pw) {
+			t.Errorf("the error for %q carries the password: %v", dsn, err)
+		}
+		if _, err := newPool(context.Background(), dsn); err != nil && strings.Contains(err.Error(), pw) {
+			t.Errorf("the parse error for %q carries the password: %v", dsn, err)
+		}
+		if s := where(dsn); strings.Contains(s, pw) {
+			t.Errorf("where(%q) = %q carries the password", dsn, s)
+		}
+	}
+}
