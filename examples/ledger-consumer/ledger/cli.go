@@ -279,3 +279,16 @@ func envOr(k, def string) string {
 	}
 	return def
 }
+
+// register adds the Kafka connection flags to fs (kafkaconn.go).
+func (k *kafkaConn) register(fs *flag.FlagSet) {
+	env := os.Getenv
+	fs.BoolVar(&k.tls, "kafka-tls", env("KAFKA_TLS") == "true", "connect to Kafka over TLS (default $KAFKA_TLS=true)")
+	fs.StringVar(&k.ca, "kafka-tls-ca", env("KAFKA_TLS_CA"), "PEM file of the CAs that sign the brokers' certificates (default the system's; $KAFKA_TLS_CA)")
+	fs.StringVar(&k.cert, "kafka-tls-cert", env("KAFKA_TLS_CERT"), "client certificate, PEM, for mutual TLS ($KAFKA_TLS_CERT)")
+	fs.StringVar(&k.key, "kafka-tls-key", env("KAFKA_TLS_KEY"), "client key, PEM, for mutual TLS ($KAFKA_TLS_KEY)")
+	fs.BoolVar(&k.insecure, "kafka-tls-insecure-skip-verify", false, "do not verify the brokers' certificates (tests only)")
+	fs.StringVar(&k.mechanism, "kafka-sasl", env("KAFKA_SASL_MECHANISM"), "SASL mechanism: plain, scram-sha-256 or scram-sha-512 (default none; $KAFKA_SASL_MECHANISM); the password comes from $KAFKA_SASL_PASSWORD")
+	fs.StringVar(&k.user, "kafka-sasl-user", env("KAFKA_SASL_USER"), "SASL user name ($KAFKA_SASL_USER)")
+	fs.StringVar(&k.parts, "partitioner", env("KAFKA_PARTITIONER"), "how published records are spread over partitions by key: murmur2 (Java, franz-go; the default), fnv1a (sarama, watermill-kafka) or crc32 (librdkafka); match the topic's other producers ($KAFKA_PARTITIONER)")
+}

@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -23,18 +22,6 @@ type kafkaConn struct {
 	tls, insecure          bool
 	ca, cert, key          string
 	mechanism, user, parts string
-}
-
-func (k *kafkaConn) register(fs *flag.FlagSet) {
-	env := os.Getenv
-	fs.BoolVar(&k.tls, "kafka-tls", env("KAFKA_TLS") == "true", "connect to Kafka over TLS (default $KAFKA_TLS=true)")
-	fs.StringVar(&k.ca, "kafka-tls-ca", env("KAFKA_TLS_CA"), "PEM file of the CAs that sign the brokers' certificates (default the system's; $KAFKA_TLS_CA)")
-	fs.StringVar(&k.cert, "kafka-tls-cert", env("KAFKA_TLS_CERT"), "client certificate, PEM, for mutual TLS ($KAFKA_TLS_CERT)")
-	fs.StringVar(&k.key, "kafka-tls-key", env("KAFKA_TLS_KEY"), "client key, PEM, for mutual TLS ($KAFKA_TLS_KEY)")
-	fs.BoolVar(&k.insecure, "kafka-tls-insecure-skip-verify", false, "do not verify the brokers' certificates (tests only)")
-	fs.StringVar(&k.mechanism, "kafka-sasl", env("KAFKA_SASL_MECHANISM"), "SASL mechanism: plain, scram-sha-256 or scram-sha-512 (default none; $KAFKA_SASL_MECHANISM); the password comes from $KAFKA_SASL_PASSWORD")
-	fs.StringVar(&k.user, "kafka-sasl-user", env("KAFKA_SASL_USER"), "SASL user name ($KAFKA_SASL_USER)")
-	fs.StringVar(&k.parts, "partitioner", env("KAFKA_PARTITIONER"), "how published records are spread over partitions by key: murmur2 (Java, franz-go; the default), fnv1a (sarama, watermill-kafka) or crc32 (librdkafka); match the topic's other producers ($KAFKA_PARTITIONER)")
 }
 
 // settings returns what the flags describe, or an error that names the
@@ -81,32 +68,28 @@ func (k *kafkaConn) tlsConfig() (*tls.Config, error) {
 	return cfg, nil
 }
 
+// saslMechanisms are the --kafka-sasl mechanisms, by name.
+var saslMechanisms = map[string]func(user, password string) (sasl.Mechanism, error){
+	"plain":         func(u, p string) (sasl.Mechanism, error) { return plain.Mechanism{Username: u, Password: p}, nil },
+	"scram-sha-256": func(u, p string) (sasl.Mechanism, error) { return scram.Mechanism(scram.SHA256, u, p) },
+	"scram-sha-512": func(u, p string) (sasl.Mechanism, error) { return scram.Mechanism(scram.SHA512, u, p) },
+}
+
 // sasl is nil unless --kafka-sasl is set.
 func (k *kafkaConn) sasl() (sasl.Mechanism, error) {
-	if k.mechanism == "" {
-		if k.user != "" {
-			return nil, errors.New("--kafka-sasl-user is set but --kafka-sasl is not: name the mechanism (plain, scram-sha-256, scram-sha-512)")
-		}
-		return nil, nil
-	}
 	pw := os.Getenv("KAFKA_SASL_PASSWORD")
-	if k.user == "" || pw == "" {
+	mechanism, ok := saslMechanisms[strings.ToLower(k.mechanism)]
+	switch {
+	case k.mechanism == "" && k.user != "":
+		return nil, errors.New("--kafka-sasl-user is set but --kafka-sasl is not: name the mechanism (plain, scram-sha-256, scram-sha-512)")
+	case k.mechanism == "":
+		return nil, nil
+	case k.user == "" || pw == "":
 		return nil, fmt.Errorf("--kafka-sasl %s needs --kafka-sasl-user and $KAFKA_SASL_PASSWORD", k.mechanism)
-	}
-	var (
-		m   sasl.Mechanism
-		err error
-	)
-	switch strings.ToLower(k.mechanism) {
-	case "plain":
-		return plain.Mechanism{Username: k.user, Password: pw}, nil
-	case "scram-sha-256":
-		m, err = scram.Mechanism(scram.SHA256, k.user, pw)
-	case "scram-sha-512":
-		m, err = scram.Mechanism(scram.SHA512, k.user, pw)
-	default:
+	case !ok:
 		return nil, fmt.Errorf("--kafka-sasl %q: use plain, scram-sha-256 or scram-sha-512", k.mechanism)
 	}
+	m, err := mechanism(k.user, pw)
 	if err != nil {
 		return nil, fmt.Errorf("--kafka-sasl %s: %w", k.mechanism, err)
 	}
