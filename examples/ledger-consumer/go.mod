@@ -6,7 +6,7 @@ require github.com/exactly-go/exactly v0.1.0-rc.1
 
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
-	github.com/exactly-go/exactly/internal/embedpg v0.1.0-rc.1
+	github.com/exactly-go/exactly/embedpg v0.1.0-rc.1
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.23.2

@@ -15,10 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/exactly-go/exactly/internal/backoff"
-	"github.com/exactly-go/exactly/internal/clock"
-	"github.com/exactly-go/exactly/internal/kafkaflags"
-	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/migrations"
 	"github.com/exactly-go/exactly/pgstore"
 )
@@ -78,7 +74,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		batch                                               *int
 		sessionTimeout                                      *time.Duration
 		keyLayout, keyCleanup                               *string
-		kflags                                              kafkaflags.Flags
+		kconn                                               kafkaConn
 	)
 	switch cmd {
 	case "demo":
@@ -101,7 +97,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		batch = fs.Int("batch", 0, "batch mode: apply up to this many commands per transaction, set-based (0: one transaction per command)")
 		keyLayout = fs.String("key-layout", "legacy", "how the keys are kept: legacy (one table) or partitioned (time partitions; the worker's role must own the tables, see docs/keys.md)")
 		keyCleanup = fs.String("key-cleanup", "1m", "how often the key clean-up runs (with --key-layout partitioned it also creates the partitions ahead), at least 1ms; off: another process of the tables' owner runs it")
-		kflags.Register(fs)
+		kconn.register(fs)
 	case "load":
 		bs, cmds = brokers(), commands()
 		loadFlags()
@@ -196,7 +192,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			// a reachable database is an error. A failed connection is
 			// waited on even when Postgres answers by the time it is
 			// checked again.
-			for wait := backoff.New(100*time.Millisecond, 10*time.Second); ; {
+			for wait := 100 * time.Millisecond; ; wait = min(2*wait, 10*time.Second) {
 				err := Migrate(ctx, pool, *sch, logger)
 				if err == nil {
 					break
@@ -205,19 +201,15 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				if ctx.Err() != nil || (!errors.As(err, &connErr) && pool.Ping(ctx) == nil) {
 					return fail(err)
 				}
-				d := wait.Next()
-				logger.Warn("ledger: waiting for Postgres to migrate", "err", redact.Password(err.Error()), "retry_in", d)
-				if clock.Sleep(ctx, d) != nil {
+				logger.Warn("ledger: waiting for Postgres to migrate", "err", err, "retry_in", wait)
+				select {
+				case <-ctx.Done():
 					return 0
+				case <-time.After(wait):
 				}
 			}
 		}
-		sec, err := kflags.Security()
-		if err != nil {
-			fmt.Fprintf(stderr, "ledger-consumer worker: %v\n", err)
-			return 2
-		}
-		part, err := kflags.PublisherPartitioner()
+		sec, part, err := kconn.settings()
 		if err != nil {
 			fmt.Fprintf(stderr, "ledger-consumer worker: %v\n", err)
 			return 2
@@ -286,4 +278,17 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// register adds the Kafka connection flags to fs (kafkaconn.go).
+func (k *kafkaConn) register(fs *flag.FlagSet) {
+	env := os.Getenv
+	fs.BoolVar(&k.tls, "kafka-tls", env("KAFKA_TLS") == "true", "connect to Kafka over TLS (default $KAFKA_TLS=true)")
+	fs.StringVar(&k.ca, "kafka-tls-ca", env("KAFKA_TLS_CA"), "PEM file of the CAs that sign the brokers' certificates (default the system's; $KAFKA_TLS_CA)")
+	fs.StringVar(&k.cert, "kafka-tls-cert", env("KAFKA_TLS_CERT"), "client certificate, PEM, for mutual TLS ($KAFKA_TLS_CERT)")
+	fs.StringVar(&k.key, "kafka-tls-key", env("KAFKA_TLS_KEY"), "client key, PEM, for mutual TLS ($KAFKA_TLS_KEY)")
+	fs.BoolVar(&k.insecure, "kafka-tls-insecure-skip-verify", false, "do not verify the brokers' certificates (tests only)")
+	fs.StringVar(&k.mechanism, "kafka-sasl", env("KAFKA_SASL_MECHANISM"), "SASL mechanism: plain, scram-sha-256 or scram-sha-512 (default none; $KAFKA_SASL_MECHANISM); the password comes from $KAFKA_SASL_PASSWORD")
+	fs.StringVar(&k.user, "kafka-sasl-user", env("KAFKA_SASL_USER"), "SASL user name ($KAFKA_SASL_USER)")
+	fs.StringVar(&k.parts, "partitioner", env("KAFKA_PARTITIONER"), "how published records are spread over partitions by key: murmur2 (Java, franz-go; the default), fnv1a (sarama, watermill-kafka) or crc32 (librdkafka); match the topic's other producers ($KAFKA_PARTITIONER)")
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,11 +14,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/exactly-go/exactly/internal/kafkaadmin"
-	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/migrations"
 )
@@ -30,7 +26,7 @@ const DefaultDatabaseURL = "postgres://postgres:postgres@localhost:5432/postgres
 // DemoConfig configures Demo.
 type DemoConfig struct {
 	// DatabaseURL defaults to DefaultDatabaseURL, and while DATABASE_URL is
-	// unset and nothing answers there, to a throwaway server (embedpg.go).
+	// unset and nothing answers there, to a throwaway server (db.go).
 	DatabaseURL string
 	// Schema is dropped and re-created. Defaults to "ledger_demo".
 	Schema string
@@ -247,33 +243,6 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 	return sum, err
 }
 
-// removeDemo deletes the demo's topics and consumer groups from a real
-// broker; a failure is logged, not fatal.
-func removeDemo(ctx context.Context, brokers []string, log *slog.Logger, topics, groups []string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
-	if res, err := c.DeleteGroups(ctx, &kafka.DeleteGroupsRequest{GroupIDs: groups}); err != nil {
-		log.Warn("ledger: delete the demo's consumer groups", "groups", groups, "err", err)
-	} else {
-		for g, err := range res.Errors {
-			if err != nil && !errors.Is(err, kafka.GroupIdNotFound) {
-				log.Warn("ledger: delete the demo's consumer group", "group", g, "err", err)
-			}
-		}
-	}
-	res, err := c.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: topics})
-	if err != nil {
-		log.Warn("ledger: delete the demo's topics", "topics", topics, "err", err)
-		return
-	}
-	for t, err := range res.Errors {
-		if err != nil {
-			log.Warn("ledger: delete the demo's topic", "topic", t, "err", err)
-		}
-	}
-}
-
 // countTopic reads a topic that the workers are done with (each published
 // its outbox before it returned).
 func countTopic(ctx context.Context, brokers []string, topic string) (TopicCount, error) {
@@ -303,98 +272,6 @@ func countTopic(ctx context.Context, brokers []string, topic string) (TopicCount
 		}
 	}
 	return n, nil
-}
-
-// newPool makes a pool on url without connecting: the worker waits for
-// Postgres itself.
-func newPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	pcfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, fmt.Errorf("ledger: database URL %s: %w", redact.Password(url), redact.Error(err, url))
-	}
-	// A connection per partition handler, plus the relay's two.
-	pcfg.MaxConns = max(pcfg.MaxConns, 16)
-	return pgxpool.NewWithConfig(ctx, pcfg)
-}
-
-func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	pcfg, err := pgxpool.ParseConfig(url)
-	var pool *pgxpool.Pool
-	if err == nil {
-		// A connection per partition handler, plus the relay's two.
-		pcfg.MaxConns = max(pcfg.MaxConns, 16)
-		pool, err = pgxpool.NewWithConfig(ctx, pcfg)
-	}
-	if err == nil {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err = pool.Ping(pctx)
-		cancel()
-		if err != nil {
-			pool.Close()
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("ledger: cannot reach Postgres at %s: %w\n  start one with `docker compose up -d postgres` (or scripts/postgres.sh start), or set DATABASE_URL", redact.Password(url), redact.Error(err, url))
-	}
-	return pool, nil
-}
-
-func createTopics(ctx context.Context, brokers []string, topics map[string]int) error {
-	specs := make([]kafkapubsub.TopicSpec, 0, len(topics))
-	for t, n := range topics {
-		specs = append(specs, kafkapubsub.TopicSpec{Name: t, Partitions: n, ReplicationFactor: 1})
-	}
-	return kafkapubsub.CreateTopics(ctx, brokers, kafkapubsub.Security{}, specs...)
-}
-
-// waitCaughtUp polls the group's committed offsets until they reach the
-// topic's end, printing progress. The topic is complete before the worker
-// starts, so its end offsets are read once.
-func waitCaughtUp(ctx context.Context, brokers []string, group, topic string, w *Worker, progress io.Writer, total int, done <-chan error) error {
-	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
-	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
-	if err != nil || len(md.Topics) != 1 || md.Topics[0].Error != nil {
-		return fmt.Errorf("ledger: metadata of %s: %v %v", topic, err, md)
-	}
-	n := len(md.Topics[0].Partitions)
-	end, err := kafkaadmin.EndOffsets(ctx, c, topic, n)
-	if err != nil {
-		return fmt.Errorf("ledger: %w", err)
-	}
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	lastPrint := time.Now()
-	deadline := time.Now().Add(10 * time.Minute)
-	var behind, consumed int64
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-done:
-			return fmt.Errorf("ledger: worker stopped early: %v", err)
-		case <-tick.C:
-		}
-		if got, err := kafkaadmin.Committed(ctx, c, group, topic, n); err == nil {
-			behind, consumed = 0, 0
-			for p, last := range end {
-				o := max(got[p], 0)
-				behind += last - o
-				consumed += o
-			}
-			if behind == 0 && consumed > 0 {
-				return nil
-			}
-		}
-		if progress != nil && time.Since(lastPrint) >= time.Second {
-			m := w.Metrics
-			fmt.Fprintf(progress, "  consumed %d/%d  applied %d  duplicates %d  rejected %d  dead-lettered %d\n",
-				consumed, total, m.Applied.Load(), m.Duplicates.Load(), m.Rejected.Load(), m.DeadLettered.Load())
-			lastPrint = time.Now()
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("ledger: group %s still %d behind after 10 minutes", group, behind)
-		}
-	}
 }
 
 // runUntilCaughtUp runs a worker until its group has consumed the whole
