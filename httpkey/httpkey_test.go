@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/httpkey"
 	"github.com/exactly-go/exactly/internal/testkit/pgtest"
@@ -774,10 +775,84 @@ func TestLayouts(t *testing.T) {
 					t.Fatalf("concurrent retries: %v", codes)
 				}
 			}
+			// Concurrent duplicates of a completed key all get its
+			// response, also those that find the key's lock taken.
+			answers := make([]*httptest.ResponseRecorder, 8)
+			for i := range answers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					answers[i] = f.do(call{key: `"k"`, body: `{"amount":1}`})
+				}()
+			}
+			wg.Wait()
+			for _, a := range answers {
+				if a.Body.String() != first.Body.String() || a.Header().Get(httpkey.ReplayedHeader) != "true" {
+					t.Fatalf("concurrent replay: %d %s", a.Code, a.Body)
+				}
+			}
 			if f.runs.Load() != 4 {
 				t.Fatalf("handler ran %d times, want 4", f.runs.Load())
 			}
 			f.state(3, 3, 3)
+		})
+	}
+}
+
+// TestPoolOfOne: each request holds one connection at a time, so
+// concurrent duplicates on a pool of one connection all finish.
+func TestPoolOfOne(t *testing.T) {
+	for _, wait := range []bool{false, true} {
+		t.Run(fmt.Sprintf("wait=%v", wait), func(t *testing.T) {
+			f := newFixture(t, &httpkey.Config{Wait: wait})
+			pc, err := pgtest.Config(pgtest.RequireURL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			pc.MaxConns = 1
+			pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			store, err := pgstore.New(pool, &pgstore.Config{Schema: f.db.Schema})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, err := outbox.NewWriter(&outbox.Config{Schema: f.db.Schema})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mw, err := httpkey.New(store, &httpkey.Config{Wait: wait, Outbox: w,
+				PrincipalFunc: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.h = mw.Wrap(http.HandlerFunc(f.pay))
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			var wg sync.WaitGroup
+			codes := make([]int, 8)
+			for i := range codes {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					codes[i] = f.do(call{key: fmt.Sprintf(`"p%d"`, i%2), body: `{"amount":1}`, ctx: ctx}).Code
+				}()
+			}
+			wg.Wait()
+			if ctx.Err() != nil {
+				t.Fatalf("requests on a pool of one did not finish: %v", codes)
+			}
+			for _, c := range codes {
+				if c != http.StatusCreated && c != http.StatusConflict {
+					t.Fatalf("answers %v", codes)
+				}
+			}
+			if f.runs.Load() != 2 {
+				t.Fatalf("handler ran %d times, want 2", f.runs.Load())
+			}
+			f.state(2, 2, 2)
 		})
 	}
 }
