@@ -735,9 +735,12 @@ func TestLease(t *testing.T) {
 // TestLayouts runs the protocol on both key layouts: first run, replay,
 // reuse, tenants, a 5xx then its retry, concurrent duplicates.
 func TestLayouts(t *testing.T) {
-	for _, layout := range []pgstore.Layout{pgstore.LayoutLegacy, pgstore.LayoutPartitioned} {
-		t.Run(fmt.Sprint(layout), func(t *testing.T) {
-			f := newFixtureLayout(t, nil, layout)
+	for _, c := range []struct {
+		layout pgstore.Layout
+		wait   bool
+	}{{pgstore.LayoutLegacy, false}, {pgstore.LayoutPartitioned, false}, {pgstore.LayoutLegacy, true}, {pgstore.LayoutPartitioned, true}} {
+		t.Run(fmt.Sprintf("%v/wait=%v", c.layout, c.wait), func(t *testing.T) {
+			f := newFixtureLayout(t, &httpkey.Config{Wait: c.wait}, c.layout)
 			f.hook = func(r *http.Request, run int64) int {
 				if r.Header.Get("X-Fail") != "" {
 					return http.StatusServiceUnavailable
@@ -855,4 +858,45 @@ func TestPoolOfOne(t *testing.T) {
 			f.state(2, 2, 2)
 		})
 	}
+}
+
+// TestTTL: a key lives Config.TTL.
+func TestTTL(t *testing.T) {
+	const want = 90 * time.Minute
+	f := newFixture(t, &httpkey.Config{TTL: want})
+	if w := f.do(call{key: `"t"`, body: `{"amount":1}`}); w.Code != http.StatusCreated {
+		t.Fatalf("first: %d %s", w.Code, w.Body)
+	}
+	var ttl time.Duration
+	if err := f.db.Pool.QueryRow(context.Background(), "SELECT expires_at - created_at FROM "+f.db.Table("exactly_keys")).Scan(&ttl); err != nil {
+		t.Fatal(err)
+	}
+	if ttl < want-time.Minute || ttl > want+time.Minute {
+		t.Fatalf("key kept for %v, want %v", ttl, want)
+	}
+}
+
+// TestCleanup: the store's clean-up deletes an expired key, and the same
+// key is then a new request.
+func TestCleanup(t *testing.T) {
+	f := newFixture(t, &httpkey.Config{TTL: time.Millisecond})
+	if w := f.do(call{key: `"t"`, body: `{"amount":1}`}); w.Code != http.StatusCreated {
+		t.Fatalf("first: %d %s", w.Code, w.Body)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for f.keys() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("clean-up never deleted the expired key")
+		}
+		if _, err := f.store.Cleanup(context.Background(), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w := f.do(call{key: `"t"`, body: `{"amount":1}`}); w.Code != http.StatusCreated || w.Header().Get(httpkey.ReplayedHeader) != "" {
+		t.Fatalf("after clean-up: %d %v", w.Code, w.Header())
+	}
+	if f.runs.Load() != 2 {
+		t.Fatalf("handler ran %d times, want 2", f.runs.Load())
+	}
+	f.state(2, 1, 2)
 }
