@@ -27,13 +27,7 @@ import (
 // transaction again, up to MemStoreConfig.MaxTxAttempts times.
 func (s *MemStore) DoBatch(ctx context.Context, reqs []dedupe.Request,
 	fn func(ctx context.Context, tx pgx.Tx, fresh []int) ([][]byte, error)) ([]dedupe.BatchClaim, error) {
-	for attempt := 1; ; attempt++ {
-		out, err := s.doBatchTx(ctx, reqs, fn)
-		var r *dedupe.RetryableError
-		if err == nil || !errors.As(err, &r) || attempt >= s.maxAttempts || ctx.Err() != nil {
-			return out, err
-		}
-	}
+	return retrying(ctx, s.maxAttempts, func() ([]dedupe.BatchClaim, error) { return s.doBatchTx(ctx, reqs, fn) })
 }
 
 func (s *MemStore) doBatchTx(ctx context.Context, reqs []dedupe.Request,

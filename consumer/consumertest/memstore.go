@@ -116,11 +116,18 @@ func (s *MemStore) Do(ctx context.Context, req dedupe.Request, fn func(ctx conte
 	if err := req.Validate(); err != nil {
 		return dedupe.Claim{}, err
 	}
-	for attempt := 1; ; attempt++ {
-		c, err := s.doTx(ctx, req, fn)
+	return retrying(ctx, s.maxAttempts, func() (dedupe.Claim, error) { return s.doTx(ctx, req, fn) })
+}
+
+// retrying runs attempt until it succeeds, fails with an error not marked
+// [dedupe.Retryable], ctx ends, or it ran maxAttempts times, as pgstore
+// retries a transaction (without pausing between attempts).
+func retrying[T any](ctx context.Context, maxAttempts int, attempt func() (T, error)) (T, error) {
+	for n := 1; ; n++ {
+		v, err := attempt()
 		var r *dedupe.RetryableError
-		if err == nil || !errors.As(err, &r) || attempt >= s.maxAttempts || ctx.Err() != nil {
-			return c, err
+		if err == nil || !errors.As(err, &r) || n >= maxAttempts || ctx.Err() != nil {
+			return v, err
 		}
 	}
 }
