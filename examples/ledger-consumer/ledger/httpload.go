@@ -147,6 +147,11 @@ func postWorkload(ctx context.Context, c *apiClient, cmds []Command, dupShare fl
 		accounts <- a
 	}
 	close(accounts)
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	ctx, cancel := context.WithCancel(ctx) // the first error stops the others
+	defer cancel()
 	var mu sync.Mutex
 	accepted := make(map[string]Command, len(cmds))
 	errs := make(chan error, 8)
@@ -165,6 +170,7 @@ func postWorkload(ctx context.Context, c *apiClient, cmds []Command, dupShare fl
 					}
 					if err != nil {
 						errs <- err
+						cancel()
 						return
 					}
 					mu.Lock()
