@@ -107,6 +107,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ledger-consumer: unknown command %q\n\n%s", cmd, usage)
 		return 2
 	}
+	// The demo's HTTP API.
+	var apiAddr *string
+	if cmd == "demo" {
+		apiAddr = fs.String("api-addr", "127.0.0.1:0", "serve the ledger's HTTP API here and post the commands to it with retries (port 0: an ephemeral port; off: produce every record to Kafka directly)")
+	}
 	// Help asked for goes to stdout; a flag error and the usage to stderr.
 	var flagOut bytes.Buffer
 	fs.SetOutput(&flagOut)
@@ -138,7 +143,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if cmd == "demo" {
 		fmt.Fprintln(stderr, "ledger demo: producing", load.Commands, "commands over", load.Accounts, "accounts …")
-		sum, err := Demo(ctx, DemoConfig{DatabaseURL: *url, Brokers: brokerList, Load: load, Progress: stderr, NoDedupe: *noDedupe, Replay: *replay, Batch: *batch, Logger: slog.New(slog.DiscardHandler)})
+		sum, err := Demo(ctx, DemoConfig{DatabaseURL: *url, Brokers: brokerList, Load: load, Progress: stderr, NoDedupe: *noDedupe, Replay: *replay, Batch: *batch, Logger: slog.New(slog.DiscardHandler),
+			APIAddr: *apiAddr})
 		if err != nil {
 			return fail(err)
 		}

@@ -47,8 +47,19 @@ type DemoConfig struct {
 	// (Config.Batch), into a schema of its own (Schema + "_batch") with its
 	// own events and dead-letter topics, verifies those balances too and
 	// reports both modes' rates. Defaults to 0: per-message mode only.
-	Batch  int
-	Logger *slog.Logger
+	Batch int
+	// APIAddr is where the demo serves the ledger's HTTP API (NewAPI); its
+	// load generator posts the workload's commands there, each with an
+	// Idempotency-Key, retrying on timeouts, lost connections, 409 and
+	// 503 and re-sending a share (Load.Duplicates) on purpose, and an
+	// outbox relay of the API's puts them on the commands topic. The
+	// workload's duplicates, key reuses and malformed records then go to
+	// the topic directly, as a producer that bypasses the API would send
+	// them, and the worker consumes the topic as without the API. "off"
+	// produces the whole workload to Kafka directly. Defaults to
+	// "127.0.0.1:0" (an ephemeral loopback port).
+	APIAddr string
+	Logger  *slog.Logger
 }
 
 // Summary is the demo's result.
@@ -75,6 +86,9 @@ type Summary struct {
 	BatchElapsed                  time.Duration
 	BatchVerify                   Report
 	BatchEvents, BatchDeadLetters TopicCount
+	// HTTP counts the requests to the API (DemoConfig.APIAddr); zero when
+	// it is off.
+	HTTP HTTPCounts
 	// Topics are the demo's commands, events and dead-letter topics; on a
 	// real broker they are deleted when the demo ends.
 	Topics []string
@@ -121,6 +135,13 @@ ledger demo (%s)
 `, s.Broker, s.Verify.Records, s.Workload.Unique, s.Workload.Duplicates, s.Workload.KeyReused, s.Workload.Malformed,
 		s.Worker.Applied, s.Worker.Duplicates, s.Worker.Rejected, s.Worker.KeyReused, s.Worker.DeadLettered, s.Verify.Accounts,
 		s.Elapsed.Round(time.Millisecond), float64(s.Verify.Records)/s.Elapsed.Seconds(), match)
+	if h := s.HTTP; h.Addr != "" {
+		fmt.Fprintf(w, "  HTTP API             %s: %d commands accepted in %v, all on the topic after %v\n",
+			h.Addr, h.Accepted, h.Elapsed.Round(time.Millisecond), h.Published.Round(time.Millisecond))
+		fmt.Fprintf(w, "  HTTP requests        %d sent: %d retried (%d timeouts, %d 409, %d 503), %d duplicates on purpose, %d answers replayed\n",
+			h.Requests, h.Retried, h.Timeouts, h.Conflicts, h.Unavailable, h.Duplicates, h.Replayed)
+		fmt.Fprintf(w, "  commands via outbox  %d records, %d distinct (one per accepted request)\n", h.Commands.Records, h.Commands.Distinct)
+	}
 	if s.ReplayElapsed > 0 {
 		fmt.Fprintf(w, "  replayed the topic   %d records in %v (%.0f records/s): %d applied again, %d duplicates skipped\n",
 			s.Verify.Records, s.ReplayElapsed.Round(time.Millisecond), float64(s.Verify.Records)/s.ReplayElapsed.Seconds(),
@@ -166,6 +187,9 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.APIAddr == "" {
+		cfg.APIAddr = "127.0.0.1:0"
 	}
 	if cfg.Load == (LoadConfig{}) {
 		cfg.Load = DefaultLoad()
@@ -216,7 +240,12 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 	if sum.Workload, err = Generate(cfg.Load); err != nil {
 		return sum, err
 	}
-	if err := Produce(ctx, cfg.Brokers, wcfg.Commands, sum.Workload.Records); err != nil {
+	if cfg.APIAddr == "off" {
+		err = Produce(ctx, cfg.Brokers, wcfg.Commands, sum.Workload.Records)
+	} else {
+		err = demoHTTP(ctx, pool, cfg, wcfg, &sum)
+	}
+	if err != nil {
 		return sum, err
 	}
 	if sum.Worker, sum.Elapsed, err = runUntilCaughtUp(ctx, pool, wcfg, cfg.Progress, len(sum.Workload.Records)); err != nil {
