@@ -280,28 +280,44 @@ func (s *Store) CompleteBatchTx(ctx context.Context, tx pgx.Tx, claims []BatchCl
 		}
 		scopes, ids, blobs = append(scopes, c.Record.Key.Scope), append(ids, c.Record.Key.ID), append(blobs, results[j])
 	}
-	if len(ids) > 0 && s.part != nil {
-		for j := range ids {
-			key := dedupe.Key{Scope: scopes[j], ID: ids[j]}
-			n, err := s.update(ctx, tx, key, func(q *queries) string { return q.result }, nil, pgx.NamedArgs{"result": blobs[j]})
-			if err != nil {
-				return classify("complete "+key.String(), err)
-			}
-			if n != 1 {
-				return fmt.Errorf("pgstore: complete a batch: %s was not claimed in this transaction", key)
-			}
-		}
-	} else if len(ids) > 0 {
-		tag, err := tx.Exec(ctx, s.sql(batchResultSQL), scopes, ids, blobs)
+	if len(ids) > 0 {
+		n, err := s.storeResults(ctx, tx, scopes, ids, blobs)
 		if err != nil {
-			return classify(fmt.Sprintf("complete a batch of %d keys", len(ids)), err)
+			return err
 		}
-		if tag.RowsAffected() != int64(len(ids)) {
-			return fmt.Errorf("pgstore: complete a batch: %d of %d keys were not claimed in this transaction", int64(len(ids))-tag.RowsAffected(), len(ids))
+		if n != int64(len(ids)) {
+			return fmt.Errorf("pgstore: complete a batch: %d of %d keys were not claimed in this transaction", int64(len(ids))-n, len(ids))
 		}
 	}
 	for j, i := range fresh {
 		claims[i].Record.Result = results[j]
 	}
 	return nil
+}
+
+// storeResults stores the results of keys claimed in tx, in one statement,
+// and returns how many keys it updated.
+func (s *Store) storeResults(ctx context.Context, tx pgx.Tx, scopes, ids []string, blobs [][]byte) (int64, error) {
+	op := fmt.Sprintf("complete a batch of %d keys", len(ids))
+	if s.part == nil {
+		tag, err := tx.Exec(ctx, s.sql(batchResultSQL), scopes, ids, blobs)
+		if err != nil {
+			return 0, classify(op, err)
+		}
+		return tag.RowsAffected(), nil
+	}
+	st, err := s.part.layoutState(ctx, tx)
+	if err != nil {
+		return 0, err
+	}
+	kids, kinds := make([][16]byte, len(ids)), make([]string, len(ids))
+	for j, id := range ids {
+		sid := encodeID(id, st.low)
+		kids[j], kinds[j] = sid.kid, string(sid.kind)
+	}
+	var n int64
+	if err := tx.QueryRow(ctx, s.part.queriesFor(st, "").batchResult, scopes, ids, kids, kinds, blobs).Scan(&n); err != nil {
+		return 0, s.layoutError(op, err)
+	}
+	return n, nil
 }

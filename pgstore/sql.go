@@ -74,6 +74,8 @@ WHERE scope = $1 AND key = $2 AND status = 'PROCESSING' AND attempts = $3`
 
 type queries struct {
 	claim, lock, takeover, result, complete, release, get, cleanup string
+	// batchResult stores the results of many keys (the partitioned layout's).
+	batchResult string
 }
 
 func newQueries(table string) queries {
@@ -238,6 +240,25 @@ FROM (SELECT * FROM unnest($1::text[], $2::text[], $3::int2[], $4::uuid[], $5::t
           WITH ORDINALITY AS u(scope, id, scode, kid, kind, idtext, ord) ORDER BY ord) u
 CROSS JOIN LATERAL (SELECT * FROM {P} k WHERE ` + p2BatchKey + ` OFFSET 0 FOR UPDATE) k`
 
+	// p2BatchResultSQL stores the results of keys claimed in the same
+	// transaction, in one statement: each key's row in {P} or, when it has
+	// none there, its row in the legacy table {L} (a key live there was
+	// claimed where it is). It answers how many rows it updated.
+	p2BatchResultSQL = `WITH u AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::bytea[])
+        WITH ORDINALITY AS u(scope, id, kid, kind, result, ord)
+), n AS (
+    UPDATE {P} AS k SET result = u.result FROM u JOIN {N} nm ON nm.name = u.scope
+    WHERE k.scope = nm.code AND k.kid = u.kid AND k.kind = u.kind::"char" AND (k.kind <> 't' OR k.id_text = u.id)
+        AND k.status = 'C'
+    RETURNING u.ord
+)/*oldbatchresult*/
+SELECT (SELECT count(*) FROM n)/*oldcount*/`
+	p2OldBatchResult = `, o AS (
+    UPDATE {L} AS o SET result = u.result FROM u
+    WHERE o.scope = u.scope AND o.key = u.id AND o.status = 'COMPLETED' AND NOT EXISTS (SELECT FROM n WHERE n.ord = u.ord)
+    RETURNING 1)`
+
 	// p2BatchLegacySQL lists the keys of a batch that are live in the
 	// legacy table {L} (aliased o).
 	p2BatchLegacySQL = `SELECT o.scope, o.key FROM {L} o JOIN unnest($1::text[], $2::text[]) AS u(scope, key)
@@ -283,6 +304,7 @@ func newPartitionedQueries(parent, names, legacy string) queries {
     expires_at = now() + @ttl::float8 * interval '1 microsecond'`, "AND o.status = 'PROCESSING' AND o.attempts = @attempts::int"),
 		release: update("locked_until = clock_timestamp()", "AND k.status = 'P' AND k.attempts = @attempts::int",
 			"locked_until = clock_timestamp()", "AND o.status = 'PROCESSING' AND o.attempts = @attempts::int"),
-		get: splice(p2GetSQL, "/*oldget*/", p2OldGet),
+		get:         splice(p2GetSQL, "/*oldget*/", p2OldGet),
+		batchResult: splice(p2BatchResultSQL, "/*oldbatchresult*/", p2OldBatchResult, "/*oldcount*/", p2OldCount),
 	}
 }
