@@ -63,7 +63,7 @@ func (s *Store) DoBatch(ctx context.Context, reqs []dedupe.Request, fn BatchFunc
 	if len(reqs) == 0 {
 		return nil, nil
 	}
-	if err := s.prepareCodes(ctx, reqs); err != nil {
+	if err := s.l.prepareBatch(ctx, reqs); err != nil {
 		return nil, err
 	}
 	wait := backoff.New(s.cfg.RetryBackoff, time.Second)
@@ -99,13 +99,9 @@ func (s *Store) DoBatch(ctx context.Context, reqs []dedupe.Request, fn BatchFunc
 // doBatchTx is one attempt of DoBatch; committing reports that err came
 // from the COMMIT itself (out is then the answer that was committing).
 func (s *Store) doBatchTx(ctx context.Context, reqs []dedupe.Request, fn BatchFunc) (out []BatchClaim, committing bool, err error) {
-	// The layout's state is read before the connection is taken (and again
-	// on it, should it go stale meanwhile); BEGIN goes in one round trip
-	// with the claim statement.
-	if s.part != nil {
-		if _, err := s.part.layoutState(ctx, s.pool); err != nil {
-			return nil, false, err
-		}
+	// BEGIN goes in one round trip with the claim statement.
+	if err := s.l.beforeBatchTx(ctx); err != nil {
+		return nil, false, err
 	}
 	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -281,7 +277,7 @@ func (s *Store) CompleteBatchTx(ctx context.Context, tx pgx.Tx, claims []BatchCl
 		scopes, ids, blobs = append(scopes, c.Record.Key.Scope), append(ids, c.Record.Key.ID), append(blobs, results[j])
 	}
 	if len(ids) > 0 {
-		n, err := s.storeResults(ctx, tx, scopes, ids, blobs)
+		n, err := s.l.storeResults(ctx, tx, scopes, ids, blobs)
 		if err != nil {
 			return err
 		}
@@ -293,31 +289,4 @@ func (s *Store) CompleteBatchTx(ctx context.Context, tx pgx.Tx, claims []BatchCl
 		claims[i].Record.Result = results[j]
 	}
 	return nil
-}
-
-// storeResults stores the results of keys claimed in tx, in one statement,
-// and returns how many keys it updated.
-func (s *Store) storeResults(ctx context.Context, tx pgx.Tx, scopes, ids []string, blobs [][]byte) (int64, error) {
-	op := fmt.Sprintf("complete a batch of %d keys", len(ids))
-	if s.part == nil {
-		tag, err := tx.Exec(ctx, s.sql(batchResultSQL), scopes, ids, blobs)
-		if err != nil {
-			return 0, classify(op, err)
-		}
-		return tag.RowsAffected(), nil
-	}
-	st, err := s.part.layoutState(ctx, tx)
-	if err != nil {
-		return 0, err
-	}
-	kids, kinds := make([][16]byte, len(ids)), make([]string, len(ids))
-	for j, id := range ids {
-		sid := encodeID(id, st.low)
-		kids[j], kinds[j] = sid.kid, string(sid.kind)
-	}
-	var n int64
-	if err := tx.QueryRow(ctx, s.part.queriesFor(st, "").batchResult, scopes, ids, kids, kinds, blobs).Scan(&n); err != nil {
-		return 0, s.layoutError(op, err)
-	}
-	return n, nil
 }
