@@ -5,13 +5,11 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/dedupe/dedupetest"
@@ -19,40 +17,12 @@ import (
 	"github.com/exactly-go/exactly/pgstore"
 )
 
-// statementCounter counts the statements sent on a pool's connections,
-// alone or in a pipelined batch.
-type statementCounter struct{ n atomic.Int64 }
-
-func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *statementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	return ctx
-}
-func (c *statementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
-	c.n.Add(1)
-}
-func (c *statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
-
 // countedStore returns a store of layout on a fresh schema whose pool
 // counts its statements, its partitions created.
-func countedStore(t *testing.T, layout pgstore.Layout, cfg pgstore.Config) (*pgstore.Store, *statementCounter) {
+func countedStore(t *testing.T, layout pgstore.Layout, cfg pgstore.Config) (*pgstore.Store, *countingTracer) {
 	t.Helper()
 	db := pgtest.New(t)
-	pc, err := pgxpool.ParseConfig(pgtest.RequireURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	counter := &statementCounter{}
-	pc.ConnConfig.Tracer = counter
-	pc.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, counter := tracedPool(t, 2)
 	cfg.Schema, cfg.Layout, cfg.Logger = db.Schema, layout, slog.New(slog.DiscardHandler)
 	s, err := pgstore.New(pool, &cfg)
 	if err != nil {
@@ -105,12 +75,12 @@ func TestDoBatchResultsStatements(t *testing.T) {
 			}
 			run := func(reqs []dedupe.Request) ([]pgstore.BatchClaim, int64) {
 				t.Helper()
-				before := counter.n.Load()
+				before := counter.stmts.Load()
 				out, err := s.DoBatch(ctx, reqs, withResults(reqs))
 				if err != nil {
 					t.Fatal(err)
 				}
-				return out, counter.n.Load() - before
+				return out, counter.stmts.Load() - before
 			}
 			run(batch(3)) // the scope's code, the layout's state, the statements prepared
 			counts := map[int]int64{}
