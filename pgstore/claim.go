@@ -64,10 +64,7 @@ func (s *Store) newClaimArgs(ctx context.Context, db DBTX, req dedupe.Request, s
 		src := req.Source
 		a.topic, a.partition, a.offset = &src.Topic, &src.Partition, &src.Offset
 	}
-	if err := s.l.prepareClaim(ctx, db, req, &a); err != nil {
-		return claimArgs{}, err
-	}
-	return a, nil
+	return s.l.prepareClaim(ctx, db, req, a)
 }
 
 // keyRow is one row of (inserted, cols..., clock_timestamp()), as the claim,
@@ -88,7 +85,7 @@ func (s *Store) claim(ctx context.Context, db DBTX, req dedupe.Request, status d
 	if err != nil {
 		return dedupe.Claim{}, err
 	}
-	row, err := scanKeyRow(db.QueryRow(ctx, a.q.claim, s.l.claimParams(&a)...))
+	row, err := scanKeyRow(db.QueryRow(ctx, a.q.claim, s.l.claimParams(a)...))
 	return s.resolveClaim(ctx, db, req, &a, row, err)
 }
 
@@ -100,15 +97,15 @@ func (s *Store) resolveClaim(ctx context.Context, db DBTX, req dedupe.Request, a
 	// another worker made progress.
 	for round := 0; round < 8; round++ {
 		if round > 0 {
-			row, rowErr = scanKeyRow(db.QueryRow(ctx, a.q.claim, s.l.claimParams(a)...))
+			row, rowErr = scanKeyRow(db.QueryRow(ctx, a.q.claim, s.l.claimParams(*a)...))
 		}
 		if rowErr != nil {
-			return dedupe.Claim{}, s.l.claimError(req, a, rowErr)
+			return dedupe.Claim{}, s.l.claimError(req, *a, rowErr)
 		}
 		if !row.found {
-			locked, err := scanKeyRow(db.QueryRow(ctx, a.q.lock, s.l.lockParams(a)...))
+			locked, err := scanKeyRow(db.QueryRow(ctx, a.q.lock, s.l.lockParams(*a)...))
 			if err != nil {
-				return dedupe.Claim{}, s.l.claimError(req, a, err)
+				return dedupe.Claim{}, s.l.claimError(req, *a, err)
 			}
 			if !locked.found {
 				continue // deleted by cleanup meanwhile: claim again
@@ -122,9 +119,9 @@ func (s *Store) resolveClaim(ctx context.Context, db DBTX, req dedupe.Request, a
 		if err != nil || decision == dedupe.DecisionDuplicate {
 			return dedupe.Claim{Decision: decision, Record: row.rec, TTL: req.TTL}, err
 		}
-		taken, err := scanKeyRow(db.QueryRow(ctx, a.q.takeover, s.l.takeoverParams(a, row.rec.Attempts)...))
+		taken, err := scanKeyRow(db.QueryRow(ctx, a.q.takeover, s.l.takeoverParams(*a, row.rec.Attempts)...))
 		if err != nil {
-			return dedupe.Claim{}, s.l.claimError(req, a, err)
+			return dedupe.Claim{}, s.l.claimError(req, *a, err)
 		}
 		if taken.found {
 			return dedupe.Claim{Decision: dedupe.DecisionTakeover, Record: taken.rec, TTL: req.TTL}, nil
@@ -150,13 +147,13 @@ func (s *Store) beginClaim(ctx context.Context, req dedupe.Request) (*connTx, de
 	tx := &connTx{pc: pc, conn: pc.Conn()}
 	b := &pgx.Batch{}
 	b.Queue(s.beginSQL)
-	b.Queue(a.q.claim, s.l.claimParams(&a)...)
+	b.Queue(a.q.claim, s.l.claimParams(a)...)
 	br := tx.conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
 		tx.end(ctx, true)
 		if layoutChanged(err) { // the batch's claim statement could not be prepared
-			return nil, dedupe.Claim{}, s.l.claimError(req, &a, err)
+			return nil, dedupe.Claim{}, s.l.claimError(req, a, err)
 		}
 		return nil, dedupe.Claim{}, classify("begin", err)
 	}

@@ -45,18 +45,19 @@ func (l Layout) String() string {
 // batch*.go, store.go, stats.go) is written once: the statements of both
 // answer in the same columns (keyRow, scanned by scanKeyRow).
 type layout interface {
-	// prepareClaim completes a (validated, built from req) with the
-	// layout's part: its statements and how it stores the key, read on db
-	// (the pool, or the connection or transaction the caller holds).
-	prepareClaim(ctx context.Context, db DBTX, req dedupe.Request, a *claimArgs) error
+	// prepareClaim returns a (validated, built from req) completed with
+	// the layout's part: its statements and how it stores the key, read on
+	// db (the pool, or the connection or transaction the caller holds).
+	// Claim arguments go by value, so that they stay on the stack.
+	prepareClaim(ctx context.Context, db DBTX, req dedupe.Request, a claimArgs) (claimArgs, error)
 	// claimParams, lockParams and takeoverParams are the arguments of a's
 	// claim, lock and takeover statements (a.q); takeover is fenced by the
 	// attempts count read.
-	claimParams(a *claimArgs) []any
-	lockParams(a *claimArgs) []any
-	takeoverParams(a *claimArgs, attempts int) []any
+	claimParams(a claimArgs) []any
+	lockParams(a claimArgs) []any
+	takeoverParams(a claimArgs, attempts int) []any
 	// claimError classifies the error of one of a's statements.
-	claimError(req dedupe.Request, a *claimArgs, err error) error
+	claimError(req dedupe.Request, a claimArgs, err error) error
 
 	// prepareBatch readies what DoBatch needs before its first transaction
 	// takes a connection; beforeBatchTx, what each attempt needs.

@@ -39,14 +39,14 @@ type partArgs struct {
 // prepareClaim reads the layout's state (cached) and the codes of the
 // scope and topic names on db, so that no claim waits for a second
 // connection of the pool.
-func (p *partitioned) prepareClaim(ctx context.Context, db DBTX, req dedupe.Request, a *claimArgs) error {
+func (p *partitioned) prepareClaim(ctx context.Context, db DBTX, req dedupe.Request, a claimArgs) (claimArgs, error) {
 	fresh := p.stale()
 	st, err := p.layoutState(ctx, db)
 	if err != nil {
-		return err
+		return claimArgs{}, err
 	}
 	if st.low.IsZero() {
-		return fmt.Errorf("pgstore: claim %s: %s has no time partitions yet: %w: call Store.Check at start-up "+
+		return claimArgs{}, fmt.Errorf("pgstore: claim %s: %s has no time partitions yet: %w: call Store.Check at start-up "+
 			"(or Cleanup), which creates them", req.Key, p.parent, dedupe.ErrMisconfigured)
 	}
 	pa := &partArgs{sid: encodeID(req.Key.ID, st.low), width: st.width, legacy: st.legacy}
@@ -56,31 +56,31 @@ func (p *partitioned) prepareClaim(ctx context.Context, db DBTX, req dedupe.Requ
 		if !fresh {
 			p.forget()
 			if st, err = p.layoutState(ctx, db); err != nil {
-				return err
+				return claimArgs{}, err
 			}
 			pa = &partArgs{sid: encodeID(req.Key.ID, st.low), width: st.width, legacy: st.legacy}
 		}
 		if err := p.beyondPartitions(req, pa.sid, st); err != nil {
-			return err
+			return claimArgs{}, err
 		}
 	}
 	if pa.scopeCode, err = p.code(ctx, db, req.Key.Scope); err != nil {
-		return err
+		return claimArgs{}, err
 	}
 	if a.topic != nil {
 		c, err := p.code(ctx, db, *a.topic)
 		if err != nil {
-			return err
+			return claimArgs{}, err
 		}
 		pa.topicCode = &c
 	}
 	pa.fp, _ = hex.DecodeString(a.fingerprint) // validated: 64 hex digits
 	a.part, a.q = pa, p.queriesFor(st, p.target(st, pa.sid))
-	return nil
+	return a, nil
 }
 
 // named returns a claim's named arguments, with more.
-func (p *partitioned) named(a *claimArgs, more pgx.NamedArgs) pgx.NamedArgs {
+func (p *partitioned) named(a claimArgs, more pgx.NamedArgs) pgx.NamedArgs {
 	pa := a.part
 	n := pgx.NamedArgs{
 		"scope": a.scope, "id": a.id, "fp": pa.fp, "status": string(a.status), "topic": pa.topicCode, "part": a.partition,
@@ -93,11 +93,11 @@ func (p *partitioned) named(a *claimArgs, more pgx.NamedArgs) pgx.NamedArgs {
 	return n
 }
 
-func (p *partitioned) claimParams(a *claimArgs) []any { return []any{p.named(a, nil)} }
+func (p *partitioned) claimParams(a claimArgs) []any { return []any{p.named(a, nil)} }
 
-func (p *partitioned) lockParams(a *claimArgs) []any { return []any{p.named(a, nil)} }
+func (p *partitioned) lockParams(a claimArgs) []any { return []any{p.named(a, nil)} }
 
-func (p *partitioned) takeoverParams(a *claimArgs, attempts int) []any {
+func (p *partitioned) takeoverParams(a claimArgs, attempts int) []any {
 	return []any{p.named(a, pgx.NamedArgs{"attempts": attempts})}
 }
 
@@ -105,7 +105,7 @@ func (p *partitioned) takeoverParams(a *claimArgs, attempts int) []any {
 // partition does not exist was routed by a state that maintenance changed
 // meanwhile (retry: the state is read again), or was minted beyond the
 // partitions created ahead.
-func (p *partitioned) claimError(req dedupe.Request, a *claimArgs, err error) error {
+func (p *partitioned) claimError(req dedupe.Request, a claimArgs, err error) error {
 	if !layoutChanged(err) {
 		return classify("claim "+req.Key.String(), err)
 	}
@@ -200,7 +200,7 @@ func (p *partitioned) update(ctx context.Context, db DBTX, key dedupe.Key, u key
 		stmt, more = a.q.release, pgx.NamedArgs{"attempts": u.attempts}
 	}
 	var n int64
-	err = db.QueryRow(ctx, stmt, p.named(&a, more)).Scan(&n)
+	err = db.QueryRow(ctx, stmt, p.named(a, more)).Scan(&n)
 	if layoutChanged(err) {
 		err = p.layoutError("update "+key.String(), err)
 	}
@@ -212,7 +212,7 @@ func (p *partitioned) get(ctx context.Context, db DBTX, key dedupe.Key) (keyRow,
 	if err != nil {
 		return keyRow{}, err
 	}
-	return scanKeyRow(db.QueryRow(ctx, a.q.get, p.named(&a, nil)))
+	return scanKeyRow(db.QueryRow(ctx, a.q.get, p.named(a, nil)))
 }
 
 // cleanup runs partition maintenance, then deletes expired keys from the

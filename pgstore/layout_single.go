@@ -42,22 +42,22 @@ func newSingleTable(s *Store, schema, name string) *singleTable {
 	}
 }
 
-func (l *singleTable) prepareClaim(_ context.Context, _ DBTX, _ dedupe.Request, a *claimArgs) error {
+func (l *singleTable) prepareClaim(_ context.Context, _ DBTX, _ dedupe.Request, a claimArgs) (claimArgs, error) {
 	a.q = &l.q
-	return nil
+	return a, nil
 }
 
-func (l *singleTable) claimParams(a *claimArgs) []any {
+func (l *singleTable) claimParams(a claimArgs) []any {
 	return []any{a.scope, a.id, a.fingerprint, string(a.status), a.topic, a.partition, a.offset, a.leaseMicros, a.ttlMicros}
 }
 
-func (l *singleTable) lockParams(a *claimArgs) []any { return []any{a.scope, a.id} }
+func (l *singleTable) lockParams(a claimArgs) []any { return []any{a.scope, a.id} }
 
-func (l *singleTable) takeoverParams(a *claimArgs, attempts int) []any {
+func (l *singleTable) takeoverParams(a claimArgs, attempts int) []any {
 	return []any{a.scope, a.id, attempts, string(a.status), a.topic, a.partition, a.offset, a.leaseMicros, a.ttlMicros}
 }
 
-func (l *singleTable) claimError(req dedupe.Request, _ *claimArgs, err error) error {
+func (l *singleTable) claimError(req dedupe.Request, _ claimArgs, err error) error {
 	return classify("claim "+req.Key.String(), err)
 }
 
