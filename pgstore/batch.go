@@ -63,7 +63,7 @@ func (s *Store) DoBatch(ctx context.Context, reqs []dedupe.Request, fn BatchFunc
 	if len(reqs) == 0 {
 		return nil, nil
 	}
-	if err := s.prepareCodes(ctx, reqs); err != nil {
+	if err := s.l.prepareBatch(ctx, reqs); err != nil {
 		return nil, err
 	}
 	wait := backoff.New(s.cfg.RetryBackoff, time.Second)
@@ -99,13 +99,9 @@ func (s *Store) DoBatch(ctx context.Context, reqs []dedupe.Request, fn BatchFunc
 // doBatchTx is one attempt of DoBatch; committing reports that err came
 // from the COMMIT itself (out is then the answer that was committing).
 func (s *Store) doBatchTx(ctx context.Context, reqs []dedupe.Request, fn BatchFunc) (out []BatchClaim, committing bool, err error) {
-	// The layout's state is read before the connection is taken (and again
-	// on it, should it go stale meanwhile); BEGIN goes in one round trip
-	// with the claim statement.
-	if s.part != nil {
-		if _, err := s.part.layoutState(ctx, s.pool); err != nil {
-			return nil, false, err
-		}
+	// BEGIN goes in one round trip with the claim statement.
+	if err := s.l.beforeBatchTx(ctx); err != nil {
+		return nil, false, err
 	}
 	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -280,24 +276,13 @@ func (s *Store) CompleteBatchTx(ctx context.Context, tx pgx.Tx, claims []BatchCl
 		}
 		scopes, ids, blobs = append(scopes, c.Record.Key.Scope), append(ids, c.Record.Key.ID), append(blobs, results[j])
 	}
-	if len(ids) > 0 && s.part != nil {
-		for j := range ids {
-			key := dedupe.Key{Scope: scopes[j], ID: ids[j]}
-			n, err := s.update(ctx, tx, key, func(q *queries) string { return q.result }, nil, pgx.NamedArgs{"result": blobs[j]})
-			if err != nil {
-				return classify("complete "+key.String(), err)
-			}
-			if n != 1 {
-				return fmt.Errorf("pgstore: complete a batch: %s was not claimed in this transaction", key)
-			}
-		}
-	} else if len(ids) > 0 {
-		tag, err := tx.Exec(ctx, s.sql(batchResultSQL), scopes, ids, blobs)
+	if len(ids) > 0 {
+		n, err := s.l.storeResults(ctx, tx, scopes, ids, blobs)
 		if err != nil {
-			return classify(fmt.Sprintf("complete a batch of %d keys", len(ids)), err)
+			return err
 		}
-		if tag.RowsAffected() != int64(len(ids)) {
-			return fmt.Errorf("pgstore: complete a batch: %d of %d keys were not claimed in this transaction", int64(len(ids))-tag.RowsAffected(), len(ids))
+		if n != int64(len(ids)) {
+			return fmt.Errorf("pgstore: complete a batch: %d of %d keys were not claimed in this transaction", int64(len(ids))-n, len(ids))
 		}
 	}
 	for j, i := range fresh {

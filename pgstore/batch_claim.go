@@ -16,17 +16,10 @@ import (
 // claimBatch claims the keys of reqs at order (sorted, distinct, valid)
 // and writes their answers into out.
 func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request, order []int, out []BatchClaim, begin bool) error {
-	var (
-		st    batchStmts
-		alone []int // requests claimed one at a time after the batch statement
-		err   error
-	)
-	if s.part != nil {
-		if st, alone, begin, err = s.partBatchStmts(ctx, tx, reqs, order, out, begin); err != nil {
-			return err
-		}
-	} else {
-		st = s.legacyBatchStmts(reqs, order)
+	// alone are the requests claimed one at a time after the batch statement.
+	st, alone, begin, err := s.l.batchStmts(ctx, tx, reqs, order, out, begin)
+	if err != nil {
+		return err
 	}
 	n := len(st.order)
 	op := fmt.Sprintf("claim a batch of %d keys", n)
@@ -69,7 +62,7 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 	}
 	if n > 0 {
 		if err := s.queryIn(ctx, tx, begin, st.claim, st.claimArgs, read); err != nil {
-			return s.layoutError(op, err)
+			return s.l.layoutError(op, err)
 		}
 	} else if begin {
 		if _, err := tx.Exec(ctx, s.beginSQL); err != nil {
@@ -170,3 +163,10 @@ func byKey(reqs []dedupe.Request) func(a, b int) int {
 		return cmp.Or(strings.Compare(reqs[a].Key.Scope, reqs[b].Key.Scope), strings.Compare(reqs[a].Key.ID, reqs[b].Key.ID))
 	}
 }
+
+// allInserted is the one row that answers a batch claim statement (of
+// either layout) whose every key was inserted: no key (an invalid one) and
+// the statement's time, now(), which every inserted row got as created_at
+// and completed_at.
+const allInserted = `SELECT true, ''::text, ''::text, ''::text, 'COMPLETED'::text, NULL::bytea, 1, NULL::text, NULL::int, NULL::bigint,
+       now(), now(), NULL::timestamptz, now(), clock_timestamp()`

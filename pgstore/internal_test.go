@@ -69,3 +69,9 @@ func TestRunCleanup(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// part is the store's partitioned layout; nil on the single table.
+func (s *Store) part() *partitioned {
+	p, _ := s.l.(*partitioned)
+	return p
+}

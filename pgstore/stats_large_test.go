@@ -53,7 +53,7 @@ func TestStatsPastExactMax(t *testing.T) {
 					"ALTER TABLE "+db.Table("exactly_keys")+" DISABLE TRIGGER exactly_keys_legacy_guard"); err != nil {
 					t.Fatal(err)
 				}
-				s.part.forget()
+				s.part().forget()
 				if _, err := db.Pool.Exec(ctx, "ANALYZE "+db.Table("exactly_keys")); err != nil {
 					t.Fatal(err)
 				}
@@ -104,13 +104,13 @@ func TestStatsPastExactMax(t *testing.T) {
 				}
 			}()
 			var low0 time.Time
-			if err := db.Pool.QueryRow(ctx, "SELECT low FROM "+s.part.state).Scan(&low0); err != nil {
+			if err := db.Pool.QueryRow(ctx, "SELECT low FROM "+s.part().state).Scan(&low0); err != nil {
 				t.Fatal(err)
 			}
 			for {
 				check()
 				var low time.Time
-				if err := db.Pool.QueryRow(ctx, "SELECT low FROM "+s.part.state).Scan(&low); err != nil {
+				if err := db.Pool.QueryRow(ctx, "SELECT low FROM "+s.part().state).Scan(&low); err != nil {
 					t.Fatal(err)
 				}
 				if low.Sub(low0) >= 3*time.Second || t.Failed() || ctx.Err() != nil {

@@ -39,7 +39,7 @@ func TestStatsDoesNotCountALargeTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	st, err := s.statsOn(ctx, tx)
+	st, err := s.l.stats(ctx, tx)
 	if err != nil {
 		t.Fatal(err)
 	}

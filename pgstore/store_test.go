@@ -114,11 +114,13 @@ func TestSchemaIsHonoured(t *testing.T) {
 	}
 }
 
-// countingTracer counts the statements sent on a pool.
-type countingTracer struct{ n atomic.Int64 }
+// countingTracer counts the round trips (n) and the statements (stmts)
+// sent on a pool.
+type countingTracer struct{ n, stmts atomic.Int64 }
 
 func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	c.n.Add(1)
+	c.stmts.Add(1)
 	return ctx
 }
 func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
@@ -128,8 +130,10 @@ func (c *countingTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx
 	c.n.Add(1)
 	return ctx
 }
-func (c *countingTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *countingTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+func (c *countingTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	c.stmts.Add(1)
+}
+func (c *countingTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // tracedPool is a pool of its own whose round trips tracer counts.
 func tracedPool(t *testing.T, maxConns int32) (*pgxpool.Pool, *countingTracer) {

@@ -2,89 +2,6 @@ package pgstore
 
 import "strings"
 
-// The statements, with {T} standing for the schema-qualified table.
-const (
-	cols = `scope, key, fingerprint, status, result, attempts, source_topic, source_partition,
-       source_offset, created_at, completed_at, locked_until, expires_at`
-
-	// claimSQL inserts the key or, on conflict, reports the stored row: one
-	// statement, one round trip. $4 is the status the key gets: COMPLETED in
-	// a transaction (nothing outside it can see the row before commit) and
-	// PROCESSING under a lease. Durations are in microseconds.
-	//
-	// When the conflicting row was committed by a transaction that this
-	// statement waited for, the row is not in the statement's snapshot and
-	// nothing comes back: the caller then runs lockSQL. The second branch
-	// runs only when nothing was inserted (a one-time filter in the plan), so
-	// a new key costs no extra index lookup.
-	claimSQL = `WITH ins AS (
-    INSERT INTO {T} AS k (scope, key, fingerprint, status, attempts, source_topic, source_partition,
-                        source_offset, created_at, completed_at, locked_until, expires_at)
-    VALUES ($1, $2, $3, $4::text, 1, $5, $6, $7, now(),
-            CASE WHEN $4::text = 'COMPLETED' THEN now() END,
-            CASE WHEN $4::text = 'PROCESSING' THEN clock_timestamp() + $8::float8 * interval '1 microsecond' END,
-            now() + $9::float8 * interval '1 microsecond')
-    ON CONFLICT (scope, key) DO NOTHING
-    RETURNING true AS inserted, ` + cols + `
-)
-SELECT *, clock_timestamp() FROM ins
-UNION ALL
-SELECT false, ` + cols + `, clock_timestamp() FROM {T} WHERE scope = $1 AND key = $2
-    AND NOT EXISTS (SELECT FROM ins)`
-
-	// lockSQL reads the conflicting row, waiting for any transaction that
-	// holds it.
-	lockSQL = `SELECT false, ` + cols + `, clock_timestamp() FROM {T} WHERE scope = $1 AND key = $2 FOR UPDATE`
-
-	// takeoverSQL claims a key whose lease expired, fenced by the attempts
-	// count that the caller saw.
-	takeoverSQL = `UPDATE {T} SET
-    attempts = attempts + 1,
-    status = $4::text,
-    completed_at = CASE WHEN $4::text = 'COMPLETED' THEN now() END,
-    locked_until = CASE WHEN $4::text = 'PROCESSING' THEN clock_timestamp() + $8::float8 * interval '1 microsecond' END,
-    source_topic = $5, source_partition = $6, source_offset = $7,
-    expires_at = now() + $9::float8 * interval '1 microsecond'
-WHERE scope = $1 AND key = $2 AND status = 'PROCESSING' AND attempts = $3 AND locked_until <= clock_timestamp()
-RETURNING false, ` + cols + `, clock_timestamp()`
-
-	// resultSQL stores the result of a key claimed in the same transaction.
-	resultSQL = `UPDATE {T} SET result = $3 WHERE scope = $1 AND key = $2 AND status = 'COMPLETED'`
-
-	// completeSQL completes a leased key, if the lease is still ours.
-	completeSQL = `UPDATE {T} SET status = 'COMPLETED', result = $4, completed_at = now(), locked_until = NULL,
-    expires_at = now() + $5::float8 * interval '1 microsecond'
-WHERE scope = $1 AND key = $2 AND status = 'PROCESSING' AND attempts = $3`
-
-	// releaseSQL ends a lease now, so the next delivery takes the key over.
-	releaseSQL = `UPDATE {T} SET locked_until = clock_timestamp()
-WHERE scope = $1 AND key = $2 AND status = 'PROCESSING' AND attempts = $3`
-
-	getSQL = `SELECT false, ` + cols + `, clock_timestamp() FROM {T} WHERE scope = $1 AND key = $2`
-
-	// cleanupSQL deletes one batch of expired keys, skipping rows that a
-	// claim holds so it never makes one wait.
-	cleanupSQL = `DELETE FROM {T} WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM {T}
-    WHERE expires_at < now() AND (status = 'COMPLETED' OR locked_until < now())
-    ORDER BY expires_at
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED))`
-)
-
-type queries struct {
-	claim, lock, takeover, result, complete, release, get, cleanup string
-}
-
-func newQueries(table string) queries {
-	r := strings.NewReplacer("{T}", table)
-	return queries{
-		claim: r.Replace(claimSQL), lock: r.Replace(lockSQL), takeover: r.Replace(takeoverSQL),
-		result: r.Replace(resultSQL), complete: r.Replace(completeSQL), release: r.Replace(releaseSQL),
-		get: r.Replace(getSQL), cleanup: r.Replace(cleanupSQL),
-	}
-}
-
 // The partitioned layout's statements (pgx named arguments), with {P} standing for the
 // partitioned table, {N} for the names table and {L} for the legacy table
 // probed as the oldest generation (the statements without it leave its
@@ -238,6 +155,25 @@ FROM (SELECT * FROM unnest($1::text[], $2::text[], $3::int2[], $4::uuid[], $5::t
           WITH ORDINALITY AS u(scope, id, scode, kid, kind, idtext, ord) ORDER BY ord) u
 CROSS JOIN LATERAL (SELECT * FROM {P} k WHERE ` + p2BatchKey + ` OFFSET 0 FOR UPDATE) k`
 
+	// p2BatchResultSQL stores the results of keys claimed in the same
+	// transaction, in one statement: each key's row in {P} or, when it has
+	// none there, its row in the legacy table {L} (a key live there was
+	// claimed where it is). It answers how many rows it updated.
+	p2BatchResultSQL = `WITH u AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::bytea[])
+        WITH ORDINALITY AS u(scope, id, kid, kind, result, ord)
+), n AS (
+    UPDATE {P} AS k SET result = u.result FROM u JOIN {N} nm ON nm.name = u.scope
+    WHERE k.scope = nm.code AND k.kid = u.kid AND k.kind = u.kind::"char" AND (k.kind <> 't' OR k.id_text = u.id)
+        AND k.status = 'C'
+    RETURNING u.ord
+)/*oldbatchresult*/
+SELECT (SELECT count(*) FROM n)/*oldcount*/`
+	p2OldBatchResult = `, o AS (
+    UPDATE {L} AS o SET result = u.result FROM u
+    WHERE o.scope = u.scope AND o.key = u.id AND o.status = 'COMPLETED' AND NOT EXISTS (SELECT FROM n WHERE n.ord = u.ord)
+    RETURNING 1)`
+
 	// p2BatchLegacySQL lists the keys of a batch that are live in the
 	// legacy table {L} (aliased o).
 	p2BatchLegacySQL = `SELECT o.scope, o.key FROM {L} o JOIN unnest($1::text[], $2::text[]) AS u(scope, key)
@@ -283,6 +219,41 @@ func newPartitionedQueries(parent, names, legacy string) queries {
     expires_at = now() + @ttl::float8 * interval '1 microsecond'`, "AND o.status = 'PROCESSING' AND o.attempts = @attempts::int"),
 		release: update("locked_until = clock_timestamp()", "AND k.status = 'P' AND k.attempts = @attempts::int",
 			"locked_until = clock_timestamp()", "AND o.status = 'PROCESSING' AND o.attempts = @attempts::int"),
-		get: splice(p2GetSQL, "/*oldget*/", p2OldGet),
+		get:         splice(p2GetSQL, "/*oldget*/", p2OldGet),
+		batchResult: splice(p2BatchResultSQL, "/*oldbatchresult*/", p2OldBatchResult, "/*oldcount*/", p2OldCount),
 	}
 }
+
+const (
+	// p2StatsExactSQL counts a small partitioned table ({P}) and its live
+	// legacy keys ({L}, when probed).
+	p2StatsExactSQL = `SELECT count(*) FILTER (WHERE status = 'P'), count(*) FILTER (WHERE status = 'C'),
+       count(*) FILTER (WHERE expires_at < now()), min(created_at)
+FROM (SELECT status::text AS status, expires_at, created_at FROM {P}
+      /*legacy*/) k`
+	p2StatsLegacy = `UNION ALL SELECT left(status, 1), expires_at, created_at FROM {L} o WHERE ` + legacyLiveRow
+
+	legacyLiveRow = `(o.expires_at >= now() OR (o.status = 'PROCESSING' AND o.locked_until >= now()))`
+
+	// p2StatsEstimateSQL estimates a large partitioned table from its
+	// partitions' pg_class and pg_stats rows, as statsEstimateSQL does for
+	// one table; expired keys are counted in the partition of keys that are
+	// not time-ordered ({O}) up to $1 (a time partition's keys go with it).
+	p2StatsEstimateSQL = `WITH parts AS (
+    SELECT c.oid, c.relname, c.reltuples::float8 AS tuples, c.relpages::float8 AS relpages,
+           pg_relation_size(c.oid)::float8 / current_setting('block_size')::int8 AS pages
+    FROM pg_partition_tree($2::regclass) t JOIN pg_class c ON c.oid = t.relid WHERE t.isleaf
+), est AS (
+    SELECT p.*, CASE WHEN p.tuples > 0 AND p.relpages > 0 THEN p.tuples / p.relpages * p.pages ELSE greatest(p.tuples, 0) END AS n,
+           COALESCE((SELECT m.f FROM pg_stats ps
+                     CROSS JOIN LATERAL unnest(ps.most_common_vals::text::text[], ps.most_common_freqs) AS m(v, f)
+                     WHERE ps.schemaname = $3 AND ps.tablename = p.relname AND ps.attname = 'status' AND m.v = 'P'), 0) AS processing
+    FROM parts p
+)
+SELECT COALESCE(sum(n), 0)::float8, COALESCE(sum(n * processing), 0)::float8,
+       (SELECT count(*) FROM (SELECT FROM {O} WHERE expires_at < now() LIMIT $1) e),
+       (SELECT min(created_at) FROM ((SELECT created_at FROM {O} ORDER BY expires_at LIMIT 1)
+                                     UNION ALL SELECT min(created_at) FROM {P} WHERE kid < '10000000-0000-0000-0000-000000000000') o),
+       COALESCE((SELECT sum(pg_total_relation_size(oid)) FROM parts), 0)::int8
+FROM est`
+)

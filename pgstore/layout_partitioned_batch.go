@@ -6,25 +6,26 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/dedupe"
 )
 
-// partBatchStmts are the partitioned layout's batch statements, for the
-// keys of order that it claims together: a key whose ID was minted beyond
-// the partitions created ahead gets its InvalidKeyError in out, and, while
-// the legacy table serves as the oldest generation, the keys live there
-// are returned in alone, to be claimed one at a time where they are (the
-// read that finds them goes in the transaction, so begin is then false).
-func (s *Store) partBatchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request, order []int, out []BatchClaim,
+// batchStmts are the batch statements for the keys of order that the
+// layout claims together: a key whose ID was minted beyond the partitions
+// created ahead gets its InvalidKeyError in out, and, while the legacy
+// table serves as the oldest generation, the keys live there are returned
+// in alone, to be claimed one at a time where they are (the read that
+// finds them goes in the transaction, so begin is then false).
+func (p *partitioned) batchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request, order []int, out []BatchClaim,
 	begin bool) (st batchStmts, alone []int, stillBegin bool, err error) {
 	args := make([]claimArgs, 0, len(order))
 	kept := make([]int, 0, len(order))
 	legacy := ""
 	for _, i := range order {
-		a, err := s.newClaimArgs(ctx, tx, reqs[i], dedupe.StatusCompleted, 0)
+		a, err := p.s.newClaimArgs(ctx, tx, reqs[i], dedupe.StatusCompleted, 0)
 		if err != nil {
 			if isPerRequest(err) {
 				out[i].Err = err
@@ -38,7 +39,7 @@ func (s *Store) partBatchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.Req
 		args, kept = append(args, a), append(kept, i)
 	}
 	if legacy != "" && len(kept) > 0 {
-		live, err := s.legacyLive(ctx, tx, legacy, reqs, kept, begin)
+		live, err := p.legacyLive(ctx, tx, legacy, reqs, kept, begin)
 		if err != nil {
 			return batchStmts{}, nil, begin, err
 		}
@@ -81,7 +82,7 @@ func (s *Store) partBatchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.Req
 		scopes[j], ids[j], scodes[j], kids[j], kinds[j], texts[j] = a.scope, a.id, a.part.scopeCode, a.part.sid.kid, string(a.part.sid.kind), a.part.sid.text
 		fps[j], topics[j], parts[j], offsets[j], ttls[j] = a.part.fp, a.part.topicCode, a.partition, a.offset, a.ttlMicros
 	}
-	st.claim, st.lock = s.part.batchClaim, s.part.batchLock
+	st.claim, st.lock = p.batchClaim, p.batchLock
 	st.claimArgs = []any{scopes, ids, scodes, kids, kinds, texts, fps, topics, parts, offsets, ttls, n}
 	st.lockArgs = func(js []int) []any {
 		ls, li, lc, lk, lt, lx := make([]string, len(js)), make([]string, len(js)), make([]int16, len(js)), make([][16]byte, len(js)), make([]string, len(js)), make([]*string, len(js))
@@ -93,34 +94,46 @@ func (s *Store) partBatchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.Req
 	return st, alone, begin, nil
 }
 
-// layoutError classifies the error of a statement built from the
-// partitioned layout's state: a key with no partition to go to, or a
-// table gone, makes the transaction retry once the state has been read
-// again.
-func (s *Store) layoutError(op string, err error) error {
-	if s.part != nil && layoutChanged(err) {
-		s.part.forget()
-		return dedupe.Retryable(fmt.Errorf("pgstore: %s: the tables of %s changed under the transaction (a partition retired, "+
-			"the legacy table dropped), or Cleanup (which creates the partitions ahead) has not run for a while: %w", op, s.part.parent, err))
+// legacyLive reads, in the transaction (sending its BEGIN first when
+// begin), which keys of reqs at kept are live in the legacy table.
+func (p *partitioned) legacyLive(ctx context.Context, tx pgx.Tx, legacy string, reqs []dedupe.Request, kept []int, begin bool) (map[dedupe.Key]bool, error) {
+	scopes, ids := make([]string, len(kept)), make([]string, len(kept))
+	for j, i := range kept {
+		scopes[j], ids[j] = reqs[i].Key.Scope, reqs[i].Key.ID
 	}
-	return classify(op, err)
-}
-
-// prepareCodes reads (or adds) the codes of the scopes and topics of reqs
-// before a transaction holds a connection (the partitioned layout).
-func (s *Store) prepareCodes(ctx context.Context, reqs []dedupe.Request) error {
-	if s.part == nil {
-		return nil
-	}
-	for _, r := range reqs {
-		if _, err := s.part.code(ctx, s.pool, r.Key.Scope); err != nil {
-			return err
-		}
-		if r.Source.Topic != "" {
-			if _, err := s.part.code(ctx, s.pool, r.Source.Topic); err != nil {
+	live := make(map[dedupe.Key]bool)
+	err := p.s.queryIn(ctx, tx, begin, strings.ReplaceAll(p2BatchLegacySQL, "{L}", legacy), []any{scopes, ids}, func(rows pgx.Rows) error {
+		for rows.Next() {
+			var k dedupe.Key
+			if err := rows.Scan(&k.Scope, &k.ID); err != nil {
+				rows.Close()
 				return err
 			}
+			live[k] = true
 		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, p.layoutError("read the legacy keys of a batch", err)
 	}
-	return nil
+	return live, nil
+}
+
+// storeResults stores the results in one statement: each key in its
+// partition or, when it has no row there, in the legacy table.
+func (p *partitioned) storeResults(ctx context.Context, tx pgx.Tx, scopes, ids []string, blobs [][]byte) (int64, error) {
+	st, err := p.layoutState(ctx, tx)
+	if err != nil {
+		return 0, err
+	}
+	kids, kinds := make([][16]byte, len(ids)), make([]string, len(ids))
+	for j, id := range ids {
+		sid := encodeID(id, st.low)
+		kids[j], kinds[j] = sid.kid, string(sid.kind)
+	}
+	var n int64
+	if err := tx.QueryRow(ctx, p.queriesFor(st, "").batchResult, scopes, ids, kids, kinds, blobs).Scan(&n); err != nil {
+		return 0, p.layoutError(fmt.Sprintf("complete a batch of %d keys", len(ids)), err)
+	}
+	return n, nil
 }

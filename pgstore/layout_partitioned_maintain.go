@@ -3,7 +3,6 @@ package pgstore
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -11,8 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/exactly-go/exactly/dedupe"
 )
 
 // Partition maintenance for LayoutPartitioned, run by Cleanup under its
@@ -50,8 +47,7 @@ func (p *partitioned) quoted(name string) string { return pgx.Identifier{p.schem
 
 // maintain runs partition maintenance on conn (which holds the cleanup
 // lock) and returns about how many keys it retired with their partitions.
-func (s *Store) maintain(ctx context.Context, conn *pgxpool.Conn) (int64, error) {
-	p := s.part
+func (p *partitioned) maintain(ctx context.Context, conn *pgxpool.Conn) (int64, error) {
 	defer p.forget()
 	var (
 		width  time.Duration
@@ -84,10 +80,10 @@ WHERE i.inhparent = $1::regclass`, p.parent)
 	if !first {
 		start = *low
 	}
-	horizon := now.Add(time.Duration(s.cfg.PartitionsAhead+1) * width)
+	horizon := now.Add(time.Duration(p.s.cfg.PartitionsAhead+1) * width)
 	for t := start; t.Before(horizon); t = t.Add(width) {
 		if !have[t.Unix()] {
-			if err := s.createPartition(ctx, conn, t, t.Add(width)); err != nil {
+			if err := p.createPartition(ctx, conn, t, t.Add(width)); err != nil {
 				return 0, err
 			}
 		}
@@ -99,14 +95,14 @@ WHERE i.inhparent = $1::regclass`, p.parent)
 	}
 	var retired int64
 	for t := start; !t.Add(width).After(now) && have[t.Unix()]; t = t.Add(width) {
-		n, done, err := s.retirePartition(ctx, conn, t, t.Add(width))
+		n, done, err := p.retirePartition(ctx, conn, t, t.Add(width))
 		retired += n
 		if err != nil || !done {
 			return retired, err
 		}
 	}
 	if legacy != nil {
-		if err := s.retireLegacy(ctx, conn, p.quoted(*legacy)); err != nil {
+		if err := p.retireLegacy(ctx, conn, p.quoted(*legacy)); err != nil {
 			return retired, err
 		}
 	}
@@ -114,8 +110,7 @@ WHERE i.inhparent = $1::regclass`, p.parent)
 }
 
 // createPartition creates the time partition [lo, hi) apart and attaches it.
-func (s *Store) createPartition(ctx context.Context, conn *pgxpool.Conn, lo, hi time.Time) error {
-	p := s.part
+func (p *partitioned) createPartition(ctx context.Context, conn *pgxpool.Conn, lo, hi time.Time) error {
 	name := p.partName(lo)
 	q := p.quoted(name)
 	op := "create partition " + q
@@ -151,8 +146,7 @@ const liveSQL = `SELECT EXISTS (SELECT FROM {T} WHERE expires_at >= now() OR loc
 
 // retirePartition detaches and drops the time partition [lo, hi) if no key
 // in it is live; done is false when it could not (yet).
-func (s *Store) retirePartition(ctx context.Context, conn *pgxpool.Conn, lo, hi time.Time) (n int64, done bool, err error) {
-	p := s.part
+func (p *partitioned) retirePartition(ctx context.Context, conn *pgxpool.Conn, lo, hi time.Time) (n int64, done bool, err error) {
 	name := p.partName(lo)
 	q := p.quoted(name)
 	op := "retire partition " + q
@@ -185,7 +179,7 @@ func (s *Store) retirePartition(ctx context.Context, conn *pgxpool.Conn, lo, hi 
 		return err
 	})
 	if lockBusy(err) || busy {
-		s.cfg.Logger.DebugContext(ctx, "pgstore: partition not retired yet", "partition", q, "live keys", busy, "err", err)
+		p.s.cfg.Logger.DebugContext(ctx, "pgstore: partition not retired yet", "partition", q, "live keys", busy, "err", err)
 		return 0, false, nil
 	}
 	if err != nil {
@@ -194,14 +188,13 @@ func (s *Store) retirePartition(ctx context.Context, conn *pgxpool.Conn, lo, hi 
 	if _, err := conn.Exec(ctx, "DROP TABLE "+q); err != nil {
 		return 0, false, classify(op, err)
 	}
-	s.cfg.Logger.InfoContext(ctx, "pgstore: key partition dropped", "partition", q, "from", lo, "to", hi, "keys", int64(tuples))
+	p.s.cfg.Logger.InfoContext(ctx, "pgstore: key partition dropped", "partition", q, "from", lo, "to", hi, "keys", int64(tuples))
 	return int64(tuples), true, nil
 }
 
 // retireLegacy stops the legacy table's probing once none of its keys is
 // live. The table itself is left for its owner to drop.
-func (s *Store) retireLegacy(ctx context.Context, conn *pgxpool.Conn, legacy string) error {
-	p := s.part
+func (p *partitioned) retireLegacy(ctx context.Context, conn *pgxpool.Conn, legacy string) error {
 	live := `SELECT EXISTS (SELECT FROM ` + legacy + ` WHERE expires_at >= now())`
 	var busy bool
 	if err := conn.QueryRow(ctx, live).Scan(&busy); err != nil || busy {
@@ -226,41 +219,11 @@ func (s *Store) retireLegacy(ctx context.Context, conn *pgxpool.Conn, legacy str
 	if err != nil {
 		return classify("retire "+legacy, err)
 	}
-	s.cfg.Logger.InfoContext(ctx, "pgstore: the legacy key table has no live key left and is no longer read: drop it", "table", legacy)
+	p.s.cfg.Logger.InfoContext(ctx, "pgstore: the legacy key table has no live key left and is no longer read: drop it", "table", legacy)
 	return nil
 }
 
 func lockBusy(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
-}
-
-// checkPartitioned checks the partitioned layout's tables and creates the
-// time partitions if there are none yet.
-func (s *Store) checkPartitioned(ctx context.Context) error {
-	p := s.part
-	if _, err := s.pool.Exec(ctx, "SELECT kid, scope, kind, status, fingerprint FROM "+p.parent+" LIMIT 0"); err != nil {
-		return classify("check "+p.parent, err)
-	}
-	for {
-		p.forget()
-		st, err := p.layoutState(ctx, s.pool)
-		if err != nil {
-			return err
-		}
-		if !st.low.IsZero() {
-			return nil
-		}
-		_, err = s.Cleanup(ctx, &dedupe.CleanupConfig{MaxBatches: 1})
-		if err != nil && !errors.Is(err, dedupe.ErrCleanupBusy) {
-			return fmt.Errorf("pgstore: check %s: create its partitions: %w", p.parent, err)
-		}
-		if errors.Is(err, dedupe.ErrCleanupBusy) {
-			select { // another runner is creating them
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
-	}
 }
