@@ -103,7 +103,7 @@ func (s *Store) doBatchTx(ctx context.Context, reqs []dedupe.Request, fn BatchFu
 	// on it, should it go stale meanwhile); BEGIN goes in one round trip
 	// with the claim statement.
 	if s.part != nil {
-		if _, err := s.part.layoutState(ctx, s.pool); err != nil {
+		if _, err := s.firstPartitions(ctx); err != nil {
 			return nil, false, err
 		}
 	}

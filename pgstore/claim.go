@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
 )
@@ -89,6 +90,11 @@ func (s *Store) newClaimArgs(ctx context.Context, db DBTX, req dedupe.Request, s
 	st, err := p.layoutState(ctx, db)
 	if err != nil {
 		return claimArgs{}, err
+	}
+	if _, pooled := db.(*pgxpool.Pool); pooled && st.low.IsZero() {
+		if st, err = s.firstPartitions(ctx); err != nil {
+			return claimArgs{}, err
+		}
 	}
 	if st.low.IsZero() {
 		return claimArgs{}, fmt.Errorf("pgstore: claim %s: %s has no time partitions yet: %w: call Store.Check at start-up "+

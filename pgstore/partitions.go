@@ -237,6 +237,22 @@ func lockBusy(err error) bool {
 
 // checkPartitioned checks the partitioned layout's tables and creates the
 // time partitions if there are none yet.
+// firstPartitions returns the layout's state read on the pool, after
+// creating the first partitions when there are none yet (Check does), so
+// that a store whose Check was never called claims all the same. The
+// role needs the clean-up's rights for that (CheckMaintenance); without
+// them the error says so.
+func (s *Store) firstPartitions(ctx context.Context) (layoutState, error) {
+	st, err := s.part.layoutState(ctx, s.pool)
+	if err != nil || !st.low.IsZero() {
+		return st, err
+	}
+	if err := s.checkPartitioned(ctx); err != nil {
+		return layoutState{}, err
+	}
+	return s.part.layoutState(ctx, s.pool)
+}
+
 func (s *Store) checkPartitioned(ctx context.Context) error {
 	p := s.part
 	if _, err := s.pool.Exec(ctx, "SELECT kid, scope, kind, status, fingerprint FROM "+p.parent+" LIMIT 0"); err != nil {
