@@ -198,7 +198,7 @@ func (s *Store) retirePartition(ctx context.Context, conn *pgxpool.Conn, lo, hi 
 	return int64(tuples), true, nil
 }
 
-// retireLegacy stops the legacy table's probing once none of its keys is
+// retireLegacy stops the single table's probing once none of its keys is
 // live. The table itself is left for its owner to drop.
 func (s *Store) retireLegacy(ctx context.Context, conn *pgxpool.Conn, legacy string) error {
 	p := s.part
@@ -226,7 +226,7 @@ func (s *Store) retireLegacy(ctx context.Context, conn *pgxpool.Conn, legacy str
 	if err != nil {
 		return classify("retire "+legacy, err)
 	}
-	s.cfg.Logger.InfoContext(ctx, "pgstore: the legacy key table has no live key left and is no longer read: drop it", "table", legacy)
+	s.cfg.Logger.InfoContext(ctx, "pgstore: the single key table has no live key left and is no longer read: its owner may drop it", "table", legacy)
 	return nil
 }
 
@@ -235,8 +235,6 @@ func lockBusy(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
-// checkPartitioned checks the partitioned layout's tables and creates the
-// time partitions if there are none yet.
 // firstPartitions returns the layout's state read on the pool, after
 // creating the first partitions when there are none yet (Check does), so
 // that a store whose Check was never called claims all the same. The
@@ -253,6 +251,8 @@ func (s *Store) firstPartitions(ctx context.Context) (layoutState, error) {
 	return s.part.layoutState(ctx, s.pool)
 }
 
+// checkPartitioned checks the partitioned layout's tables and creates the
+// time partitions if there are none yet.
 func (s *Store) checkPartitioned(ctx context.Context) error {
 	p := s.part
 	if _, err := s.pool.Exec(ctx, "SELECT kid, scope, kind, status, fingerprint FROM "+p.parent+" LIMIT 0"); err != nil {

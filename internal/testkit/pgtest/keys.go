@@ -11,10 +11,10 @@ import (
 // (exactly_keys) and the partitioned one (exactly_keys2, its codes and
 // compact IDs written back), with the single table's columns scope, key,
 // status ('COMPLETED', 'PROCESSING'), attempts, source_topic,
-// source_partition and source_offset. ULIDs are left NULL in key. A
+// source_partition, source_offset, created_at and expires_at. ULIDs are left NULL in key. A
 // schema whose single table was dropped lists the partitioned one's.
 func (d *DB) Keys() string {
-	single := `SELECT scope, key, status, attempts, source_topic, source_partition, source_offset FROM {K}
+	single := `SELECT scope, key, status, attempts, source_topic, source_partition, source_offset, created_at, expires_at FROM {K}
 UNION ALL
 `
 	var exists bool
@@ -29,7 +29,8 @@ UNION ALL
          WHEN 'u' THEN encode(set_byte(set_byte(b.b, 0, get_byte(b.b, 6)), 6, get_byte(b.b, 0)), 'hex')::uuid::text
          WHEN 'o' THEN encode(set_byte(b.b, 0, get_byte(b.b, 0) & 31), 'hex')::uuid::text
        END,
-       CASE k.status WHEN 'C' THEN 'COMPLETED' ELSE 'PROCESSING' END, k.attempts::int, t.name, k.source_partition, k.source_offset
+       CASE k.status WHEN 'C' THEN 'COMPLETED' ELSE 'PROCESSING' END, k.attempts::int, t.name, k.source_partition, k.source_offset,
+       k.created_at, k.expires_at
 FROM {K2} k
 CROSS JOIN LATERAL (SELECT decode(replace(k.kid::text, '-', ''), 'hex') AS b) b
 JOIN {N} s ON s.code = k.scope
