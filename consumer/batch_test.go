@@ -139,7 +139,7 @@ func TestBatchAppliesOnceAndDeadLetters(t *testing.T) {
 	w.startBatch(group, w.batchHandler(&calls, nil), consumer.BatchConfig{Config: consumer.Config{Hooks: hooks}, MaxSize: 200})
 	w.waitCaughtUp(group, 2*time.Minute)
 	w.assertExactlyOnce(exp)
-	if n := w.count("SELECT count(*) FROM "+w.db.Table("exactly_keys")+" WHERE source_topic = $1 AND source_offset >= 0", w.topic); n != len(exp) {
+	if n := w.count("SELECT count(*) FROM "+w.db.Keys()+" WHERE source_topic = $1 AND source_offset >= 0", w.topic); n != len(exp) {
 		t.Errorf("%d keys stored with their source, want %d", n, len(exp))
 	}
 	if a, d, r, k := hooks.get(consumer.OutcomeApplied), hooks.get(consumer.OutcomeDuplicate), hooks.get(consumer.OutcomeKeyReused),

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,14 +24,16 @@ import (
 type Middleware struct {
 	store *pgstore.Store
 	cfg   Config
-	space string // the key table, for advisory lock names
+	space string      // the key table, for advisory lock names
+	ready atomic.Bool // the store's Check passed
 }
 
 // New returns a Middleware that keeps its keys in store (its table, TTL
 // and clean-up: run the store's Cleanup, or RunCleanup, as for a
-// consumer). Call the store's Check at start-up, as a worker does: it
-// starts the partitioned layout. cfg must set PrincipalFunc, or
-// Unauthenticated.
+// consumer). The store's Check runs before the first request's
+// transaction (it starts the partitioned layout and creates its first
+// partitions; call it at start-up to fail fast). cfg must set
+// PrincipalFunc, or Unauthenticated.
 func New(store *pgstore.Store, cfg *Config) (*Middleware, error) {
 	if store == nil {
 		return nil, errors.New("httpkey: store is nil")
@@ -216,6 +219,13 @@ func (m *Middleware) handle(ctx context.Context, q *request, h http.Handler, st 
 // key, runs the handler, stores its response and commits.
 func (m *Middleware) runTx(q *request, h http.Handler) (*recorder, dedupe.Claim, error) {
 	ctx := q.r.Context()
+	if !m.ready.Load() {
+		// On the pool, before this request takes its connection.
+		if err := m.store.Check(ctx); err != nil {
+			return nil, dedupe.Claim{}, err
+		}
+		m.ready.Store(true)
+	}
 	tx, err := m.store.Begin(ctx)
 	if err != nil {
 		return nil, dedupe.Claim{}, err

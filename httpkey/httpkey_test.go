@@ -42,7 +42,7 @@ type fixture struct {
 
 func newFixture(t *testing.T, cfg *httpkey.Config) *fixture {
 	t.Helper()
-	return newFixtureLayout(t, cfg, pgstore.LayoutLegacy)
+	return newFixtureLayout(t, cfg, pgstore.LayoutPartitioned)
 }
 
 func newFixtureLayout(t *testing.T, cfg *httpkey.Config, layout pgstore.Layout) *fixture {
@@ -169,10 +169,7 @@ func (f *fixture) payments() int {
 }
 
 func (f *fixture) keys() int {
-	if f.layout == pgstore.LayoutPartitioned {
-		return f.count("SELECT count(*) FROM " + f.db.Table("exactly_keys2"))
-	}
-	return f.count("SELECT count(*) FROM " + f.db.Table("exactly_keys"))
+	return f.count("SELECT count(*) FROM " + f.db.Keys())
 }
 
 func (f *fixture) outboxRows() int {
@@ -231,7 +228,7 @@ func TestFirstRunThenReplay(t *testing.T) {
 	}
 	f.state(1, 1, 1)
 	var status, scope string
-	if err := f.db.Pool.QueryRow(context.Background(), "SELECT status, scope FROM "+f.db.Table("exactly_keys")+" WHERE key = '4:acme/k1'").
+	if err := f.db.Pool.QueryRow(context.Background(), "SELECT status, scope FROM "+f.db.Keys()+" WHERE key = '4:acme/k1'").
 		Scan(&status, &scope); err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +275,7 @@ func TestKeyHeader(t *testing.T) {
 		}
 	}
 	f.state(3, 3, 3)
-	if n := f.count("SELECT count(*) FROM " + f.db.Table("exactly_keys") + ` WHERE key IN ('4:acme/a"b\c', '4:acme/spaced')`); n != 2 {
+	if n := f.count("SELECT count(*) FROM " + f.db.Keys() + ` WHERE key IN ('4:acme/a"b\c', '4:acme/spaced')`); n != 2 {
 		t.Fatalf("unescaped keys stored: %d, want 2", n)
 	}
 }
@@ -722,7 +719,7 @@ func TestLease(t *testing.T) {
 	}
 	var attempts int
 	var status string
-	if err := f.db.Pool.QueryRow(context.Background(), "SELECT attempts, status FROM "+f.db.Table("exactly_keys")+" WHERE key = '4:acme/l2'").
+	if err := f.db.Pool.QueryRow(context.Background(), "SELECT attempts, status FROM "+f.db.Keys()+" WHERE key = '4:acme/l2'").
 		Scan(&attempts, &status); err != nil {
 		t.Fatal(err)
 	}
@@ -868,7 +865,7 @@ func TestTTL(t *testing.T) {
 		t.Fatalf("first: %d %s", w.Code, w.Body)
 	}
 	var ttl time.Duration
-	if err := f.db.Pool.QueryRow(context.Background(), "SELECT expires_at - created_at FROM "+f.db.Table("exactly_keys")).Scan(&ttl); err != nil {
+	if err := f.db.Pool.QueryRow(context.Background(), "SELECT expires_at - created_at FROM "+f.db.Keys()).Scan(&ttl); err != nil {
 		t.Fatal(err)
 	}
 	if ttl < want-time.Minute || ttl > want+time.Minute {

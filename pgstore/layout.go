@@ -14,25 +14,34 @@ import (
 type Layout int
 
 const (
-	// LayoutLegacy keeps every key in one table (exactly_keys, migration
-	// 00001): text columns, retired by DELETE and VACUUM.
-	LayoutLegacy Layout = iota
-	// LayoutPartitioned keeps keys compact (the ID as 16 bytes when it is a
-	// UUID or a ULID, a 32-byte fingerprint, small codes for scope, topic and
-	// status) in a table range-partitioned on the ID (exactly_keys2,
-	// migration 00007). Keys with time-ordered IDs (UUIDv7, ULID) go to the
-	// time partition of their mint time, which Cleanup creates ahead and
-	// drops whole once every key in it is past its TTL; any other ID goes to
-	// one partition retired by DELETE. Today's exactly_keys serves as the
-	// oldest generation until its keys expire: claims look there first, and
-	// nothing is copied. See docs/keys.md.
-	LayoutPartitioned
+	// LayoutPartitioned, the default, keeps keys compact (the ID as 16
+	// bytes when it is a UUID or a ULID, a 32-byte fingerprint, small codes
+	// for scope, topic and status) in a table range-partitioned on the ID
+	// (exactly_keys2, migration 00007). Keys with time-ordered IDs (UUIDv7,
+	// ULID) go to the time partition of their mint time, which Cleanup
+	// creates ahead and drops whole once every key in it is past its TTL;
+	// any other ID goes to one partition retired by DELETE. A deployment's
+	// single table (exactly_keys) serves as its oldest generation until its
+	// keys expire: claims look there first, and nothing is copied. See
+	// docs/keys.md.
+	LayoutPartitioned Layout = iota
+	// LayoutSingleTable keeps every key in one table (exactly_keys,
+	// migration 00001): text columns, retired by DELETE and VACUUM. For a
+	// deployment that has not switched yet (docs/upgrading.md); once a store
+	// of the partitioned layout ran on the schema, a store of this one is
+	// refused ([ErrLegacyClosed]).
+	LayoutSingleTable
 )
+
+// LayoutLegacy is LayoutSingleTable.
+//
+// Deprecated: use LayoutSingleTable.
+const LayoutLegacy = LayoutSingleTable
 
 func (l Layout) String() string {
 	switch l {
-	case LayoutLegacy:
-		return "legacy"
+	case LayoutSingleTable:
+		return "single-table"
 	case LayoutPartitioned:
 		return "partitioned"
 	}

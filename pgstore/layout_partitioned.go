@@ -45,6 +45,11 @@ func (p *partitioned) prepareClaim(ctx context.Context, db DBTX, req dedupe.Requ
 	if err != nil {
 		return claimArgs{}, err
 	}
+	if _, pooled := db.(*pgxpool.Pool); pooled && st.low.IsZero() {
+		if st, err = p.firstPartitions(ctx); err != nil {
+			return claimArgs{}, err
+		}
+	}
 	if st.low.IsZero() {
 		return claimArgs{}, fmt.Errorf("pgstore: claim %s: %s has no time partitions yet: %w: call Store.Check at start-up "+
 			"(or Cleanup), which creates them", req.Key, p.parent, dedupe.ErrMisconfigured)
@@ -174,8 +179,24 @@ func (p *partitioned) prepareBatch(ctx context.Context, reqs []dedupe.Request) e
 // beforeBatchTx reads the layout's state before the connection is taken
 // (and again on it, should it go stale meanwhile).
 func (p *partitioned) beforeBatchTx(ctx context.Context) error {
-	_, err := p.layoutState(ctx, p.s.pool)
+	_, err := p.firstPartitions(ctx)
 	return err
+}
+
+// firstPartitions returns the layout's state read on the pool, after
+// creating the first partitions when there are none yet (Check does), so
+// that a store whose Check was never called claims all the same. The
+// role needs the clean-up's rights for that (CheckMaintenance); without
+// them the error says so.
+func (p *partitioned) firstPartitions(ctx context.Context) (layoutState, error) {
+	st, err := p.layoutState(ctx, p.s.pool)
+	if err != nil || !st.low.IsZero() {
+		return st, err
+	}
+	if err := p.check(ctx); err != nil {
+		return layoutState{}, err
+	}
+	return p.layoutState(ctx, p.s.pool)
 }
 
 // keyArgs are the arguments for statements on an existing key, read on db

@@ -192,7 +192,7 @@ func (p *partitioned) retirePartition(ctx context.Context, conn *pgxpool.Conn, l
 	return int64(tuples), true, nil
 }
 
-// retireLegacy stops the legacy table's probing once none of its keys is
+// retireLegacy stops the single table's probing once none of its keys is
 // live. The table itself is left for its owner to drop.
 func (p *partitioned) retireLegacy(ctx context.Context, conn *pgxpool.Conn, legacy string) error {
 	live := `SELECT EXISTS (SELECT FROM ` + legacy + ` WHERE expires_at >= now())`
@@ -219,7 +219,7 @@ func (p *partitioned) retireLegacy(ctx context.Context, conn *pgxpool.Conn, lega
 	if err != nil {
 		return classify("retire "+legacy, err)
 	}
-	p.s.cfg.Logger.InfoContext(ctx, "pgstore: the legacy key table has no live key left and is no longer read: drop it", "table", legacy)
+	p.s.cfg.Logger.InfoContext(ctx, "pgstore: the single key table has no live key left and is no longer read: its owner may drop it", "table", legacy)
 	return nil
 }
 

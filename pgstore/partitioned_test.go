@@ -43,7 +43,7 @@ func newPartitioned(t testing.TB, cfg *pgstore.Config, width string) (*pgstore.S
 	if err != nil {
 		t.Fatal(err)
 	}
-	legacy, err := pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema})
+	legacy, err := pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema, Layout: pgstore.LayoutSingleTable})
 	if err != nil {
 		t.Fatal(err)
 	}

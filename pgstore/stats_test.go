@@ -14,7 +14,7 @@ import (
 func TestStatsDoesNotCountALargeTable(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	s, err := New(db.Pool, &Config{Schema: db.Schema})
+	s, err := New(db.Pool, &Config{Schema: db.Schema, Layout: LayoutSingleTable})
 	if err != nil {
 		t.Fatal(err)
 	}

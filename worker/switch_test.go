@@ -26,7 +26,7 @@ func TestLegacyWorkerRefusedAfterTheSwitch(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	legacy := w.config(func(c *worker.Config) { c.KeyLayout = pgstore.LayoutLegacy; c.Group = part.Group + "-old" })
+	legacy := w.config(func(c *worker.Config) { c.KeyLayout = pgstore.LayoutSingleTable; c.Group = part.Group + "-old" })
 	wk, err := worker.New(w.db.Pool, legacy)
 	if err != nil {
 		t.Fatal(err)

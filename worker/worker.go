@@ -109,7 +109,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		w.closeOwn()
 		return nil
 	}
-	if w.cfg.KeyLayout == pgstore.LayoutLegacy {
+	if w.cfg.KeyLayout == pgstore.LayoutSingleTable {
 		// Once a worker of the partitioned layout ran on the schema, this
 		// one could apply a key that one applied: refused at start.
 		if err := w.store.Check(ctx); errors.Is(err, pgstore.ErrLegacyClosed) {

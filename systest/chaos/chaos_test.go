@@ -45,9 +45,11 @@ type options struct {
 	// this many commands (--batch), alongside per-message ones in one
 	// group; 0 runs every worker per message.
 	batch int
-	// keyLayout is the workers' --key-layout: "legacy" or "partitioned"
-	// (keys_test.go).
-	keyLayout string
+	// keyLayout is the workers' --key-layout: "partitioned" (the default)
+	// or "single-table"; keyMaintenance forces the partitioned layout's
+	// maintenance (keys_test.go).
+	keyLayout      string
+	keyMaintenance bool
 }
 
 func envBool(k string, def bool) bool {
@@ -58,6 +60,18 @@ func envBool(k string, def bool) bool {
 	return v
 }
 
+// keyEnv is the environment that repeats the run's key layout.
+func (o options) keyEnv() string {
+	env := ""
+	if o.keyLayout != "partitioned" {
+		env += " CHAOS_KEY_LAYOUT=" + o.keyLayout
+	}
+	if o.keyMaintenance {
+		env += " CHAOS_KEY_MAINTENANCE=1"
+	}
+	return env
+}
+
 func loadOptions() options {
 	o := options{seed: uint64(time.Now().UnixNano()), long: envBool("CHAOS_LONG", false), txns: envBool("CHAOS_TRANSACTIONS", true),
 		cross: envBool("CHAOS_CROSS_PARTITION", true), startupWait: envBool("CHAOS_STARTUP_WAIT", true)}
@@ -65,10 +79,11 @@ func loadOptions() options {
 		o.seed = s
 	}
 	o.batch = 200
-	o.keyLayout = "legacy"
+	o.keyLayout = "partitioned"
 	if l := os.Getenv("CHAOS_KEY_LAYOUT"); l != "" {
 		o.keyLayout = l
 	}
+	o.keyMaintenance = envBool("CHAOS_KEY_MAINTENANCE", false)
 	if b, err := strconv.Atoi(os.Getenv("CHAOS_BATCH")); err == nil && b >= 0 {
 		o.batch = b
 	}
@@ -94,10 +109,7 @@ func (o options) repro() string {
 	if o.batch != 200 {
 		env += fmt.Sprintf(" CHAOS_BATCH=%d", o.batch)
 	}
-	if o.keyLayout != "legacy" {
-		env += " CHAOS_KEY_LAYOUT=" + o.keyLayout
-	}
-	return env + " go test -race -count=1 -timeout 20m -run 'TestChaos$' -v ./systest/chaos/"
+	return env + o.keyEnv() + " go test -race -count=1 -timeout 20m -run 'TestChaos$' -v ./systest/chaos/"
 }
 
 type scale struct {
@@ -152,8 +164,11 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 		repro = topo.repro(o)
 	}
 	t.Logf("chaos: seed %d (repeat: %s)", o.seed, repro)
-	if o.keyLayout != "legacy" && o.keyLayout != "partitioned" {
-		t.Fatalf("chaos: CHAOS_KEY_LAYOUT is %q: set it to legacy or partitioned", o.keyLayout)
+	if o.keyLayout != "partitioned" && o.keyLayout != "single-table" {
+		t.Fatalf("chaos: CHAOS_KEY_LAYOUT is %q: set it to partitioned or single-table", o.keyLayout)
+	}
+	if o.keyMaintenance && o.keyLayout != "partitioned" {
+		t.Fatalf("chaos: CHAOS_KEY_MAINTENANCE needs the partitioned layout")
 	}
 	partitioned := o.keyLayout == "partitioned"
 	base, err := os.MkdirTemp("", "exactly-chaos-")
@@ -282,14 +297,17 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 	ws := &workers{restarts: &n.workerRestarts, bin: bin, dir: base, batch: o.batch, args: []string{"worker", "--database-url", workerDB, "--brokers", strings.Join(workerBrokers, ","),
 		"--schema", "ledger", "--commands", commandsTopic, "--metrics-addr", "127.0.0.1:0",
 		"--session-timeout", sessionTimeout.String()}}
-	if partitioned {
+	switch {
+	case o.keyMaintenance:
 		// Partition maintenance every second, on partitions 2s wide
 		// (keys_test.go); the workers' role owns the tables, as the layout
 		// needs (it runs DDL).
 		if err := narrowPartitions(ctx, pool); err != nil {
 			t.Fatal(err)
 		}
-		ws.args = append(ws.args, "--key-layout", "partitioned", "--key-cleanup", keyCleanup.String())
+		ws.args = append(ws.args, "--key-cleanup", keyCleanup.String())
+	case !partitioned:
+		ws.args = append(ws.args, "--key-layout", o.keyLayout)
 	}
 	// The restore fault puts the ledger back to this moment: before any
 	// position was saved.
@@ -469,7 +487,7 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 		if ks, err = readKeyStats(actx, pool, firstLow, committed, db); err != nil {
 			t.Fatal(err)
 		}
-		ks.check(f)
+		ks.check(f, o.keyMaintenance)
 	}
 	ackedLost := acked.missing(all, f)
 	next("")

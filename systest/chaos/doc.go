@@ -10,7 +10,7 @@
 //	make chaos-short                                              # the short run, also part of make test
 //	make chaos                                                    # the long run (CHAOS_LONG=1)
 //	make chaos-topology                                           # three Kafka nodes (CHAOS_TOPOLOGY=1)
-//	make chaos-keys                                               # the partitioned key layout (CHAOS_KEY_LAYOUT=partitioned)
+//	make chaos-keys                                               # partition maintenance forced (CHAOS_KEY_MAINTENANCE=1)
 //
 // The topology run (topology_test.go) runs the workload on a three-node
 // Kafka cluster (scripts/kafka.sh cluster; topics with replication factor 3
@@ -39,15 +39,19 @@
 // (200 by default; 0 runs every worker per message), CHAOS_STARTUP_WAIT=0 the check that a worker started while the
 // broker is down waits for it instead of exiting.
 //
-// CHAOS_KEY_LAYOUT=partitioned (keys_test.go) runs the workers with
-// --key-layout partitioned and partition maintenance forced: time
-// partitions 2 seconds wide (exactly_keys2_state.width, set before the
-// first worker starts) and the key clean-up, which creates them ahead,
-// every second (--key-cleanup 1s). Half the IDs are UUIDv7s minted as the
-// workload is generated, which go to the time partitions, half UUIDv4s,
-// which go to exactly_keys2_other. The audit reads the keys from the
-// partitioned tables; the run fails unless at least 20 time partitions
-// are attached at the end, both the time partitions and
+// The workers keep their keys in the default, partitioned layout
+// (keys_test.go): half the IDs are UUIDv7s minted as the workload is
+// generated, which go to the time partitions, half UUIDv4s, which go to
+// exactly_keys2_other. The audit reads the keys from the partitioned
+// tables, and the run fails unless both the time partitions and
 // exactly_keys2_other hold keys, IDs of both kinds were repeated in the
-// log, and the legacy table exactly_keys holds none.
+// log, and the single table exactly_keys holds none.
+// CHAOS_KEY_MAINTENANCE=1 forces partition maintenance: time partitions 2
+// seconds wide (exactly_keys2_state.width, set before the first worker
+// starts) and the key clean-up, which creates them ahead and drops them,
+// every second (--key-cleanup 1s); the run then also fails unless at least
+// 20 time partitions are attached at the end, and it has no restore fault
+// (a restore of rows would bring back keys of dropped partitions).
+// CHAOS_KEY_LAYOUT=single-table runs the workers on the single table
+// (--key-layout single-table).
 package chaos

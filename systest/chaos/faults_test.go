@@ -59,7 +59,7 @@ func (c *chaosRun) runPlan(ctx context.Context) {
 	add(c.sc.workerStops, "worker-stop")
 	add(c.sc.pgPauses, "pg-pause")
 	add(c.sc.brokerPauses, "broker-pause")
-	if c.topo == nil && c.o.keyLayout != "partitioned" {
+	if c.topo == nil && !c.o.keyMaintenance {
 		add(c.sc.restores, "pg-restore")
 	}
 	if c.topo != nil {

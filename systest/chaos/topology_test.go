@@ -69,10 +69,7 @@ func (tp *topology) repro(o options) string {
 	if o.batch != 200 {
 		env += fmt.Sprintf(" CHAOS_BATCH=%d", o.batch)
 	}
-	if o.keyLayout != "legacy" {
-		env += " CHAOS_KEY_LAYOUT=" + o.keyLayout
-	}
-	return env + " go test -race -count=1 -timeout 60m -run 'TestChaosTopology$' -v ./systest/chaos/"
+	return env + o.keyEnv() + " go test -race -count=1 -timeout 60m -run 'TestChaosTopology$' -v ./systest/chaos/"
 }
 
 func TestChaosTopology(t *testing.T) {

@@ -95,7 +95,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		migrate = fs.Bool("migrate", false, "create or upgrade the tables before consuming (needs DDL rights; production runs `migrate` once instead)")
 		noDedupe = fs.Bool("no-dedupe", false, "run without the dedupe middleware (to measure it, or to watch verify fail)")
 		batch = fs.Int("batch", 0, "batch mode: apply up to this many commands per transaction, set-based (0: one transaction per command)")
-		keyLayout = fs.String("key-layout", "legacy", "how the keys are kept: legacy (one table) or partitioned (time partitions; the worker's role must own the tables, see docs/keys.md)")
+		keyLayout = fs.String("key-layout", "partitioned", "how the keys are kept: partitioned (time partitions; the worker's role must own the tables, see docs/keys.md) or single-table (one table, for a deployment that has not switched)")
 		keyCleanup = fs.String("key-cleanup", "1m", "how often the key clean-up runs (with --key-layout partitioned it also creates the partitions ahead), at least 1ms; off: another process of the tables' owner runs it")
 		kconn.register(fs)
 	case "load":
@@ -271,12 +271,12 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, logger *slo
 
 // parseKeyLayout reads --key-layout.
 func parseKeyLayout(s string) (pgstore.Layout, error) {
-	for _, l := range []pgstore.Layout{pgstore.LayoutLegacy, pgstore.LayoutPartitioned} {
+	for _, l := range []pgstore.Layout{pgstore.LayoutPartitioned, pgstore.LayoutSingleTable} {
 		if s == l.String() {
 			return l, nil
 		}
 	}
-	return 0, fmt.Errorf("--key-layout is %q: set it to legacy or partitioned", s)
+	return 0, fmt.Errorf("--key-layout is %q: set it to partitioned or single-table", s)
 }
 
 func envOr(k, def string) string {

@@ -79,7 +79,7 @@ func TestWorkerKeyFlags(t *testing.T) {
 		}
 	}
 	_, out, _ := runCLI(context.Background(), "worker", "-h")
-	for _, want := range []string{"-key-layout string", `(default "legacy")`, "-key-cleanup string", `(default "1m")`} {
+	for _, want := range []string{"-key-layout string", `(default "partitioned")`, "-key-cleanup string", `(default "1m")`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("worker -h lacks %q:\n%s", want, out)
 		}

@@ -63,7 +63,7 @@ type Config struct {
 	// 0: one transaction per command, through a Watermill router.
 	Batch int
 	// KeyLayout is how the keys are kept (worker.Config.KeyLayout).
-	// Defaults to pgstore.LayoutLegacy.
+	// Defaults to pgstore.LayoutPartitioned.
 	KeyLayout pgstore.Layout
 	// CleanupInterval is how often the key clean-up runs
 	// (worker.Config.CleanupInterval); with pgstore.LayoutPartitioned it
