@@ -229,6 +229,18 @@ func (p *partitioned) update(ctx context.Context, db DBTX, key dedupe.Key, u key
 }
 
 func (p *partitioned) get(ctx context.Context, db DBTX, key dedupe.Key) (keyRow, error) {
+	// A scope with no code has no key: a read adds no name, so that it
+	// never waits for a transaction adding the same one (the first claim
+	// of a scope, still running).
+	if _, ok := p.codes.Load(key.Scope); !ok {
+		var n int
+		if err := db.QueryRow(ctx, "SELECT count(*) FROM "+p.names+" WHERE name = $1", key.Scope).Scan(&n); err != nil {
+			return keyRow{}, classify(fmt.Sprintf("code of %q", key.Scope), err)
+		}
+		if n == 0 {
+			return keyRow{}, nil
+		}
+	}
 	a, err := p.keyArgs(ctx, db, key)
 	if err != nil {
 		return keyRow{}, err

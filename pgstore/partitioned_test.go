@@ -425,3 +425,43 @@ func isRetryable(err error) bool {
 	var r *dedupe.RetryableError
 	return errors.As(err, &r)
 }
+
+// A read of a key whose scope a transaction still running is the first to
+// claim answers "not found" at once: it adds no name, so it does not wait
+// for that transaction (a duplicate HTTP request answered 409, not held).
+func TestGetOfScopeBeingAdded(t *testing.T) {
+	t.Parallel()
+	s, _, db := newPartitioned(t, nil, "")
+	ctx := context.Background()
+	if err := s.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback(ctx)
+	req := dedupetest.Req("new-scope", uuid.Must(uuid.NewV7()).String(), "p")
+	if c, err := s.ClaimTx(ctx, first, req); err != nil || c.Decision != dedupe.DecisionNew {
+		t.Fatalf("claim: %v %v", c.Decision, err)
+	}
+	wait, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	other, err := db.Pool.Begin(wait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx)
+	if _, err := s.GetTx(wait, other, req.Key); !errors.Is(err, dedupe.ErrNotFound) {
+		t.Fatalf("get in another transaction: %v, want ErrNotFound at once", err)
+	}
+	if _, err := s.Get(wait, req.Key); !errors.Is(err, dedupe.ErrNotFound) {
+		t.Fatalf("get on the pool: %v, want ErrNotFound at once", err)
+	}
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Get(ctx, req.Key); err != nil || rec.Status != dedupe.StatusCompleted {
+		t.Fatalf("after the first commits: %+v %v", rec, err)
+	}
+}
