@@ -19,21 +19,26 @@ func IsRetryableError(err error) bool { return pgerr.IsRetryable(err) }
 // column, schema or function that does not exist or is not allowed (SQLSTATE
 // class 42, e.g. 42P01 when the migrations did not run or a table name is
 // not schema-qualified), a schema or database that does not exist (3F, 3D),
-// or failed authentication (28), or a store with LayoutLegacy claiming
-// where the partitioned layout has started (EXK01, ErrLegacyClosed). Running the same statement again cannot
+// or failed authentication (28), or a store with LayoutSingleTable claiming
+// where the partitioned layout has started (EXK01, ErrSingleTableClosed). Running the same statement again cannot
 // succeed until someone fixes the deployment, and the message is not at
 // fault either: such errors are neither retried nor dead-lettered.
 func IsConfigurationError(err error) bool { return pgerr.IsConfiguration(err) }
 
-// ErrLegacyClosed is the error of a store with LayoutLegacy that claims a
-// new key on a schema where the partitioned layout has started (a store
-// with LayoutPartitioned ran there): a key it claimed could have been
-// claimed by the partitioned layout too, and run twice. It wraps
+// ErrSingleTableClosed is the error of a store with LayoutSingleTable that
+// claims a new key on a schema where the partitioned layout has started (a
+// store with LayoutPartitioned ran there): a key it claimed could have
+// been claimed by the partitioned layout too, and run twice. It wraps
 // dedupe.ErrMisconfigured: the message is held, not dead-lettered, until
 // its worker runs with LayoutPartitioned.
-var ErrLegacyClosed = fmt.Errorf("%w: the partitioned key layout has started on this schema, so a store with "+
-	"LayoutLegacy may not claim new keys there: run every worker of the schema with pgstore.LayoutPartitioned "+
-	"(worker.Config.KeyLayout); the keys in exactly_keys are still honoured", dedupe.ErrMisconfigured)
+var ErrSingleTableClosed = fmt.Errorf("%w: the partitioned key layout has started on this schema, so a store with "+
+	"LayoutSingleTable may not claim new keys there: run every worker of the schema with pgstore.LayoutPartitioned "+
+	"(worker.Config.KeyLayout, its default); the keys in exactly_keys are still honoured", dedupe.ErrMisconfigured)
+
+// ErrLegacyClosed is ErrSingleTableClosed.
+//
+// Deprecated: use ErrSingleTableClosed.
+var ErrLegacyClosed = ErrSingleTableClosed
 
 // classify wraps a pgx error at the storage boundary, marking transient ones
 // with dedupe.Retryable and configuration errors with dedupe.ErrMisconfigured
@@ -42,8 +47,8 @@ func classify(op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if pgerr.IsLegacyClosed(err) {
-		return fmt.Errorf("pgstore: %s: %w (%w)", op, ErrLegacyClosed, err)
+	if pgerr.IsSingleTableClosed(err) {
+		return fmt.Errorf("pgstore: %s: %w (%w)", op, ErrSingleTableClosed, err)
 	}
 	if IsConfigurationError(err) {
 		return fmt.Errorf("pgstore: %s: %w (%w: run migrations.Migrate on this database, "+

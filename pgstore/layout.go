@@ -29,7 +29,7 @@ const (
 	// migration 00001): text columns, retired by DELETE and VACUUM. For a
 	// deployment that has not switched yet (docs/upgrading.md); once a store
 	// of the partitioned layout ran on the schema, a store of this one is
-	// refused ([ErrLegacyClosed]).
+	// refused ([ErrSingleTableClosed]).
 	LayoutSingleTable
 )
 

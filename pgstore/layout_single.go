@@ -14,7 +14,7 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 )
 
-// singleTable is LayoutLegacy: every key in one table, its statements in
+// singleTable is LayoutSingleTable: every key in one table, its statements in
 // layout_single_sql.go, their arguments positional.
 type singleTable struct {
 	s            *Store
@@ -174,21 +174,21 @@ func (l *singleTable) cleanup(context.Context, *pgxpool.Conn) (int64, string, er
 }
 
 // check checks the table's columns and refuses a store of this layout once
-// the partitioned layout has started on the schema (ErrLegacyClosed).
+// the partitioned layout has started on the schema (ErrSingleTableClosed).
 func (l *singleTable) check(ctx context.Context) error {
 	pool := l.s.pool
 	if _, err := pool.Exec(ctx, "SELECT "+cols+" FROM "+l.table+" LIMIT 0"); err != nil {
 		return classify("check "+l.table, err)
 	}
 	// Once the partitioned layout started on the schema, this store may
-	// not claim new keys (ErrLegacyClosed): refused here, at start. A
+	// not claim new keys (ErrSingleTableClosed): refused here, at start. A
 	// schema without the partitioned layout's state has nothing to say.
 	var started bool
 	err := pool.QueryRow(ctx, "SELECT started_at IS NOT NULL FROM "+
 		pgx.Identifier{l.schema, "exactly_keys2_state"}.Sanitize()).Scan(&started)
 	switch {
 	case err == nil && started:
-		return fmt.Errorf("pgstore: check %s: %w", l.table, ErrLegacyClosed)
+		return fmt.Errorf("pgstore: check %s: %w", l.table, ErrSingleTableClosed)
 	case err != nil && !IsConfigurationError(err) && !errors.Is(err, pgx.ErrNoRows):
 		return classify("check "+l.table, err)
 	}

@@ -1,6 +1,6 @@
 package pgstore
 
-// The single-table layout's statements (LayoutLegacy), with {T} standing for
+// The single-table layout's statements (LayoutSingleTable), with {T} standing for
 // the schema-qualified table exactly_keys.
 
 const (

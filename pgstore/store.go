@@ -180,14 +180,14 @@ func (s *Store) Release(ctx context.Context, c dedupe.Claim) error {
 // otherwise fail with it.
 //
 // For LayoutPartitioned, Check also creates the time partitions when there
-// are none yet, as Cleanup does. For LayoutLegacy it returns an error
-// wrapping ErrLegacyClosed once the partitioned layout has started on the
+// are none yet, as Cleanup does. For LayoutSingleTable it returns an error
+// wrapping ErrSingleTableClosed once the partitioned layout has started on the
 // schema.
 func (s *Store) Check(ctx context.Context) error { return s.l.check(ctx) }
 
 // CheckMaintenance reports whether the store's role can run Cleanup: an
 // error wrapping dedupe.ErrMisconfigured that names the missing right, or
-// nil. On the legacy layout Cleanup deletes expired keys (DELETE on the
+// nil. On the single-table layout Cleanup deletes expired keys (DELETE on the
 // table); on the partitioned layout it also creates, attaches, detaches and
 // drops partitions and moves the layout's state, which needs the role to
 // own the key table (or be a member of its owner), CREATE on its schema and

@@ -33,8 +33,8 @@ func TestLegacyWorkerRefusedAfterTheSwitch(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := wk.Run(ctx); !errors.Is(err, pgstore.ErrLegacyClosed) {
-		t.Fatalf("the legacy worker's Run returned %v, want ErrLegacyClosed", err)
+	if err := wk.Run(ctx); !errors.Is(err, pgstore.ErrSingleTableClosed) {
+		t.Fatalf("the legacy worker's Run returned %v, want ErrSingleTableClosed", err)
 	}
 	if n := w.count("SELECT coalesce(sum(n), 0)::int FROM " + w.db.Table("applied")); n != 1 {
 		t.Fatalf("applied %d times, want 1", n)

@@ -112,7 +112,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	if w.cfg.KeyLayout == pgstore.LayoutSingleTable {
 		// Once a worker of the partitioned layout ran on the schema, this
 		// one could apply a key that one applied: refused at start.
-		if err := w.store.Check(ctx); errors.Is(err, pgstore.ErrLegacyClosed) {
+		if err := w.store.Check(ctx); errors.Is(err, pgstore.ErrSingleTableClosed) {
 			w.closeOwn()
 			return fmt.Errorf("worker: %w", err)
 		}

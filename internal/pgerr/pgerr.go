@@ -21,9 +21,9 @@ var retryableCodes = map[string]bool{
 	"57P03": true, // cannot_connect_now
 }
 
-// LegacyClosedCode is the SQLSTATE that exactly_keys's insert guard raises
+// SingleTableClosedCode is the SQLSTATE that exactly_keys's insert guard raises
 // once the partitioned key layout started on the schema (migration 00008).
-const LegacyClosedCode = "EXK01"
+const SingleTableClosedCode = "EXK01"
 
 // IsRetryable reports whether err is transient: a serialisation failure, a
 // deadlock, a lock not available, a server going down, a connection class
@@ -43,7 +43,7 @@ func IsRetryable(err error) bool {
 // IsConfiguration reports whether err says the deployment is wrong rather
 // than the data or the connection: SQLSTATE class 42 (a table, column,
 // schema or function missing or not allowed), 3F, 3D (no such schema or
-// database), 28 (authentication), or LegacyClosedCode.
+// database), 28 (authentication), or SingleTableClosedCode.
 func IsConfiguration(err error) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {
@@ -53,14 +53,14 @@ func IsConfiguration(err error) bool {
 	case "42", "3F", "3D", "28":
 		return true
 	}
-	return pgErr.Code == LegacyClosedCode
+	return pgErr.Code == SingleTableClosedCode
 }
 
-// IsLegacyClosed reports whether err is the legacy layout's insert guard
-// (LegacyClosedCode).
-func IsLegacyClosed(err error) bool {
+// IsSingleTableClosed reports whether err is the single table's insert guard
+// (SingleTableClosedCode).
+func IsSingleTableClosed(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == LegacyClosedCode
+	return errors.As(err, &pgErr) && pgErr.Code == SingleTableClosedCode
 }
 
 // Answered reports whether err carries an answer of the server, and if so

@@ -27,7 +27,7 @@ type APIConfig struct {
 	// "ledger.commands".
 	Commands string
 	// KeyLayout is the key table's layout: the worker's. Defaults to
-	// pgstore.LayoutLegacy.
+	// pgstore.LayoutPartitioned.
 	KeyLayout pgstore.Layout
 	// PrincipalFunc names the client a request comes from; its keys are
 	// its own. Defaults to the X-Client header (no header: 401).
