@@ -31,8 +31,10 @@ import (
 //     it cannot run in a transaction, so the check, the move and the detach
 //     could not be one; the plain DETACH waits at most the lock timeout, on
 //     every PostgreSQL version from 13 on.
-//   - The legacy table stops being probed once none of its keys is live,
-//     after the same check under a lock that keeps takeovers out.
+//   - The single table (the oldest generation of an upgraded deployment)
+//     stops being probed, and is dropped, once the layout has started and
+//     none of its keys is live, after the same check under a lock that
+//     keeps takeovers out.
 
 // maintenanceLockTimeout bounds how long maintenance waits for a lock, and
 // so how long a claim can queue behind it.
@@ -193,25 +195,52 @@ func (p *partitioned) retirePartition(ctx context.Context, conn *pgxpool.Conn, l
 }
 
 // retireLegacy stops the single table's probing once none of its keys is
-// live. The table itself is left for its owner to drop.
+// live, and drops it. Only once the partitioned layout has started on the
+// schema: from then on no store of the single table claims a key there
+// (migration 00008), so with its last key expired nothing reads it any
+// more; before, stores of the single table may still be claiming, and the
+// table is left alone. A role that does not own it stops probing it and
+// leaves the drop to its owner.
 func (p *partitioned) retireLegacy(ctx context.Context, conn *pgxpool.Conn, legacy string) error {
 	live := `SELECT EXISTS (SELECT FROM ` + legacy + ` WHERE expires_at >= now())`
 	var busy bool
 	if err := conn.QueryRow(ctx, live).Scan(&busy); err != nil || busy {
 		return classify("retire "+legacy, err)
 	}
+	var owns bool
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+maintenanceLockTimeout+"'"); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, "LOCK TABLE "+legacy+" IN SHARE MODE"); err != nil {
+		if err := tx.QueryRow(ctx, "SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = $1::regclass", legacy).Scan(&owns); err != nil {
 			return err
+		}
+		mode := "SHARE"
+		if owns {
+			mode = "ACCESS EXCLUSIVE"
+		}
+		if _, err := tx.Exec(ctx, "LOCK TABLE "+legacy+" IN "+mode+" MODE"); err != nil {
+			return err
+		}
+		var started bool
+		if err := tx.QueryRow(ctx, "SELECT started_at IS NOT NULL FROM "+p.state).Scan(&started); err != nil {
+			return err
+		}
+		if !started {
+			busy = true
+			return nil
 		}
 		if err := tx.QueryRow(ctx, live).Scan(&busy); err != nil || busy {
 			return err
 		}
-		_, err := tx.Exec(ctx, "UPDATE "+p.state+" SET legacy = NULL")
-		return err
+		if _, err := tx.Exec(ctx, "UPDATE "+p.state+" SET legacy = NULL"); err != nil {
+			return err
+		}
+		if owns {
+			_, err := tx.Exec(ctx, "DROP TABLE "+legacy)
+			return err
+		}
+		return nil
 	})
 	if lockBusy(err) || busy {
 		return nil
@@ -219,7 +248,11 @@ func (p *partitioned) retireLegacy(ctx context.Context, conn *pgxpool.Conn, lega
 	if err != nil {
 		return classify("retire "+legacy, err)
 	}
-	p.s.cfg.Logger.InfoContext(ctx, "pgstore: the single key table has no live key left and is no longer read: its owner may drop it", "table", legacy)
+	if owns {
+		p.s.cfg.Logger.InfoContext(ctx, "pgstore: the single key table has no live key left: dropped", "table", legacy)
+	} else {
+		p.s.cfg.Logger.InfoContext(ctx, "pgstore: the single key table has no live key left and is no longer read: its owner may drop it", "table", legacy)
+	}
 	return nil
 }
 

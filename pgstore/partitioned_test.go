@@ -211,6 +211,46 @@ func TestPartitionedUpgradeFromLegacy(t *testing.T) {
 	if l := legacyName(); l != nil {
 		t.Fatalf("the legacy table %s is still probed with no live key", *l)
 	}
+	var gone bool
+	if err := db.Pool.QueryRow(ctx, "SELECT to_regclass($1) IS NULL", db.Table("exactly_keys")).Scan(&gone); err != nil || !gone {
+		t.Fatalf("the single table is still there once retired (%v)", err)
+	}
+	// Its keys expired with it; the partitioned layout goes on.
+	if c, err := s.Do(ctx, dedupetest.Req("s", ids["done"], "p"), noop); err != nil || c.Decision != dedupe.DecisionNew {
+		t.Fatalf("a key of the dropped table after its TTL: %v %v", c.Decision, err)
+	}
+	if c, err := s.Do(ctx, dedupetest.Req("s", ids["done"], "p"), noop); err != nil || c.Decision != dedupe.DecisionDuplicate {
+		t.Fatalf("its copy: %v %v", c.Decision, err)
+	}
+}
+
+// A clean-up of the partitioned layout run where the layout has not
+// started (a maintenance process left on the default layout beside
+// workers kept on the single table) leaves the single table alone, even
+// with no live key: its stores may still be claiming there.
+func TestSingleTableKeptUntilPartitionedStarts(t *testing.T) {
+	t.Parallel()
+	s, single, db := newPartitioned(t, nil, "")
+	ctx := context.Background()
+	short := dedupetest.Req("s", uuid.NewString(), "p")
+	short.TTL = time.Millisecond
+	if c, err := single.Do(ctx, short, noop); err != nil || c.Decision != dedupe.DecisionNew {
+		t.Fatalf("single-table claim: %v %v", c.Decision, err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	for range 2 {
+		if _, err := s.Cleanup(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var probed bool
+	if err := db.Pool.QueryRow(ctx, "SELECT legacy IS NOT NULL AND to_regclass($1) IS NOT NULL FROM "+db.Table("exactly_keys2_state"),
+		db.Table("exactly_keys")).Scan(&probed); err != nil || !probed {
+		t.Fatalf("the single table was retired before the partitioned layout started (%v)", err)
+	}
+	if c, err := single.Do(ctx, dedupetest.Req("s", uuid.NewString(), "p"), noop); err != nil || c.Decision != dedupe.DecisionNew {
+		t.Fatalf("the single table's store after the clean-up: %v %v", c.Decision, err)
+	}
 }
 
 // A time partition is dropped once its range is past and every key in it
