@@ -2,40 +2,23 @@ package pgtest
 
 import (
 	"context"
-	"strings"
 	"testing"
+
+	"github.com/exactly-go/exactly/internal/keyview"
 )
 
 // Keys returns a subquery, to use where a table goes in FROM, that lists
-// the schema's keys whichever layout stored them: the single table
-// (exactly_keys) and the partitioned one (exactly_keys2, its codes and
-// compact IDs written back), with the single table's columns scope, key,
-// status ('COMPLETED', 'PROCESSING'), attempts, source_topic,
-// source_partition, source_offset, created_at and expires_at. ULIDs are left NULL in key. A
-// schema whose single table was dropped lists the partitioned one's.
+// the schema's keys whichever layout stored them (keyview.SQL): the single
+// table (exactly_keys) and the partitioned one (exactly_keys2), with the
+// columns keyview.Columns. A schema whose single table was dropped lists
+// the partitioned one's.
 func (d *DB) Keys() string {
-	single := `SELECT scope, key, status, attempts, source_topic, source_partition, source_offset, created_at, expires_at FROM {K}
-UNION ALL
-`
+	t := keyview.Tables{Single: d.Table("exactly_keys"), Partitioned: d.Table("exactly_keys2"), Names: d.Table("exactly_key_names")}
 	var exists bool
-	if err := d.Pool.QueryRow(context.Background(), "SELECT to_regclass($1) IS NOT NULL", d.Table("exactly_keys")).Scan(&exists); err == nil && !exists {
-		single = ""
+	if err := d.Pool.QueryRow(context.Background(), "SELECT to_regclass($1) IS NOT NULL", t.Single).Scan(&exists); err == nil && !exists {
+		t.Single = ""
 	}
-	return strings.NewReplacer("{K}", d.Table("exactly_keys"), "{K2}", d.Table("exactly_keys2"),
-		"{N}", d.Table("exactly_key_names")).Replace(`(
-` + single + `SELECT s.name, CASE k.kind
-         WHEN 't' THEN k.id_text
-         WHEN '7' THEN k.kid::text
-         WHEN 'u' THEN encode(set_byte(set_byte(b.b, 0, get_byte(b.b, 6)), 6, get_byte(b.b, 0)), 'hex')::uuid::text
-         WHEN 'o' THEN encode(set_byte(b.b, 0, get_byte(b.b, 0) & 31), 'hex')::uuid::text
-       END,
-       CASE k.status WHEN 'C' THEN 'COMPLETED' ELSE 'PROCESSING' END, k.attempts::int, t.name, k.source_partition, k.source_offset,
-       k.created_at, k.expires_at
-FROM {K2} k
-CROSS JOIN LATERAL (SELECT decode(replace(k.kid::text, '-', ''), 'hex') AS b) b
-JOIN {N} s ON s.code = k.scope
-LEFT JOIN {N} t ON t.code = k.source_topic
-) AS keys`)
+	return keyview.SQL(t)
 }
 
 // DeleteKeys deletes the keys of scope (every key when scope is empty)
