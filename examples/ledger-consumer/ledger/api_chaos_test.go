@@ -63,7 +63,7 @@ type chaosStats struct {
 // layouts.
 func TestAPIThroughBadNetwork(t *testing.T) {
 	t.Parallel()
-	for _, layout := range []pgstore.Layout{pgstore.LayoutLegacy, pgstore.LayoutPartitioned} {
+	for _, layout := range []pgstore.Layout{pgstore.LayoutSingleTable, pgstore.LayoutPartitioned} {
 		t.Run(layout.String(), func(t *testing.T) {
 			t.Parallel()
 			badNetwork(t, layout)
@@ -345,10 +345,7 @@ func badNetwork(t *testing.T, layout pgstore.Layout) {
 		t.Errorf("verify: %+v, want %d unique commands and the balances matching", rep, len(accepted))
 	}
 	var keys int
-	countKeys := "SELECT count(*) FROM " + db.Table("exactly_keys") + " WHERE scope = $1"
-	if layout == pgstore.LayoutPartitioned {
-		countKeys = "SELECT count(*) FROM " + db.Table("exactly_keys2") + " k JOIN " + db.Table("exactly_key_names") + " n ON n.code = k.scope WHERE n.name = $1"
-	}
+	countKeys := "SELECT count(*) FROM " + db.Keys() + " WHERE scope = $1"
 	if err := db.Pool.QueryRow(ctx, countKeys, ledger.APIScope).Scan(&keys); err != nil {
 		t.Fatal(err)
 	}

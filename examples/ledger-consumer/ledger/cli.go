@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/migrations"
 	"github.com/exactly-go/exactly/pgstore"
 )
@@ -259,14 +260,27 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// Migrate creates or upgrades exactly's tables and the ledger's in schema:
-// the step that needs DDL rights, run once per deploy by a role that has
-// them, so that the worker's own role needs none.
+// Migrate creates or upgrades exactly's tables and the ledger's in schema,
+// and the partitioned key layout's first partitions: the step that needs
+// DDL rights, run once per deploy by a role that has them, so that the
+// worker's own role needs none. It does not start the partitioned layout
+// (a worker does, at its first claim): workers kept on the single table
+// go on claiming there.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, logger *slog.Logger) error {
 	if err := migrations.Migrate(ctx, pool, &migrations.Config{Schema: schema, Logger: logger}); err != nil {
 		return err
 	}
-	return Setup(ctx, pool, schema)
+	if err := Setup(ctx, pool, schema); err != nil {
+		return err
+	}
+	keys, err := pgstore.New(pool, &pgstore.Config{Schema: schema, Logger: logger})
+	if err != nil {
+		return err
+	}
+	if _, err := keys.Cleanup(ctx, &dedupe.CleanupConfig{MaxBatches: 1}); err != nil && !errors.Is(err, dedupe.ErrCleanupBusy) {
+		return fmt.Errorf("create the key partitions: %w", err)
+	}
+	return nil
 }
 
 // parseKeyLayout reads --key-layout.

@@ -86,7 +86,7 @@ func TestDemoWorkload(t *testing.T) {
 		t.Fatalf("commands the outbox published: %+v, want %d distinct", o, w.Unique)
 	}
 	var keys int
-	if err := db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+db.Table("exactly_keys")+" WHERE scope = $1",
+	if err := db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+db.Keys()+" WHERE scope = $1",
 		ledger.APIScope).Scan(&keys); err != nil {
 		t.Fatal(err)
 	}
