@@ -735,7 +735,7 @@ func TestLayouts(t *testing.T) {
 	for _, c := range []struct {
 		layout pgstore.Layout
 		wait   bool
-	}{{pgstore.LayoutLegacy, false}, {pgstore.LayoutPartitioned, false}, {pgstore.LayoutLegacy, true}, {pgstore.LayoutPartitioned, true}} {
+	}{{pgstore.LayoutSingleTable, false}, {pgstore.LayoutPartitioned, false}, {pgstore.LayoutSingleTable, true}, {pgstore.LayoutPartitioned, true}} {
 		t.Run(fmt.Sprintf("%v/wait=%v", c.layout, c.wait), func(t *testing.T) {
 			f := newFixtureLayout(t, &httpkey.Config{Wait: c.wait}, c.layout)
 			f.hook = func(r *http.Request, run int64) int {

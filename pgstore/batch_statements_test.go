@@ -41,7 +41,7 @@ func countedStore(t *testing.T, layout pgstore.Layout, cfg pgstore.Config) (*pgs
 // results afterwards, and a result over MaxResultBytes is refused.
 func TestDoBatchResultsStatements(t *testing.T) {
 	t.Parallel()
-	for _, layout := range []pgstore.Layout{pgstore.LayoutLegacy, pgstore.LayoutPartitioned} {
+	for _, layout := range []pgstore.Layout{pgstore.LayoutSingleTable, pgstore.LayoutPartitioned} {
 		t.Run(layout.String(), func(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

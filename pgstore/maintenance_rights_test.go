@@ -33,7 +33,7 @@ func TestCheckMaintenance(t *testing.T) {
 	if err := owner.CheckMaintenance(ctx); err != nil {
 		t.Fatalf("the owner, partitioned layout: %v", err)
 	}
-	if err := store(pgstore.LayoutLegacy).CheckMaintenance(ctx); err != nil {
+	if err := store(pgstore.LayoutSingleTable).CheckMaintenance(ctx); err != nil {
 		t.Fatalf("a role with DELETE, legacy layout: %v", err)
 	}
 	part := store(pgstore.LayoutPartitioned)
@@ -52,7 +52,7 @@ func TestCheckMaintenance(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `REVOKE DELETE ON `+db.Table("exactly_keys")+` FROM "`+role+`"`); err != nil {
 		t.Fatal(err)
 	}
-	if err := store(pgstore.LayoutLegacy).CheckMaintenance(ctx); !errors.Is(err, dedupe.ErrMisconfigured) || !strings.Contains(err.Error(), "DELETE on") {
+	if err := store(pgstore.LayoutSingleTable).CheckMaintenance(ctx); !errors.Is(err, dedupe.ErrMisconfigured) || !strings.Contains(err.Error(), "DELETE on") {
 		t.Fatalf("a role without DELETE, legacy layout: %v", err)
 	}
 }

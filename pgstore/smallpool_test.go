@@ -24,7 +24,7 @@ import (
 // for a second connection reaches.
 func TestSmallPoolEveryEntryPoint(t *testing.T) {
 	t.Parallel()
-	for _, layout := range []Layout{LayoutLegacy, LayoutPartitioned} {
+	for _, layout := range []Layout{LayoutSingleTable, LayoutPartitioned} {
 		for _, conns := range []int32{1, 2} {
 			t.Run(layout.String()+"/"+string(rune('0'+conns)), func(t *testing.T) {
 				t.Parallel()

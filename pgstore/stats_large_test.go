@@ -19,7 +19,7 @@ func TestStatsPastExactMax(t *testing.T) {
 	for _, tc := range []struct {
 		layout Layout
 		probed bool // the partitioned layout's keys are in the legacy table it probes
-	}{{LayoutLegacy, false}, {LayoutPartitioned, false}, {LayoutPartitioned, true}} {
+	}{{LayoutSingleTable, false}, {LayoutPartitioned, false}, {LayoutPartitioned, true}} {
 		layout := tc.layout
 		name := layout.String()
 		if tc.probed {
