@@ -56,13 +56,16 @@ func TestDefaultLayoutIsPartitioned(t *testing.T) {
 			t.Fatalf("a claim without Check: %v", err)
 		}
 	}
-	var single, timed int
-	if err := db.Pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+db.Table("exactly_keys")+"), (SELECT count(*) FROM "+
-		db.Table("exactly_keys2")+" WHERE kind = '7')").Scan(&single, &timed); err != nil {
+	// The first clean-up dropped the empty single table, as on every new
+	// deployment.
+	var single bool
+	var timed int
+	if err := db.Pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, (SELECT count(*) FROM "+
+		db.Table("exactly_keys2")+" WHERE kind = '7')", db.Table("exactly_keys")).Scan(&single, &timed); err != nil {
 		t.Fatal(err)
 	}
-	if single != 0 || timed != 2 {
-		t.Fatalf("%d keys in the single table, %d UUIDv7 keys in the partitioned one; want 0 and 2", single, timed)
+	if single || timed != 2 {
+		t.Fatalf("single table there: %v, %d UUIDv7 keys in the partitioned one; want it dropped and 2", single, timed)
 	}
 	if rec, err := s.Get(ctx, dedupe.Key{Scope: "s", ID: v7}); err != nil || string(rec.Result) != "r" {
 		t.Fatalf("the key: %+v %v", rec, err)

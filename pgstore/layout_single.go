@@ -177,18 +177,22 @@ func (l *singleTable) cleanup(context.Context, *pgxpool.Conn) (int64, string, er
 // the partitioned layout has started on the schema (ErrSingleTableClosed).
 func (l *singleTable) check(ctx context.Context) error {
 	pool := l.s.pool
-	if _, err := pool.Exec(ctx, "SELECT "+cols+" FROM "+l.table+" LIMIT 0"); err != nil {
-		return classify("check "+l.table, err)
+	_, colsErr := pool.Exec(ctx, "SELECT "+cols+" FROM "+l.table+" LIMIT 0")
+	if colsErr != nil && !IsConfigurationError(colsErr) {
+		return classify("check "+l.table, colsErr)
 	}
 	// Once the partitioned layout started on the schema, this store may
-	// not claim new keys (ErrSingleTableClosed): refused here, at start. A
-	// schema without the partitioned layout's state has nothing to say.
+	// not claim new keys (ErrSingleTableClosed): refused here, at start,
+	// also once the clean-up dropped the table. A schema without the
+	// partitioned layout's state has nothing to say.
 	var started bool
 	err := pool.QueryRow(ctx, "SELECT started_at IS NOT NULL FROM "+
 		pgx.Identifier{l.schema, "exactly_keys2_state"}.Sanitize()).Scan(&started)
 	switch {
 	case err == nil && started:
 		return fmt.Errorf("pgstore: check %s: %w", l.table, ErrSingleTableClosed)
+	case colsErr != nil:
+		return classify("check "+l.table, colsErr)
 	case err != nil && !IsConfigurationError(err) && !errors.Is(err, pgx.ErrNoRows):
 		return classify("check "+l.table, err)
 	}

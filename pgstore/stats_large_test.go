@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/testkit/pgtest"
 )
 
@@ -39,7 +40,13 @@ func TestStatsPastExactMax(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := s.Check(ctx); err != nil {
+			if tc.probed {
+				// Check would retire and drop the empty single table;
+				// the clean-up before the start leaves it alone.
+				if _, err := s.Cleanup(ctx, &dedupe.CleanupConfig{MaxBatches: 1}); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := s.Check(ctx); err != nil {
 				t.Fatal(err)
 			}
 			fill := "INSERT INTO " + db.Table("exactly_keys") + ` (scope, key, fingerprint, status, locked_until, created_at, expires_at)
@@ -70,7 +77,11 @@ func TestStatsPastExactMax(t *testing.T) {
 			if _, err := db.Pool.Exec(ctx, fill, keys, processing); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := db.Pool.Exec(ctx, "ANALYZE "+db.Table("exactly_keys")+", "+s.table); err != nil {
+			analyze := "ANALYZE " + s.table
+			if tc.probed {
+				analyze += ", " + db.Table("exactly_keys")
+			}
+			if _, err := db.Pool.Exec(ctx, analyze); err != nil {
 				t.Fatal(err)
 			}
 			check := func() {

@@ -42,6 +42,8 @@ type Worker struct {
 	consuming atomic.Bool
 	// down lists the dependencies found unavailable, until consuming.
 	down atomic.Pointer[[]string]
+	// refused is why the start-up gave up for good (waitReady).
+	refused error
 }
 
 // New returns a worker on pool for cfg. It checks the configuration and
@@ -107,6 +109,9 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	log := w.cfg.Logger
 	if !w.waitReady(ctx) {
 		w.closeOwn()
+		if w.refused != nil {
+			return fmt.Errorf("worker: %w", w.refused)
+		}
 		return nil
 	}
 	if w.cfg.KeyLayout == pgstore.LayoutSingleTable {

@@ -172,7 +172,7 @@ type keyStats struct {
 	partsWithKeys   int // of them, the ones holding keys
 	inTime, inOther int // keys in time partitions, in exactly_keys2_other
 	byKind          map[string]int
-	legacy          int // keys in exactly_keys, which the workers must not use
+	legacy          int // keys in exactly_keys (if not dropped), which the workers must not use
 	// copies counts the IDs on more than one committed record, by UUID
 	// version ('7', '4'); repeated by the kind of their key row.
 	copies   map[byte]int
@@ -240,8 +240,16 @@ FROM ledger.exactly_keys2 k GROUP BY 1, 2`)
 	if err := pool.QueryRow(ctx, `SELECT count(DISTINCT tableoid) FROM ledger.exactly_keys2 WHERE tableoid <> 'ledger.exactly_keys2_other'::regclass`).Scan(&ks.partsWithKeys); err != nil {
 		return nil, err
 	}
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM ledger.exactly_keys`).Scan(&ks.legacy); err != nil {
+	// The clean-up drops the single table once the layout started and
+	// none of its keys is live: on a new deployment, at once.
+	var single bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('ledger.exactly_keys') IS NOT NULL`).Scan(&single); err != nil {
 		return nil, err
+	}
+	if single {
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM ledger.exactly_keys`).Scan(&ks.legacy); err != nil {
+			return nil, err
+		}
 	}
 	ks.created = ks.timeParts + ks.retired
 	return ks, nil

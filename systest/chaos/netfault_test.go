@@ -324,7 +324,10 @@ func (c *chaosRun) keyCount(ctx context.Context) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var n int64
-	err := c.pool.QueryRow(ctx, `SELECT count(*) FROM ledger.exactly_keys`).Scan(&n)
+	err := c.pool.QueryRow(ctx, `SELECT count(*) FROM ledger.exactly_keys2`).Scan(&n)
+	if c.o.keyLayout == "single-table" {
+		err = c.pool.QueryRow(ctx, `SELECT count(*) FROM ledger.exactly_keys`).Scan(&n)
+	}
 	return n, err
 }
 
