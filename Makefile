@@ -1,8 +1,8 @@
 # Common tasks. `make test` is what CI runs (see .ci/run).
 GO ?= go
 # Every package of every module of the workspace (go.work): ./... alone stops
-# at the nested modules (examples/ledger-consumer, cmd/replay, internal/chaos,
-# internal/embedpg, internal/kafkabench, internal/testkit/testservices).
+# at the nested modules (examples/ledger-consumer, cmd/replay, embedpg,
+# systest, tools, internal/testkit/testservices).
 PKGS ?= $(shell GO="$(GO)" scripts/packages.sh)
 
 .PHONY: api release-check release-check-selftest bench-keys throughput demo test test-matrix test-short chaos chaos-short chaos-keys chaos-topology bench lint services services-stop up down images test-docker compose-test
@@ -34,17 +34,18 @@ test-short:
 # Kafka broker of its own, crashes, restarts and pauses, then an audit.
 # CHAOS_SEED=… repeats a run.
 chaos:
-	CHAOS_LONG=1 $(GO) test -race -count=1 -timeout 30m -run 'TestChaos$$' -v ./internal/chaos/
+	CHAOS_LONG=1 $(GO) test -race -count=1 -timeout 30m -run 'TestChaos$$' -v ./systest/chaos/
 
 # The short chaos run (1.5 to 3 minutes).
 chaos-short:
-	CHAOS=1 $(GO) test -race -count=1 -timeout 20m -run 'TestChaos$$' -v ./internal/chaos/
+	CHAOS=1 $(GO) test -race -count=1 -timeout 20m -run 'TestChaos$$' -v ./systest/chaos/
 
-# The short chaos run on the partitioned key layout with partition
-# maintenance forced: partitions 2s wide, the key clean-up every second, half
-# the IDs UUIDv7s; see docs/chaos.md.
+# The short chaos run with the key layout's partition maintenance forced:
+# partitions 2s wide, the key clean-up every second, half the IDs UUIDv7s;
+# see docs/chaos.md. (Every chaos run uses the default, partitioned layout;
+# CHAOS_KEY_LAYOUT=single-table runs the single table.)
 chaos-keys:
-	CHAOS=1 CHAOS_KEY_LAYOUT=partitioned $(GO) test -race -count=1 -timeout 20m -run 'TestChaos$$' -v ./internal/chaos/
+	CHAOS=1 CHAOS_KEY_MAINTENANCE=1 $(GO) test -race -count=1 -timeout 20m -run 'TestChaos$$' -v ./systest/chaos/
 
 # The topology runs (CHAOS_TOPOLOGY=1): the chaos suite on a three-node
 # Kafka cluster (scripts/kafka.sh cluster), topics RF 3 and
@@ -56,7 +57,7 @@ chaos-keys:
 # connections), each CHAOS_TOPOLOGY_FAULTS times (2); CHAOS_TOPOLOGY_KINDS (comma-separated)
 # runs some kinds only; see docs/chaos-topology.md.
 chaos-topology:
-	CHAOS_TOPOLOGY=1 $(GO) test -race -count=1 -timeout 60m -run 'TestChaosTopology$$' -v ./internal/chaos/
+	CHAOS_TOPOLOGY=1 $(GO) test -race -count=1 -timeout 60m -run 'TestChaosTopology$$' -v ./systest/chaos/
 
 # The throughput benchmarks of every module (per-message-dedupe,
 # batch-dedupe, batch-plain, keyed-concurrency, partition-sequential); see

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -13,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/pgstore"
 )
 
 // BatchHandlerFunc applies a batch of messages in tx, set-based, and
@@ -54,23 +52,14 @@ func (e *MessageError) Unwrap() error { return e.Err }
 
 // BatchConfig configures a BatchConsumer.
 type BatchConfig struct {
-	// Scope names the consumer in every key, as Config.Scope does. Required:
-	// a batch consumer runs outside a router and has no handler name.
-	Scope string
-	// KeyFunc, FingerprintFunc, MissingKey, TTL, Outputs, MaxAttempts,
-	// Hooks, Logger, Source and AcrossTopics are the middleware's (see Config), for the
-	// batch path and the per-message path alike. Hooks receives one Event
-	// per message; on the batch path its Duration is the batch's.
-	KeyFunc         KeyFunc
-	FingerprintFunc dedupe.FingerprintFunc
-	MissingKey      MissingKeyPolicy
-	TTL             time.Duration
-	Outputs         OutputsWriter
-	MaxAttempts     int
-	Hooks           Hooks
-	Logger          *slog.Logger
-	Source          func(msg *message.Message) (dedupe.Source, bool)
-	AcrossTopics    bool
+	// Config is the middleware's configuration, for the batch path and the
+	// per-message path alike: Scope (required: a batch consumer runs
+	// outside a router and has no handler name), AcrossTopics, KeyFunc,
+	// FingerprintFunc, MissingKey, TTL, Outputs, MaxAttempts, Hooks,
+	// LogDuplicates, Logger and Source. Hooks receives one Event per
+	// message; on the batch path its Duration is the batch's. Lease must be
+	// 0: a batch runs in one transaction.
+	Config
 
 	// MaxSize bounds a batch's messages. Defaults to 100.
 	MaxSize int
@@ -116,11 +105,6 @@ type BatchConfig struct {
 	// time.
 	// Defaults to 30s.
 	Timeout time.Duration
-
-	// NoDedupe runs batches without claiming keys: each batch is applied in
-	// a transaction of its own, and a redelivery applies it again. Only for
-	// measurements (the cost of the claim). Defaults to false.
-	NoDedupe bool
 }
 
 // BatchConsumer is batch mode: it reads messages from a Subscriber's
@@ -131,7 +115,7 @@ type BatchConfig struct {
 // one commit; then every message of the batch is acked. See the package
 // doc's "Batch mode".
 type BatchConsumer struct {
-	store   *pgstore.Store
+	store   BatchStore
 	handler BatchHandlerFunc
 	cfg     BatchConfig
 	// mw is the dedupe Middleware of the per-message path; the batch path
@@ -143,9 +127,10 @@ type BatchConsumer struct {
 }
 
 // NewBatchConsumer returns a batch consumer that applies batches with
-// handler on store.
-func NewBatchConsumer(store *pgstore.Store, handler BatchHandlerFunc, cfg *BatchConfig) (*BatchConsumer, error) {
-	if store == nil {
+// handler on store: a [*pgstore.Store], or consumertest.MemStore in unit
+// tests.
+func NewBatchConsumer(store BatchStore, handler BatchHandlerFunc, cfg *BatchConfig) (*BatchConsumer, error) {
+	if isNil(store) {
 		return nil, errors.New("consumer: NewBatchConsumer: store is nil")
 	}
 	if handler == nil {
@@ -182,26 +167,19 @@ func NewBatchConsumer(store *pgstore.Store, handler BatchHandlerFunc, cfg *Batch
 		return nil, errors.New("consumer: BatchConfig.DeadLetterTopic needs a Publisher: set BatchConfig.Publisher")
 	case c.OutputTopic != "" && c.Publisher == nil:
 		return nil, errors.New("consumer: BatchConfig.OutputTopic needs a Publisher: set BatchConfig.Publisher")
+	case c.Lease != 0:
+		return nil, errors.New("consumer: BatchConfig.Lease is set: a batch runs in one transaction; leave it at 0")
 	}
-	mw, err := NewMiddleware(store, &Config{Scope: c.Scope, KeyFunc: c.KeyFunc, FingerprintFunc: c.FingerprintFunc,
-		MissingKey: c.MissingKey, TTL: c.TTL, Outputs: c.Outputs, MaxAttempts: c.MaxAttempts, Hooks: c.Hooks,
-		Logger: c.Logger, Source: c.Source, AcrossTopics: c.AcrossTopics})
+	mw, err := NewMiddleware(store, &c.Config)
 	if err != nil {
 		return nil, err
 	}
 	// The middleware's defaults are the batch path's too.
-	c.KeyFunc, c.FingerprintFunc, c.Logger = mw.cfg.KeyFunc, mw.cfg.FingerprintFunc, mw.cfg.Logger
+	c.Config = mw.cfg
 	if c.PerMessage == nil {
-		if c.DeadLetterTopic != "" {
-			poison, err := middleware.PoisonQueueWithFilter(c.Publisher, c.DeadLetterTopic, dedupe.IsPermanent)
-			if err != nil {
-				return nil, fmt.Errorf("consumer: dead-letter queue: %w", err)
-			}
-			c.PerMessage = append(c.PerMessage, poison)
+		if c.PerMessage, err = DefaultPerMessage(&c); err != nil {
+			return nil, err
 		}
-		retry := middleware.Retry{MaxRetries: 3, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second, Multiplier: 2,
-			ShouldRetry: ShouldRetry, ResetContextOnRetry: true}
-		c.PerMessage = append(c.PerMessage, retry.Middleware, middleware.Timeout(c.Timeout))
 	}
 	bc := &BatchConsumer{store: store, handler: handler, cfg: c, mw: mw}
 	one := TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
@@ -211,17 +189,39 @@ func NewBatchConsumer(store *pgstore.Store, handler BatchHandlerFunc, cfg *Batch
 		}
 		return outs[0], nil
 	})
-	var h message.HandlerFunc
-	if c.NoDedupe {
-		h = bc.plainOne
-	} else {
-		h = mw.Middleware(middleware.Recoverer(one))
-	}
+	h := mw.Middleware(middleware.Recoverer(one))
 	for i := len(c.PerMessage) - 1; i >= 0; i-- {
 		h = c.PerMessage[i](h)
 	}
 	bc.single = h
 	return bc, nil
+}
+
+// DefaultPerMessage returns the middleware of the per-message path that
+// NewBatchConsumer uses when cfg.PerMessage is nil, outermost first: the
+// PoisonQueue for cfg.DeadLetterTopic (when set, on cfg.Publisher), a
+// middleware.Retry with ShouldRetry and ResetContextOnRetry (3 retries from
+// 50ms), and a middleware.Timeout of cfg.Timeout (30s when 0). Append to it
+// to add middleware of your own inside the defaults.
+func DefaultPerMessage(cfg *BatchConfig) ([]message.HandlerMiddleware, error) {
+	var chain []message.HandlerMiddleware
+	if cfg.DeadLetterTopic != "" {
+		if cfg.Publisher == nil {
+			return nil, errors.New("consumer: BatchConfig.DeadLetterTopic needs a Publisher: set BatchConfig.Publisher")
+		}
+		poison, err := middleware.PoisonQueueWithFilter(cfg.Publisher, cfg.DeadLetterTopic, dedupe.IsPermanent)
+		if err != nil {
+			return nil, fmt.Errorf("consumer: dead-letter queue: %w", err)
+		}
+		chain = append(chain, poison)
+	}
+	timeout := cfg.Timeout
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	retry := middleware.Retry{MaxRetries: 3, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second, Multiplier: 2,
+		ShouldRetry: ShouldRetry, ResetContextOnRetry: true}
+	return append(chain, retry.Middleware, middleware.Timeout(timeout)), nil
 }
 
 // Check verifies the store's table (pgstore.Store.Check), as
@@ -280,3 +280,102 @@ func (c *BatchConsumer) Run(ctx context.Context, msgs <-chan *message.Message) e
 		}
 	}
 }
+
+// loop forms batches from msgs and applies them, one at a time.
+//
+// A nacked message holds its partition back: the Subscriber's window may
+// already have delivered later messages of that partition, and applying
+// them before the nacked one comes back would break its key's order. So
+// until the lowest nacked offset of a partition is delivered again, every
+// later message of that partition is nacked unapplied (the window then
+// delivers them again in offset order, after it). A hold that outlives
+// holdTimeout is dropped: the partition has moved to another member, which
+// went past the nacked message, and came back.
+func (c *BatchConsumer) loop(ctx context.Context, msgs <-chan *message.Message) {
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	type hold struct {
+		offset int64 // the lowest nacked offset, not yet back
+		since  time.Time
+	}
+	type partition struct {
+		topic string
+		n     int32
+	}
+	held := map[partition]hold{}
+	admit := func(m *message.Message) bool {
+		src, ok := c.source(m)
+		if !ok {
+			return true
+		}
+		p := partition{src.Topic, src.Partition}
+		h, isHeld := held[p]
+		switch {
+		case !isHeld || src.Offset < h.offset:
+			return true
+		case src.Offset == h.offset || time.Since(h.since) > holdTimeout:
+			delete(held, p)
+			return true
+		}
+		m.Nack()
+		return false
+	}
+	for {
+		var batch []*message.Message
+		select {
+		case <-ctx.Done():
+			return
+		case m, ok := <-msgs:
+			if !ok {
+				return
+			}
+			if admit(m) {
+				batch = append(batch, m)
+			}
+		}
+		if len(batch) == 0 {
+			continue
+		}
+		timer.Reset(c.cfg.MaxWait)
+		open := true
+	fill:
+		for len(batch) < c.cfg.MaxSize {
+			select {
+			case m, ok := <-msgs:
+				if !ok {
+					open = false
+					break fill
+				}
+				if admit(m) {
+					batch = append(batch, m)
+				}
+			case <-timer.C:
+				break fill
+			case <-ctx.Done():
+				return
+			}
+		}
+		timer.Stop()
+		c.process(ctx, batch)
+		for _, m := range batch {
+			select {
+			case <-m.Nacked():
+			default:
+				continue
+			}
+			if src, ok := c.source(m); ok {
+				p := partition{src.Topic, src.Partition}
+				if h, isHeld := held[p]; !isHeld || src.Offset < h.offset {
+					held[p] = hold{offset: src.Offset, since: time.Now()}
+				}
+			}
+		}
+		if !open {
+			return
+		}
+	}
+}
+
+// holdTimeout bounds how long a nacked message holds its partition back
+// (see loop): far above the Subscriber's longest nack back-off.
+const holdTimeout = time.Minute

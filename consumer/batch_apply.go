@@ -14,70 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/pgstore"
+	"github.com/exactly-go/exactly/internal/pgerr"
 )
-
-// item is one message of a batch with its claim request.
-type item struct {
-	msg *message.Message
-	req dedupe.Request
-	ev  Event
-	// outs are the outputs to publish after the commit.
-	outs []*message.Message
-}
-
-// process applies a batch. A message with no valid key or fingerprint
-// splits it: the messages before it go first, then it alone on the
-// per-message path, then the rest, so each partition's order holds.
-func (c *BatchConsumer) process(ctx context.Context, batch []*message.Message) {
-	start := time.Now()
-	items := make([]item, 0, len(batch))
-	for i, msg := range batch {
-		it, ok := c.prepare(msg)
-		if ok {
-			items = append(items, it)
-			continue
-		}
-		if c.apply(ctx, items, start) {
-			nackAll(batch[i:])
-			return
-		}
-		items = nil
-		if !c.one(msg) {
-			nackAll(batch[i+1:])
-			return
-		}
-	}
-	c.apply(ctx, items, start)
-}
-
-// prepare computes a message's key and fingerprint; false when it must
-// take the per-message path (no valid key, or a payload that cannot be
-// fingerprinted), where the middleware applies Config.MissingKey.
-func (c *BatchConsumer) prepare(msg *message.Message) (item, bool) {
-	it := item{msg: msg, ev: Event{Scope: c.cfg.Scope, Offset: -1}}
-	src, hasSrc := c.source(msg)
-	if hasSrc {
-		it.ev.Topic, it.ev.Partition, it.ev.Offset = src.Topic, src.Partition, src.Offset
-		it.req.Source = src
-	}
-	if c.cfg.NoDedupe {
-		return it, true
-	}
-	key, err := c.mw.keyOf(msg, c.cfg.Scope)
-	if err != nil {
-		return it, false
-	}
-	fp, err := c.cfg.FingerprintFunc(msg.Payload)
-	if err != nil {
-		return it, false
-	}
-	it.ev.Key = key.ID
-	it.req.Key, it.req.Fingerprint, it.req.TTL = key, fp, c.cfg.TTL
-	return it, true
-}
-
-func (c *BatchConsumer) source(msg *message.Message) (dedupe.Source, bool) { return c.mw.source(msg) }
 
 // apply applies items as one batch, splitting it in halves when it fails
 // because of its messages, until the failing one is alone and takes the
@@ -146,26 +84,6 @@ func (c *BatchConsumer) apply(ctx context.Context, items []item, start time.Time
 	return c.apply(ctx, items[mid:], time.Now())
 }
 
-// cut applies items in offset order with each message at (ascending
-// indexes) alone on the per-message path: the messages before the first
-// as a batch, the first alone, the messages up to the next as a batch, and
-// so on. It stops at the first nack, nacking everything after it.
-func (c *BatchConsumer) cut(ctx context.Context, items []item, at []int) (stopped bool) {
-	from := 0
-	for _, i := range at {
-		if c.apply(ctx, items[from:i], time.Now()) {
-			nackItems(items[i:])
-			return true
-		}
-		if !c.one(items[i].msg) {
-			nackItems(items[i+1:])
-			return true
-		}
-		from = i + 1
-	}
-	return c.apply(ctx, items[from:], time.Now())
-}
-
 // heldError stops a batch transaction before its handler runs: the claim
 // of the message at index found its key claimed elsewhere (a lease in
 // flight), or could not be decided in the batch, and fresh messages come
@@ -182,7 +100,7 @@ func (e *heldError) Error() string {
 // heldAt returns the first claim that must be decided alone (its key in
 // flight, or ErrClaimAlone) when a fresh message comes after it: applying
 // that one first would overtake it.
-func heldAt(claims []pgstore.BatchClaim, fresh []int) (*heldError, bool) {
+func heldAt(claims []dedupe.BatchClaim, fresh []int) (*heldError, bool) {
 	if len(fresh) == 0 {
 		return nil, false
 	}
@@ -207,7 +125,7 @@ func (c *BatchConsumer) notTheirs(ctx context.Context, err error) (Outcome, bool
 	switch {
 	case errors.As(err, &cut) && cut.wait == waitMessage && ctx.Err() == nil:
 		return "", false
-	case errors.Is(err, dedupe.ErrMisconfigured) || pgstore.IsConfigurationError(err):
+	case errors.Is(err, dedupe.ErrMisconfigured) || pgerr.IsConfiguration(err):
 		return OutcomeMisconfigured, true
 	case errors.As(err, &late) || ctx.Err() != nil || c.mw.unavailable(ctx, err):
 		return OutcomeUnavailable, true
@@ -221,7 +139,7 @@ func (c *BatchConsumer) notTheirs(ctx context.Context, err error) (Outcome, bool
 // once its deadline passed returns a *lateError, an outage: a call on a
 // connection whose peer is gone, a lock held by a session that no longer
 // answers, a session that could not be read.
-func (c *BatchConsumer) attempt(ctx context.Context, items []item) ([]pgstore.BatchClaim, error) {
+func (c *BatchConsumer) attempt(ctx context.Context, items []item) ([]dedupe.BatchClaim, error) {
 	actx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
 	answers, err := c.runBatch(actx, items)
@@ -249,39 +167,19 @@ func (e *lateError) Error() string {
 
 func (e *lateError) Unwrap() error { return e.err }
 
-// runBatch runs one batch transaction: DoBatch, or a plain transaction
-// with NoDedupe.
-func (c *BatchConsumer) runBatch(ctx context.Context, items []item) (answers []pgstore.BatchClaim, err error) {
+// runBatch runs one batch transaction on the store's DoBatch.
+func (c *BatchConsumer) runBatch(ctx context.Context, items []item) (answers []dedupe.BatchClaim, err error) {
 	msgs := make([]*message.Message, len(items))
 	for i, it := range items {
 		msgs[i] = it.msg
 	}
 	outputs := make([][]*message.Message, len(items))
-	if c.cfg.NoDedupe {
-		err = c.plain(ctx, func(tx pgx.Tx) error {
-			outs, err := c.call(ctx, tx, msgs)
-			if err == nil {
-				err = c.writeOutputs(ctx, tx, outs)
-			}
-			copy(outputs, outs)
-			return err
-		})
-		if err != nil {
-			return nil, err
-		}
-		answers = make([]pgstore.BatchClaim, len(items))
-		for i := range answers {
-			answers[i].Decision = dedupe.DecisionNew
-		}
-		c.keep(items, answers, outputs)
-		return answers, nil
-	}
 	reqs := make([]dedupe.Request, len(items))
 	for i, it := range items {
 		reqs[i] = it.req
 	}
 	answers, err = c.store.DoBatch(ctx, reqs, func(ctx context.Context, tx pgx.Tx, fresh []int) ([][]byte, error) {
-		if claims, ok := pgstore.BatchClaimsFromContext(ctx); ok {
+		if claims, ok := dedupe.BatchClaimsFromContext(ctx); ok {
 			if held, ok := heldAt(claims, fresh); ok {
 				return nil, held
 			}
@@ -347,7 +245,7 @@ func (c *BatchConsumer) runBatch(ctx context.Context, items []item) (answers []p
 // foreignAt returns the first duplicate whose key was applied from another
 // topic (see Middleware.foreign): the batch is cut there, and the message
 // takes the per-message path, which holds it with the error.
-func (c *BatchConsumer) foreignAt(reqs []dedupe.Request, claims []pgstore.BatchClaim) (*heldError, bool) {
+func (c *BatchConsumer) foreignAt(reqs []dedupe.Request, claims []dedupe.BatchClaim) (*heldError, bool) {
 	for i := 0; i < len(claims) && i < len(reqs); i++ {
 		if claims[i].Err != nil || claims[i].Decision != dedupe.DecisionDuplicate {
 			continue
@@ -360,7 +258,7 @@ func (c *BatchConsumer) foreignAt(reqs []dedupe.Request, claims []pgstore.BatchC
 }
 
 // keep remembers the outputs of the messages that ran, for finish.
-func (c *BatchConsumer) keep(items []item, answers []pgstore.BatchClaim, outputs [][]*message.Message) {
+func (c *BatchConsumer) keep(items []item, answers []dedupe.BatchClaim, outputs [][]*message.Message) {
 	for i := range items {
 		items[i].outs = nil
 		if answers[i].Err == nil && answers[i].Decision.Run() && c.cfg.Outputs == nil {

@@ -79,7 +79,9 @@ func TestBatchOutageOneOutcomePerMessage(t *testing.T) {
 	f := newFakeMsgs(5, func(int) string { return "acc-1" })
 	hooks := &eventLog{}
 	c, err := consumer.NewBatchConsumer(store, (&world{}).batchHandler(nil, nil), &consumer.BatchConfig{
-		Scope: "ledger", MaxSize: 5, MaxWait: time.Second, Hooks: hooks, Logger: quietLogger(),
+		Config:  consumer.Config{Scope: "ledger", Hooks: hooks, Logger: quietLogger()},
+		MaxSize: 5,
+		MaxWait: time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +140,11 @@ func TestBatchPermanentDecidedInOrder(t *testing.T) {
 	pub := &recordingPublisher{}
 	hooks := &countingHooks{}
 	c, err := consumer.NewBatchConsumer(w.store, h, &consumer.BatchConfig{
-		Scope: "ledger", MaxSize: 3, MaxWait: time.Second, Hooks: hooks, Publisher: pub, DeadLetterTopic: "dlq", Logger: quietLogger(),
+		Config:          consumer.Config{Scope: "ledger", Hooks: hooks, Logger: quietLogger()},
+		MaxSize:         3,
+		MaxWait:         time.Second,
+		Publisher:       pub,
+		DeadLetterTopic: "dlq",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -198,7 +204,9 @@ func TestBatchInFlightKeyKeepsOrder(t *testing.T) {
 	retry := middleware.Retry{MaxRetries: 100, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond,
 		Multiplier: 2, ShouldRetry: consumer.ShouldRetry, ResetContextOnRetry: true}
 	c, err := consumer.NewBatchConsumer(w.store, h, &consumer.BatchConfig{
-		Scope: "ledger", MaxSize: 4, MaxWait: time.Second, Hooks: hooks, Logger: quietLogger(),
+		Config:     consumer.Config{Scope: "ledger", Hooks: hooks, Logger: quietLogger()},
+		MaxSize:    4,
+		MaxWait:    time.Second,
 		PerMessage: []message.HandlerMiddleware{retry.Middleware},
 	})
 	if err != nil {

@@ -136,10 +136,10 @@ func TestBatchAppliesOnceAndDeadLetters(t *testing.T) {
 	hooks := &countingHooks{}
 	var calls atomic.Int64
 	group := kafkatest.Name("g")
-	w.startBatch(group, w.batchHandler(&calls, nil), consumer.BatchConfig{Hooks: hooks, MaxSize: 200})
+	w.startBatch(group, w.batchHandler(&calls, nil), consumer.BatchConfig{Config: consumer.Config{Hooks: hooks}, MaxSize: 200})
 	w.waitCaughtUp(group, 2*time.Minute)
 	w.assertExactlyOnce(exp)
-	if n := w.count("SELECT count(*) FROM "+w.db.Table("exactly_keys")+" WHERE source_topic = $1 AND source_offset >= 0", w.topic); n != len(exp) {
+	if n := w.count("SELECT count(*) FROM "+w.db.Keys()+" WHERE source_topic = $1 AND source_offset >= 0", w.topic); n != len(exp) {
 		t.Errorf("%d keys stored with their source, want %d", n, len(exp))
 	}
 	if a, d, r, k := hooks.get(consumer.OutcomeApplied), hooks.get(consumer.OutcomeDuplicate), hooks.get(consumer.OutcomeKeyReused),
@@ -258,8 +258,12 @@ func TestBatchSplitsToThePoisonMessage(t *testing.T) {
 	hooks := &countingHooks{}
 	var calls atomic.Int64
 	c, err := consumer.NewBatchConsumer(w.store, w.batchHandler(&calls, failing), &consumer.BatchConfig{
-		Scope: "ledger", MaxSize: 40, MaxWait: time.Second, MaxAttempts: 1, Hooks: hooks,
-		Publisher: pub, DeadLetterTopic: "dlq", OutputTopic: "out", Logger: quietLogger(),
+		Config:          consumer.Config{Scope: "ledger", MaxAttempts: 1, Hooks: hooks, Logger: quietLogger()},
+		MaxSize:         40,
+		MaxWait:         time.Second,
+		Publisher:       pub,
+		DeadLetterTopic: "dlq",
+		OutputTopic:     "out",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -312,8 +316,12 @@ func TestBatchNackKeepsOrder(t *testing.T) {
 	}
 	pub := &recordingPublisher{}
 	c, err := consumer.NewBatchConsumer(w.store, w.batchHandler(nil, failing), &consumer.BatchConfig{
-		Scope: "ledger", MaxSize: 30, MaxWait: time.Second, Publisher: pub, DeadLetterTopic: "dlq", Logger: quietLogger(),
-		PerMessage: []message.HandlerMiddleware{middleware.Retry{MaxRetries: 1, ShouldRetry: consumer.ShouldRetry, ResetContextOnRetry: true}.Middleware},
+		Config:          consumer.Config{Scope: "ledger", Logger: quietLogger()},
+		MaxSize:         30,
+		MaxWait:         time.Second,
+		Publisher:       pub,
+		DeadLetterTopic: "dlq",
+		PerMessage:      []message.HandlerMiddleware{middleware.Retry{MaxRetries: 1, ShouldRetry: consumer.ShouldRetry, ResetContextOnRetry: true}.Middleware},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -348,7 +356,8 @@ func TestBatchOutputsToOutbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, err := consumer.NewBatchConsumer(w.store, w.batchHandler(nil, nil), &consumer.BatchConfig{
-		Scope: "ledger", MaxSize: 50, Outputs: wr.Outputs("events"), Logger: quietLogger(),
+		Config:  consumer.Config{Scope: "ledger", Outputs: wr.Outputs("events"), Logger: quietLogger()},
+		MaxSize: 50,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -409,7 +418,11 @@ func TestBatchMessageErrorCutsTheBatch(t *testing.T) {
 	}
 	pub := &recordingPublisher{}
 	c, err := consumer.NewBatchConsumer(w.store, h, &consumer.BatchConfig{
-		Scope: "ledger", MaxSize: 30, MaxWait: time.Second, Publisher: pub, DeadLetterTopic: "dlq", Logger: quietLogger(),
+		Config:          consumer.Config{Scope: "ledger", Logger: quietLogger()},
+		MaxSize:         30,
+		MaxWait:         time.Second,
+		Publisher:       pub,
+		DeadLetterTopic: "dlq",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -449,7 +462,11 @@ func TestBatchMessageErrorNotPermanentCuts(t *testing.T) {
 	}
 	pub := &recordingPublisher{}
 	c, err := consumer.NewBatchConsumer(w.store, h, &consumer.BatchConfig{
-		Scope: "ledger", MaxSize: 30, MaxWait: time.Second, MaxAttempts: 1, Publisher: pub, DeadLetterTopic: "dlq", Logger: quietLogger(),
+		Config:          consumer.Config{Scope: "ledger", MaxAttempts: 1, Logger: quietLogger()},
+		MaxSize:         30,
+		MaxWait:         time.Second,
+		Publisher:       pub,
+		DeadLetterTopic: "dlq",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -526,7 +543,7 @@ func TestBatchHoldIsPerTopic(t *testing.T) {
 		}
 		return nil, nil
 	}
-	bc, err := consumer.NewBatchConsumer(store, h, &consumer.BatchConfig{Scope: "s", MaxSize: 1, Logger: quietLogger()})
+	bc, err := consumer.NewBatchConsumer(store, h, &consumer.BatchConfig{Config: consumer.Config{Scope: "s", Logger: quietLogger()}, MaxSize: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func seedTopic(b *testing.B) string {
 }
 
 // BenchmarkSubscriber, this package's Subscriber side by side with a bare
-// kafka-go Reader and watermill-kafka, is in internal/kafkabench (a module of
+// kafka-go Reader and watermill-kafka, is in systest/kafkabench (a module of
 // its own, so that sarama stays out of the library's go.mod).
 
 // BenchmarkMiddlewareEndToEnd consumes the pre-produced topic through a

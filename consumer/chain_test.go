@@ -456,7 +456,7 @@ func TestLeaseModeTimeoutAfterEffect(t *testing.T) {
 			t.Errorf("%s: external effect ran %d times, want 1", u, effects.get(u))
 		}
 	}
-	if n := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys") + " WHERE status = 'COMPLETED'"); n != len(exp) {
+	if n := w.count("SELECT count(*) FROM " + w.db.Keys() + " WHERE status = 'COMPLETED'"); n != len(exp) {
 		t.Fatalf("%d completed keys, want %d", n, len(exp))
 	}
 }

@@ -69,7 +69,7 @@ func TestHandlerDoneBeforeDeadlineCommits(t *testing.T) {
 	msg.SetContext(mctx)
 	_, herr := h(msg)
 	var n int
-	if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+db.Table("exactly_keys")+" WHERE key = $1", msg.UUID).Scan(&n); err != nil {
+	if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+db.Keys()+" WHERE key = $1", msg.UUID).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	if !returned.Load() {

@@ -177,7 +177,7 @@
 //
 //	bc, _ := consumer.NewBatchConsumer(store, func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
 //		// one statement for the whole batch; return nil or one slice of outputs per message
-//	}, &consumer.BatchConfig{Scope: "ledger-consumer", MaxSize: 500, Publisher: pub, DeadLetterTopic: "ledger.dlq"})
+//	}, &consumer.BatchConfig{Config: consumer.Config{Scope: "ledger-consumer"}, MaxSize: 500, Publisher: pub, DeadLetterTopic: "ledger.dlq"})
 //	sub, _ := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: brokers, ConsumerGroup: "ledger"})
 //	err := bc.Subscribe(ctx, sub, "ledger.commands")
 //

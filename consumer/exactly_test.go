@@ -38,11 +38,11 @@ func TestProducedThreeTimesAppliedOnce(t *testing.T) {
 	w.startRouter(routerOpts{group: group, hooks: hooks})
 	w.waitCaughtUp(group, 2*time.Minute)
 	w.assertExactlyOnce(exp)
-	if n := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys")); n != len(exp) {
+	if n := w.count("SELECT count(*) FROM " + w.db.Keys()); n != len(exp) {
 		t.Errorf("%d keys stored, want %d", n, len(exp))
 	}
 	// Each key records where its message came from.
-	if n := w.count("SELECT count(*) FROM "+w.db.Table("exactly_keys")+" WHERE source_topic = $1 AND source_partition BETWEEN 0 AND 3 AND source_offset >= 0", w.topic); n != len(exp) {
+	if n := w.count("SELECT count(*) FROM "+w.db.Keys()+" WHERE source_topic = $1 AND source_partition BETWEEN 0 AND 3 AND source_offset >= 0", w.topic); n != len(exp) {
 		t.Errorf("%d keys with their source, want %d", n, len(exp))
 	}
 	if a, d := hooks.get(consumer.OutcomeApplied), hooks.get(consumer.OutcomeDuplicate); a != len(exp) || d != 2*len(exp) {
@@ -72,7 +72,7 @@ func TestRandomHandlerFailuresAppliedOnce(t *testing.T) {
 	if failures.Load() < 20 {
 		t.Errorf("only %d failures injected", failures.Load())
 	}
-	if n := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys")); n != len(exp) {
+	if n := w.count("SELECT count(*) FROM " + w.db.Keys()); n != len(exp) {
 		t.Errorf("%d keys stored, want %d", n, len(exp))
 	}
 }
@@ -149,7 +149,7 @@ func TestMissingKeyPolicies(t *testing.T) {
 		if n := w.count("SELECT coalesce(sum(balance), 0)::int FROM " + w.db.Table("balances")); n != 5 {
 			t.Fatalf("balance %d, want 5 (applied without protection)", n)
 		}
-		if hooks.get(consumer.OutcomeSkipped) != 1 || w.count("SELECT count(*) FROM "+w.db.Table("exactly_keys")) != 0 {
+		if hooks.get(consumer.OutcomeSkipped) != 1 || w.count("SELECT count(*) FROM "+w.db.Keys()) != 0 {
 			t.Fatal("a skipped message must be counted and store no key")
 		}
 	})
@@ -169,7 +169,7 @@ func TestMissingKeyPolicies(t *testing.T) {
 		if n := w.count("SELECT coalesce(sum(balance), 0)::int FROM " + w.db.Table("balances")); n != 12 {
 			t.Fatalf("balance %d, want 12 (each record once)", n)
 		}
-		if n := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys") + " WHERE key LIKE '" + w.topic + "/%'"); n != 2 {
+		if n := w.count("SELECT count(*) FROM " + w.db.Keys() + " WHERE key LIKE '" + w.topic + "/%'"); n != 2 {
 			t.Fatalf("%d derived keys, want 2", n)
 		}
 	})
@@ -268,7 +268,7 @@ func TestPayloadShapes(t *testing.T) {
 	if seen["u-text"] != 8 || seen["u-empty"] != 0 || seen["u-big"] != len(big) || len(seen) != 3 {
 		t.Fatalf("seen %v", seen)
 	}
-	if n := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys")); n != 3 {
+	if n := w.count("SELECT count(*) FROM " + w.db.Keys()); n != 3 {
 		t.Fatalf("%d keys, want 3", n)
 	}
 }
@@ -313,10 +313,10 @@ func TestLeaseMode(t *testing.T) {
 	if retried == 0 {
 		t.Fatal("no handler failure was injected")
 	}
-	if n := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys") + " WHERE scope = 'payments' AND status = 'COMPLETED'"); n != len(exp) {
+	if n := w.count("SELECT count(*) FROM " + w.db.Keys() + " WHERE scope = 'payments' AND status = 'COMPLETED'"); n != len(exp) {
 		t.Fatalf("%d completed keys, want %d", n, len(exp))
 	}
-	if n := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys") + " WHERE attempts = 2"); n != retried {
+	if n := w.count("SELECT count(*) FROM " + w.db.Keys() + " WHERE attempts = 2"); n != retried {
 		t.Fatalf("%d keys with 2 attempts, want %d (one per failed first attempt)", n, retried)
 	}
 }

@@ -114,7 +114,7 @@ func TestOutputsDroppedBeforeTheOutboxAreRefused(t *testing.T) {
 	})
 	stop()
 	outboxRows := func() int { return w.count("SELECT count(*) FROM " + w.db.Table("exactly_outbox")) }
-	keys := w.count("SELECT count(*) FROM " + w.db.Table("exactly_keys"))
+	keys := w.count("SELECT count(*) FROM " + w.db.Keys())
 	if a, o, k, off := w.applied(), outboxRows(), keys, w.acked(group); a != 0 || o != 0 || k != 0 || off != 0 {
 		t.Fatalf("with the outputs dropped: %d commands applied, %d outbox rows, %d keys, %d offsets committed; want all 0", a, o, k, off)
 	}

@@ -36,10 +36,9 @@ func TestOutputIDsSurviveReapplication(t *testing.T) {
 	}
 	restore := func() {
 		t.Helper()
-		for _, q := range []string{"DELETE FROM " + db.Table("exactly_keys") + " WHERE scope = 'ledger'", "DELETE FROM " + db.Table("exactly_outbox")} {
-			if _, err := db.Pool.Exec(ctx, q); err != nil {
-				t.Fatal(err)
-			}
+		db.DeleteKeys(t, "ledger")
+		if _, err := db.Pool.Exec(ctx, "DELETE FROM "+db.Table("exactly_outbox")); err != nil {
+			t.Fatal(err)
 		}
 	}
 	outboxIDs := func() []string {
@@ -134,7 +133,7 @@ func TestOutputIDsSurviveReapplication(t *testing.T) {
 			outs[i] = outputs()
 		}
 		return outs, nil
-	}, &consumer.BatchConfig{Scope: "ledger", Outputs: wr.Outputs("events"), MaxSize: 1, MaxWait: time.Millisecond, Logger: quietLogger()})
+	}, &consumer.BatchConfig{Config: consumer.Config{Scope: "ledger", Outputs: wr.Outputs("events"), Logger: quietLogger()}, MaxSize: 1, MaxWait: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

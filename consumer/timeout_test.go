@@ -50,7 +50,7 @@ func TestBatchTimeoutEndsAStuckBatch(t *testing.T) {
 	})
 	hooks := &countingHooks{}
 	group := kafkatest.Name("g")
-	w.startBatch(group, h, consumer.BatchConfig{Timeout: 2 * time.Second, Hooks: hooks})
+	w.startBatch(group, h, consumer.BatchConfig{Config: consumer.Config{Hooks: hooks}, Timeout: 2 * time.Second})
 	w.produce(recs...)
 	select {
 	case <-inside:
@@ -96,7 +96,7 @@ func TestNewBatchConsumerRefusesNegatives(t *testing.T) {
 			t.Errorf("%s negative: err %v, want one naming BatchConfig.%s", field, err, field)
 		}
 	}
-	if _, err := consumer.NewBatchConsumer(store, h, &consumer.BatchConfig{Scope: "s", Timeout: time.Second}); err != nil {
+	if _, err := consumer.NewBatchConsumer(store, h, &consumer.BatchConfig{Config: consumer.Config{Scope: "s"}, Timeout: time.Second}); err != nil {
 		t.Errorf("a positive Timeout: %v", err)
 	}
 }
@@ -129,8 +129,12 @@ func TestBatchTimeoutNacksTheBatchWhole(t *testing.T) {
 	pub := &recordingPublisher{}
 	hooks := &countingHooks{}
 	c, err := consumer.NewBatchConsumer(w.store, stuck, &consumer.BatchConfig{
-		Scope: "ledger", MaxSize: 10, MaxWait: time.Second, MaxAttempts: 1, Timeout: 300 * time.Millisecond, Hooks: hooks,
-		Publisher: pub, DeadLetterTopic: "dlq", Logger: quietLogger(),
+		Config:          consumer.Config{Scope: "ledger", MaxAttempts: 1, Hooks: hooks, Logger: quietLogger()},
+		MaxSize:         10,
+		MaxWait:         time.Second,
+		Timeout:         300 * time.Millisecond,
+		Publisher:       pub,
+		DeadLetterTopic: "dlq",
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -18,3 +18,22 @@ func SourceFromContext(ctx context.Context) (src Source, ok bool) {
 	src, ok = ctx.Value(sourceKey{}).(Source)
 	return src, ok
 }
+
+type batchClaimsKey struct{}
+
+// ContextWithBatchClaims returns a copy of ctx that carries a batch's
+// claims, as a batch store decided them before its handler runs: one per
+// request, in the requests' order. A batch store ([BatchClaim]'s doc) sets
+// it on the ctx it hands its handler function.
+func ContextWithBatchClaims(ctx context.Context, claims []BatchClaim) context.Context {
+	return context.WithValue(ctx, batchClaimsKey{}, claims)
+}
+
+// BatchClaimsFromContext returns the claims that [ContextWithBatchClaims]
+// put in ctx (read them, do not change them): a batch handler can tell from
+// them why a request is not fresh (a duplicate, a key reuse, a key in
+// flight).
+func BatchClaimsFromContext(ctx context.Context) ([]BatchClaim, bool) {
+	claims, ok := ctx.Value(batchClaimsKey{}).([]BatchClaim)
+	return claims, ok
+}

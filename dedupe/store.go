@@ -41,6 +41,22 @@ type Claim struct {
 	TTL time.Duration
 }
 
+// BatchClaim is a batch store's answer for one request of a batch: all of
+// a batch's keys are claimed in one transaction, and the handler runs once
+// for the fresh ones (pgstore.Store.DoBatch).
+type BatchClaim struct {
+	// Claim is the claim's decision and the key's record: OutcomeNew or
+	// OutcomeTakeover when the handler ran for it (Record.Result is then
+	// the handler's result), DecisionDuplicate with the stored result
+	// otherwise. Zero when Err is set.
+	Claim
+	// Err is the request's own failure, which neither ran the handler for
+	// it nor failed the batch: an *InvalidKeyError, a *KeyReusedError
+	// (permanent: for the dead-letter topic) or an *InFlightError (a
+	// lease-mode claim holds the key: try again later).
+	Err error
+}
+
 // Stats describes a store's table, for metrics. A store answers in
 // constant time, whatever the number of keys: a large table's counts are
 // estimates (Estimated).

@@ -134,7 +134,7 @@ func consumeBacklog(b *testing.B, brokers []string, topic string, n int, batchMo
 			}
 			mark(len(msgs))
 			return nil, nil
-		}, &consumer.BatchConfig{Scope: "bench", MaxSize: 200, Workers: 4, Logger: quietLogger()})
+		}, &consumer.BatchConfig{Config: consumer.Config{Scope: "bench", Logger: quietLogger()}, MaxSize: 200, Workers: 4})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -182,7 +182,8 @@ func TestPositionsRestoreBeforeFirstSaveApplied(t *testing.T) {
 	stop := run()
 	settled("10 commands applied, saved and committed", 10, map[int]int64{0: 10})
 	stop()
-	for _, q := range []string{"DELETE FROM " + applied, "DELETE FROM " + db.Table("exactly_keys"), "DELETE FROM " + db.Table("exactly_positions")} {
+	db.DeleteKeys(t, "")
+	for _, q := range []string{"DELETE FROM " + applied, "DELETE FROM " + db.Table("exactly_positions")} {
 		if _, err := db.Pool.Exec(ctx, q); err != nil {
 			t.Fatal(err)
 		}

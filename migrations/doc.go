@@ -30,17 +30,31 @@
 // schema exists), and after it, as ledger_migrator, the tables' owner:
 //
 //	GRANT USAGE ON SCHEMA ledger TO ledger_consumer, ledger_relay;
-//	GRANT SELECT, INSERT, UPDATE, DELETE ON ledger.exactly_keys TO ledger_consumer;
+//	GRANT SELECT, INSERT, UPDATE, DELETE ON ledger.exactly_keys2 TO ledger_consumer;
+//	GRANT SELECT, INSERT ON ledger.exactly_key_names TO ledger_consumer;
+//	GRANT SELECT ON ledger.exactly_keys2_state TO ledger_consumer;
+//	GRANT SELECT, UPDATE ON ledger.exactly_keys TO ledger_consumer;
 //	GRANT SELECT, INSERT, UPDATE ON ledger.exactly_positions TO ledger_consumer;
 //	GRANT INSERT ON ledger.exactly_outbox TO ledger_consumer;
 //	GRANT USAGE ON SEQUENCE ledger.exactly_outbox_id_seq TO ledger_consumer;
 //	GRANT SELECT, UPDATE, DELETE ON ledger.exactly_outbox TO ledger_relay;
 //	GRANT SELECT, INSERT, UPDATE, DELETE ON ledger.exactly_outbox_waiters TO ledger_relay;
 //
-// What each grant is for: on exactly_keys, INSERT and SELECT claim a key and
-// read the stored row, UPDATE locks it (FOR UPDATE), stores results and
-// takes over, completes or releases leases, DELETE is Store.Cleanup. On
-// exactly_positions, SELECT reads a group's positions when partitions are
+// What each grant is for: on exactly_keys2 (the partitioned key table; its
+// partitions need no grant, the statements go through it), INSERT and
+// SELECT claim a key and read the stored row, UPDATE locks it (FOR UPDATE),
+// stores results and takes over, completes or releases leases, DELETE
+// releases a failed lease; exactly_key_names holds the codes of scopes and
+// topics (SELECT, INSERT a new name); exactly_keys2_state says which
+// partitions exist; exactly_keys, the single table of a deployment that
+// had one, is read (and a lease found there completed) until its keys
+// expire. The key clean-up runs DDL, so it runs as the migrator, on a
+// store of its own (pgstore.Store.Check creates the first partitions,
+// Store.RunCleanup the next ones); the consumer's worker sets
+// CleanupInterval to -1. A deployment on the single table
+// (pgstore.LayoutSingleTable) grants SELECT, INSERT, UPDATE, DELETE on
+// exactly_keys instead, and its clean-up (DELETE) may run as the consumer.
+// On exactly_positions, SELECT reads a group's positions when partitions are
 // assigned and INSERT and UPDATE save them (pgstore.Positions). A
 // producer needs only INSERT on exactly_outbox and USAGE on its id sequence:
 // the notify trigger that runs at its COMMIT reads exactly_outbox_waiters

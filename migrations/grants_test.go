@@ -90,9 +90,10 @@ func docBlocks(t *testing.T, path, heading string, markdown bool) [][]string {
 // sections (docs/grants.md and the package doc, which must agree) with names of its own,
 // then: migrates as the migrator; as the consumer claims and completes keys
 // (Do, a duplicate, ClaimTx and CompleteTx, DoLease, a failing DoLease,
-// Cleanup, Stats) and writes to the outbox in the same transactions; as the relay publishes through a
+// Stats) on the default key layout and writes to the outbox in the same transactions; as the relay publishes through a
 // Watermill publisher, sleeps as a registered waiter, is woken by the
-// consumer's next commit and publishes again. It checks the rows each step
+// consumer's next commit and publishes again; the key clean-up, refused to
+// the consumer, runs as the migrator. It checks the rows each step
 // leaves, and that neither the consumer nor the relay can do more than it
 // needs (no DDL, no reading what is not theirs).
 func TestDocumentedGrants(t *testing.T) {
@@ -136,6 +137,16 @@ func TestDocumentedGrants(t *testing.T) {
 			t.Fatalf("%s: %v", query, err)
 		}
 		return n
+	}
+
+	// The key clean-up's process, as the migrator: its start-up check
+	// creates the first partitions.
+	maint, err := pgstore.New(migPool, &pgstore.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := maint.Check(ctx); err != nil {
+		t.Fatalf("the key clean-up's start as the migrator: %v", err)
 	}
 
 	// The consumer.
@@ -200,8 +211,16 @@ func TestDocumentedGrants(t *testing.T) {
 	if c, err := store.DoLease(ctx, leaseReq, time.Minute, func(context.Context) ([]byte, error) { return []byte("paid"), nil }); err != nil || c.Record.Status != dedupe.StatusCompleted {
 		t.Fatalf("DoLease as the consumer: %v %v", c.Decision, err)
 	}
-	if _, err := store.Cleanup(ctx, nil); err != nil {
-		t.Fatalf("cleanup as the consumer: %v", err)
+	// The key clean-up runs DDL: refused to the consumer, run by the
+	// migrator.
+	if err := store.CheckMaintenance(ctx); !errors.Is(err, dedupe.ErrMisconfigured) {
+		t.Fatalf("the consumer's right to run the key clean-up: %v, want a misconfiguration", err)
+	}
+	if err := maint.CheckMaintenance(ctx); err != nil {
+		t.Fatalf("the migrator's right to run the key clean-up: %v", err)
+	}
+	if _, err := maint.Cleanup(ctx, nil); err != nil {
+		t.Fatalf("cleanup as the migrator: %v", err)
 	}
 	if _, err := store.Stats(ctx); err != nil {
 		t.Fatalf("stats as the consumer: %v", err)
@@ -215,8 +234,18 @@ func TestDocumentedGrants(t *testing.T) {
 	if got, err := positions.Load(ctx, "ledger", topic, []int{0, 1}); err != nil || got[0] != 4 || got[1] != 5 {
 		t.Fatalf("load positions as the consumer: %v %v, want 0:4 1:5", got, err)
 	}
-	if n := count("SELECT count(*) FROM {S}.exactly_keys WHERE status = 'COMPLETED' AND (key, attempts, result) IN (('cmd-1', 1, 'ok cmd-1'), ('cmd-tx', 1, 'ok cmd-tx'), ('pay-1', 2, 'paid'))"); n != 3 {
-		t.Fatalf("%d of the 3 keys completed as expected", n)
+	for _, want := range []struct {
+		key      dedupe.Key
+		attempts int
+		result   string
+	}{{dedupe.Key{Scope: "ledger", ID: "cmd-1"}, 1, "ok cmd-1"}, {txKey, 1, "ok cmd-tx"}, {leaseKey, 2, "paid"}} {
+		rec, err := maint.Get(ctx, want.key)
+		if err != nil || rec.Status != dedupe.StatusCompleted || rec.Attempts != want.attempts || string(rec.Result) != want.result {
+			t.Fatalf("key %s: %+v %v, want completed after %d attempts with %q", want.key, rec, err, want.attempts, want.result)
+		}
+	}
+	if n := count("SELECT (to_regclass('{S}.exactly_keys') IS NOT NULL)::int"); n != 0 {
+		t.Fatalf("the single table is still there: the default layout's clean-up drops it once it has no live key")
 	}
 	if n := count("SELECT count(*) FROM {S}.exactly_outbox WHERE status = 'PENDING' AND uuid IN ('out-cmd-1', 'out-cmd-tx')"); n != 2 {
 		t.Fatalf("%d pending outbox rows for out-cmd-1 and out-cmd-tx, want 2", n)
@@ -293,7 +322,8 @@ func TestDocumentedGrants(t *testing.T) {
 		{"relay", relPool, "CREATE TABLE {S}.x (id int)"},
 		{"consumer", conPool, "SELECT FROM {S}.exactly_outbox"},
 		{"consumer", conPool, "SELECT FROM {S}.exactly_outbox_waiters"},
-		{"relay", relPool, "SELECT FROM {S}.exactly_keys"},
+		{"relay", relPool, "SELECT FROM {S}.exactly_keys2"},
+		{"consumer", conPool, "DELETE FROM {S}.exactly_keys2_state"},
 		{"relay", relPool, "SELECT FROM {S}.exactly_positions"},
 		{"consumer", conPool, "DELETE FROM {S}.exactly_positions"},
 		{"relay", relPool, "INSERT INTO {S}.exactly_outbox (topic, uuid, payload, lane) VALUES ('t', 'u', '', 0)"},

@@ -75,7 +75,7 @@ func TestSchemaFromSearchPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	var keys, rows int
-	if err := db.Pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+db.Table("exactly_keys")+"), (SELECT count(*) FROM "+
+	if err := db.Pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+db.Keys()+"), (SELECT count(*) FROM "+
 		db.Table("exactly_outbox")+")").Scan(&keys, &rows); err != nil || keys != 1 || rows != 1 {
 		t.Fatalf("in schema %s: %d keys, %d outbox rows, %v; want 1 and 1", db.Schema, keys, rows, err)
 	}

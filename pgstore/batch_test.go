@@ -47,7 +47,7 @@ type storeMaker func(testing.TB, *pgstore.Config) (*pgstore.Store, *pgtest.DB)
 // store has its partitions (Check) and no legacy table to probe.
 func eachLayout(t *testing.T, test func(*testing.T, storeMaker)) {
 	t.Parallel()
-	for _, l := range []pgstore.Layout{pgstore.LayoutLegacy, pgstore.LayoutPartitioned} {
+	for _, l := range []pgstore.Layout{pgstore.LayoutSingleTable, pgstore.LayoutPartitioned} {
 		t.Run(l.String(), func(t *testing.T) {
 			t.Parallel()
 			test(t, storeMakers[l])
@@ -56,7 +56,7 @@ func eachLayout(t *testing.T, test func(*testing.T, storeMaker)) {
 }
 
 var storeMakers = map[pgstore.Layout]storeMaker{
-	pgstore.LayoutLegacy: newStore,
+	pgstore.LayoutSingleTable: newStore,
 	pgstore.LayoutPartitioned: func(tb testing.TB, cfg *pgstore.Config) (*pgstore.Store, *pgtest.DB) {
 		s, _, db := newPartitioned(tb, cfg, "")
 		if err := s.Check(context.Background()); err != nil {

@@ -18,12 +18,14 @@ type Config struct {
 	// search_path (set it in the connection string: ?search_path=ledger),
 	// else "public", as migrations.Config.Schema does.
 	Schema string
-	// Layout is how the keys are kept: LayoutLegacy (one table) or
-	// LayoutPartitioned (compact rows, time partitions dropped whole; see
-	// docs/keys.md for the upgrade). Defaults to LayoutLegacy.
+	// Layout is how the keys are kept: LayoutPartitioned (compact rows, time
+	// partitions dropped whole) or LayoutSingleTable (one table, retired by
+	// DELETE; see docs/keys.md and docs/upgrading.md for the switch).
+	// Defaults to LayoutPartitioned, whose Cleanup runs DDL: run it as the
+	// tables' owner (docs/grants.md).
 	Layout Layout
-	// Table is the key table's name. Defaults to "exactly_keys" (LayoutLegacy)
-	// or "exactly_keys2" (LayoutPartitioned), the tables that the migrations
+	// Table is the key table's name. Defaults to "exactly_keys2"
+	// (LayoutPartitioned) or "exactly_keys" (LayoutSingleTable), the tables that the migrations
 	// create.
 	Table string
 	// PartitionsAhead is how many time partitions (of the width in the
@@ -59,9 +61,9 @@ func (c *Config) withDefaults(pool *pgxpool.Pool) (Config, error) {
 		o.Schema = sqlident.DefaultSchema(pool.Config().ConnConfig)
 	}
 	if o.Table == "" {
-		o.Table = "exactly_keys"
-		if o.Layout == LayoutPartitioned {
-			o.Table = "exactly_keys2"
+		o.Table = "exactly_keys2"
+		if o.Layout == LayoutSingleTable {
+			o.Table = "exactly_keys"
 		}
 	}
 	if o.PartitionsAhead == 0 {
@@ -92,8 +94,8 @@ func (c *Config) withDefaults(pool *pgxpool.Pool) (Config, error) {
 		return o, err
 	}
 	switch {
-	case o.Layout != LayoutLegacy && o.Layout != LayoutPartitioned:
-		return o, fmt.Errorf("pgstore: Config.Layout is %v: use pgstore.LayoutLegacy or pgstore.LayoutPartitioned", o.Layout)
+	case o.Layout != LayoutSingleTable && o.Layout != LayoutPartitioned:
+		return o, fmt.Errorf("pgstore: Config.Layout is %v: use pgstore.LayoutPartitioned or pgstore.LayoutSingleTable", o.Layout)
 	case o.PartitionsAhead < 0:
 		return o, fmt.Errorf("pgstore: Config.PartitionsAhead is %d: set 1 or more, or 0 for the default", o.PartitionsAhead)
 	case o.TTL < 0:

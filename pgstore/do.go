@@ -16,7 +16,7 @@ import (
 
 // TxFunc is the work that Do runs once per key, in the transaction that
 // holds the claim. Its result is stored for duplicates.
-type TxFunc func(ctx context.Context, tx pgx.Tx) (result []byte, err error)
+type TxFunc = func(ctx context.Context, tx pgx.Tx) (result []byte, err error)
 
 // Do runs fn at most once for req.Key, with effect exactly once: it begins
 // a transaction, claims the key, runs fn in the same transaction, stores fn's
@@ -106,7 +106,7 @@ func (s *Store) doTx(ctx context.Context, req dedupe.Request, fn TxFunc) (_ dedu
 
 // LeaseFunc is the work that DoLease runs once per key, outside any
 // transaction of ours (it calls a payment API, say).
-type LeaseFunc func(ctx context.Context) (result []byte, err error)
+type LeaseFunc = func(ctx context.Context) (result []byte, err error)
 
 // DoLease runs fn at most once at a time for req.Key, under a lease, and
 // completes the key when fn succeeds. fn must finish within lease: after it,

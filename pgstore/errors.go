@@ -1,80 +1,44 @@
 package pgstore
 
 import (
-	"context"
-	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/pgerr"
 )
-
-// Retryable SQLSTATEs: the same transaction may succeed if run again.
-var retryableCodes = map[string]bool{
-	"40001": true, // serialization_failure
-	"40P01": true, // deadlock_detected
-	"55P03": true, // lock_not_available
-	"57P01": true, // admin_shutdown
-	"57P02": true, // crash_shutdown
-	"57P03": true, // cannot_connect_now
-}
 
 // IsRetryableError reports whether err, as returned by pgx, is transient: a
 // serialisation failure (40001, what REPEATABLE READ and SERIALIZABLE
 // transactions get when a concurrent claim of the same key commits first), a
 // deadlock (40P01), a server going down, or a connection lost before the
 // server could have acted.
-func IsRetryableError(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return retryableCodes[pgErr.Code] || pgErr.Code[:2] == "08"
-	}
-	return pgconn.SafeToRetry(err)
-}
+func IsRetryableError(err error) bool { return pgerr.IsRetryable(err) }
 
 // IsConfigurationError reports whether err, as returned by pgx, says that
 // the deployment is wrong rather than the data or the connection: a table,
 // column, schema or function that does not exist or is not allowed (SQLSTATE
 // class 42, e.g. 42P01 when the migrations did not run or a table name is
 // not schema-qualified), a schema or database that does not exist (3F, 3D),
-// or failed authentication (28), or a store with LayoutLegacy claiming
-// where the partitioned layout has started (EXK01, ErrLegacyClosed). Running the same statement again cannot
+// or failed authentication (28), or a store with LayoutSingleTable claiming
+// where the partitioned layout has started (EXK01, ErrSingleTableClosed). Running the same statement again cannot
 // succeed until someone fixes the deployment, and the message is not at
 // fault either: such errors are neither retried nor dead-lettered.
-func IsConfigurationError(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {
-		return false
-	}
-	switch pgErr.Code[:2] {
-	case "42", "3F", "3D", "28":
-		return true
-	}
-	return pgErr.Code == legacyClosedCode
-}
+func IsConfigurationError(err error) bool { return pgerr.IsConfiguration(err) }
 
-// ErrLegacyClosed is the error of a store with LayoutLegacy that claims a
-// new key on a schema where the partitioned layout has started (a store
-// with LayoutPartitioned ran there): a key it claimed could have been
-// claimed by the partitioned layout too, and run twice. It wraps
+// ErrSingleTableClosed is the error of a store with LayoutSingleTable that
+// claims a new key on a schema where the partitioned layout has started (a
+// store with LayoutPartitioned ran there): a key it claimed could have
+// been claimed by the partitioned layout too, and run twice. It wraps
 // dedupe.ErrMisconfigured: the message is held, not dead-lettered, until
 // its worker runs with LayoutPartitioned.
-var ErrLegacyClosed = fmt.Errorf("%w: the partitioned key layout has started on this schema, so a store with "+
-	"LayoutLegacy may not claim new keys there: run every worker of the schema with pgstore.LayoutPartitioned "+
-	"(worker.Config.KeyLayout); the keys in exactly_keys are still honoured", dedupe.ErrMisconfigured)
+var ErrSingleTableClosed = fmt.Errorf("%w: the partitioned key layout has started on this schema, so a store with "+
+	"LayoutSingleTable may not claim new keys there: run every worker of the schema with pgstore.LayoutPartitioned "+
+	"(worker.Config.KeyLayout, its default); the keys in exactly_keys are still honoured", dedupe.ErrMisconfigured)
 
-// legacyClosedCode is the SQLSTATE that exactly_keys's insert guard raises
-// once the partitioned layout started (migration 00008).
-const legacyClosedCode = "EXK01"
-
-func isLegacyClosed(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == legacyClosedCode
-}
+// ErrLegacyClosed is ErrSingleTableClosed.
+//
+// Deprecated: use ErrSingleTableClosed.
+var ErrLegacyClosed = ErrSingleTableClosed
 
 // classify wraps a pgx error at the storage boundary, marking transient ones
 // with dedupe.Retryable and configuration errors with dedupe.ErrMisconfigured
@@ -83,8 +47,8 @@ func classify(op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if isLegacyClosed(err) {
-		return fmt.Errorf("pgstore: %s: %w (%w)", op, ErrLegacyClosed, err)
+	if pgerr.IsSingleTableClosed(err) {
+		return fmt.Errorf("pgstore: %s: %w (%w)", op, ErrSingleTableClosed, err)
 	}
 	if IsConfigurationError(err) {
 		return fmt.Errorf("pgstore: %s: %w (%w: run migrations.Migrate on this database, "+

@@ -24,7 +24,7 @@ func TestDoCommitAnswerLost(t *testing.T) {
 	t.Parallel()
 	_, db := newStore(t, nil)
 	d := pgtest.NewCommitDropper(t)
-	s, err := pgstore.New(d.Pool(t), &pgstore.Config{Schema: db.Schema, RetryBackoff: time.Millisecond})
+	s, err := pgstore.New(d.Pool(t), &pgstore.Config{Schema: db.Schema, Layout: pgstore.LayoutSingleTable, RetryBackoff: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestDoLeaseCompletesAfterCallerCancelled(t *testing.T) {
 func TestMissingTableIsAConfigurationError(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewEmpty(t)
-	s, err := pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema})
+	s, err := pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema, Layout: pgstore.LayoutSingleTable})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,14 +53,14 @@ func TestHorizonFromThePartitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	behind := newStore(3)
-	behind.part.now = func() time.Time { return time.Now().Add(-3 * day) }
+	behind.part().now = func() time.Time { return time.Now().Add(-3 * day) }
 	var dbNow time.Time
 	if err := db.Pool.QueryRow(ctx, "SELECT now()").Scan(&dbNow); err != nil {
 		t.Fatal(err)
 	}
 	stored := func(r dedupe.Request) int {
 		var n int
-		if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+near.part.parent+" WHERE kid = $1::uuid AND status = 'C'", r.Key.ID).Scan(&n); err != nil {
+		if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+near.part().parent+" WHERE kid = $1::uuid AND status = 'C'", r.Key.ID).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n

@@ -15,7 +15,7 @@ import (
 // cleanup lock, Cleanup deletes nothing and says so.
 func TestCleanupOneRunnerAtATime(t *testing.T) {
 	db := pgtest.New(t)
-	s, err := New(db.Pool, &Config{Schema: db.Schema})
+	s, err := New(db.Pool, &Config{Schema: db.Schema, Layout: LayoutSingleTable})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func TestCleanupOneRunnerAtATime(t *testing.T) {
 
 func TestRunCleanup(t *testing.T) {
 	db := pgtest.New(t)
-	s, err := New(db.Pool, &Config{Schema: db.Schema})
+	s, err := New(db.Pool, &Config{Schema: db.Schema, Layout: LayoutSingleTable})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,4 +68,10 @@ func TestRunCleanup(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// part is the store's partitioned layout; nil on the single table.
+func (s *Store) part() *partitioned {
+	p, _ := s.l.(*partitioned)
+	return p
 }

@@ -28,7 +28,7 @@ func benchID(kind string) string {
 //	go test -run '^$' -bench DoBatch -benchtime 40x ./pgstore
 func BenchmarkDoBatch(b *testing.B) {
 	const size = 500
-	for _, layout := range []pgstore.Layout{pgstore.LayoutLegacy, pgstore.LayoutPartitioned} {
+	for _, layout := range []pgstore.Layout{pgstore.LayoutSingleTable, pgstore.LayoutPartitioned} {
 		for _, ids := range []string{"v4", "v7"} {
 			b.Run(fmt.Sprintf("%s/%s", layout, ids), func(b *testing.B) {
 				s := storeMakers[layout]
@@ -59,7 +59,7 @@ func BenchmarkDoBatch(b *testing.B) {
 //
 //	go test -run '^$' -bench 'Do$' -benchtime 2000x ./pgstore
 func BenchmarkDo(b *testing.B) {
-	for _, layout := range []pgstore.Layout{pgstore.LayoutLegacy, pgstore.LayoutPartitioned} {
+	for _, layout := range []pgstore.Layout{pgstore.LayoutSingleTable, pgstore.LayoutPartitioned} {
 		for _, ids := range []string{"v4", "v7"} {
 			b.Run(fmt.Sprintf("%s/%s", layout, ids), func(b *testing.B) {
 				store, _ := storeMakers[layout](b, nil)

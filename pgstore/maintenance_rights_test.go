@@ -11,6 +11,7 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/dedupe/dedupetest"
+	"github.com/exactly-go/exactly/internal/testkit/pgtest"
 	"github.com/exactly-go/exactly/pgstore"
 )
 
@@ -23,8 +24,16 @@ func TestCheckMaintenance(t *testing.T) {
 	owner, db := storeMakers[pgstore.LayoutPartitioned](t, nil)
 	ctx := context.Background()
 	rows := db.RowsOnlyPool(t)
+	// The single table's, on a schema of its own (the partitioned
+	// layout's clean-up dropped this one's).
+	sdb := pgtest.New(t)
+	srows := sdb.RowsOnlyPool(t)
 	store := func(layout pgstore.Layout) *pgstore.Store {
-		s, err := pgstore.New(rows, &pgstore.Config{Schema: db.Schema, Layout: layout})
+		p, schema := rows, db.Schema
+		if layout == pgstore.LayoutSingleTable {
+			p, schema = srows, sdb.Schema
+		}
+		s, err := pgstore.New(p, &pgstore.Config{Schema: schema, Layout: layout})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -33,7 +42,7 @@ func TestCheckMaintenance(t *testing.T) {
 	if err := owner.CheckMaintenance(ctx); err != nil {
 		t.Fatalf("the owner, partitioned layout: %v", err)
 	}
-	if err := store(pgstore.LayoutLegacy).CheckMaintenance(ctx); err != nil {
+	if err := store(pgstore.LayoutSingleTable).CheckMaintenance(ctx); err != nil {
 		t.Fatalf("a role with DELETE, legacy layout: %v", err)
 	}
 	part := store(pgstore.LayoutPartitioned)
@@ -46,13 +55,13 @@ func TestCheckMaintenance(t *testing.T) {
 		t.Fatalf("a claim by the role without DDL: %v %v", c.Decision, err)
 	}
 	var role string
-	if err := rows.QueryRow(ctx, "SELECT current_user").Scan(&role); err != nil {
+	if err := srows.QueryRow(ctx, "SELECT current_user").Scan(&role); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Pool.Exec(ctx, `REVOKE DELETE ON `+db.Table("exactly_keys")+` FROM "`+role+`"`); err != nil {
+	if _, err := sdb.Pool.Exec(ctx, `REVOKE DELETE ON `+sdb.Table("exactly_keys")+` FROM "`+role+`"`); err != nil {
 		t.Fatal(err)
 	}
-	if err := store(pgstore.LayoutLegacy).CheckMaintenance(ctx); !errors.Is(err, dedupe.ErrMisconfigured) || !strings.Contains(err.Error(), "DELETE on") {
+	if err := store(pgstore.LayoutSingleTable).CheckMaintenance(ctx); !errors.Is(err, dedupe.ErrMisconfigured) || !strings.Contains(err.Error(), "DELETE on") {
 		t.Fatalf("a role without DELETE, legacy layout: %v", err)
 	}
 }

@@ -43,11 +43,25 @@ func newPartitioned(t testing.TB, cfg *pgstore.Config, width string) (*pgstore.S
 	if err != nil {
 		t.Fatal(err)
 	}
-	legacy, err := pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema})
+	legacy, err := pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema, Layout: pgstore.LayoutSingleTable})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s, legacy, db
+}
+
+// startKeepingSingleTable creates the partitions, then starts the layout,
+// so that the single table, empty, is still probed (Check would retire
+// and drop it): the clean-up leaves it alone before the start.
+func startKeepingSingleTable(t testing.TB, s *pgstore.Store, db *pgtest.DB) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := s.Cleanup(ctx, &dedupe.CleanupConfig{MaxBatches: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, "SELECT "+db.Table("exactly_keys2_start")+"()"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 type bytesReader []byte
@@ -64,14 +78,11 @@ func TestConformancePartitioned(t *testing.T) {
 		s, legacy, db := newPartitioned(t, &pgstore.Config{MaxResultBytes: 4096}, "")
 		ctx := context.Background()
 		_ = legacy
-		if err := s.Check(ctx); err != nil {
-			t.Fatal(err)
-		}
 		if probed {
-			// Check retired the empty legacy table: probe it again.
-			if _, err := db.Pool.Exec(ctx, "UPDATE "+db.Table("exactly_keys2_state")+" SET legacy = 'exactly_keys'"); err != nil {
-				t.Fatal(err)
-			}
+			// Check would retire (and drop) the empty legacy table.
+			startKeepingSingleTable(t, s, db)
+		} else if err := s.Check(ctx); err != nil {
+			t.Fatal(err)
 		}
 		if probed {
 			var err error
@@ -210,6 +221,46 @@ func TestPartitionedUpgradeFromLegacy(t *testing.T) {
 	}
 	if l := legacyName(); l != nil {
 		t.Fatalf("the legacy table %s is still probed with no live key", *l)
+	}
+	var gone bool
+	if err := db.Pool.QueryRow(ctx, "SELECT to_regclass($1) IS NULL", db.Table("exactly_keys")).Scan(&gone); err != nil || !gone {
+		t.Fatalf("the single table is still there once retired (%v)", err)
+	}
+	// Its keys expired with it; the partitioned layout goes on.
+	if c, err := s.Do(ctx, dedupetest.Req("s", ids["done"], "p"), noop); err != nil || c.Decision != dedupe.DecisionNew {
+		t.Fatalf("a key of the dropped table after its TTL: %v %v", c.Decision, err)
+	}
+	if c, err := s.Do(ctx, dedupetest.Req("s", ids["done"], "p"), noop); err != nil || c.Decision != dedupe.DecisionDuplicate {
+		t.Fatalf("its copy: %v %v", c.Decision, err)
+	}
+}
+
+// A clean-up of the partitioned layout run where the layout has not
+// started (a maintenance process left on the default layout beside
+// workers kept on the single table) leaves the single table alone, even
+// with no live key: its stores may still be claiming there.
+func TestSingleTableKeptUntilPartitionedStarts(t *testing.T) {
+	t.Parallel()
+	s, single, db := newPartitioned(t, nil, "")
+	ctx := context.Background()
+	short := dedupetest.Req("s", uuid.NewString(), "p")
+	short.TTL = time.Millisecond
+	if c, err := single.Do(ctx, short, noop); err != nil || c.Decision != dedupe.DecisionNew {
+		t.Fatalf("single-table claim: %v %v", c.Decision, err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	for range 2 {
+		if _, err := s.Cleanup(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var probed bool
+	if err := db.Pool.QueryRow(ctx, "SELECT legacy IS NOT NULL AND to_regclass($1) IS NOT NULL FROM "+db.Table("exactly_keys2_state"),
+		db.Table("exactly_keys")).Scan(&probed); err != nil || !probed {
+		t.Fatalf("the single table was retired before the partitioned layout started (%v)", err)
+	}
+	if c, err := single.Do(ctx, dedupetest.Req("s", uuid.NewString(), "p"), noop); err != nil || c.Decision != dedupe.DecisionNew {
+		t.Fatalf("the single table's store after the clean-up: %v %v", c.Decision, err)
 	}
 }
 
@@ -424,4 +475,44 @@ func sha256Of(s string) []byte { b := sha256.Sum256([]byte(s)); return b[:] }
 func isRetryable(err error) bool {
 	var r *dedupe.RetryableError
 	return errors.As(err, &r)
+}
+
+// A read of a key whose scope a transaction still running is the first to
+// claim answers "not found" at once: it adds no name, so it does not wait
+// for that transaction (a duplicate HTTP request answered 409, not held).
+func TestGetOfScopeBeingAdded(t *testing.T) {
+	t.Parallel()
+	s, _, db := newPartitioned(t, nil, "")
+	ctx := context.Background()
+	if err := s.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback(ctx)
+	req := dedupetest.Req("new-scope", uuid.Must(uuid.NewV7()).String(), "p")
+	if c, err := s.ClaimTx(ctx, first, req); err != nil || c.Decision != dedupe.DecisionNew {
+		t.Fatalf("claim: %v %v", c.Decision, err)
+	}
+	wait, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	other, err := db.Pool.Begin(wait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx)
+	if _, err := s.GetTx(wait, other, req.Key); !errors.Is(err, dedupe.ErrNotFound) {
+		t.Fatalf("get in another transaction: %v, want ErrNotFound at once", err)
+	}
+	if _, err := s.Get(wait, req.Key); !errors.Is(err, dedupe.ErrNotFound) {
+		t.Fatalf("get on the pool: %v, want ErrNotFound at once", err)
+	}
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Get(ctx, req.Key); err != nil || rec.Status != dedupe.StatusCompleted {
+		t.Fatalf("after the first commits: %+v %v", rec, err)
+	}
 }

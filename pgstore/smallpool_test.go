@@ -24,7 +24,7 @@ import (
 // for a second connection reaches.
 func TestSmallPoolEveryEntryPoint(t *testing.T) {
 	t.Parallel()
-	for _, layout := range []Layout{LayoutLegacy, LayoutPartitioned} {
+	for _, layout := range []Layout{LayoutSingleTable, LayoutPartitioned} {
 		for _, conns := range []int32{1, 2} {
 			t.Run(layout.String()+"/"+string(rune('0'+conns)), func(t *testing.T) {
 				t.Parallel()
@@ -52,8 +52,8 @@ func TestSmallPoolEveryEntryPoint(t *testing.T) {
 					t.Fatal(err)
 				}
 				stale := func() {
-					if s.part != nil {
-						s.part.forget()
+					if s.part() != nil {
+						s.part().forget()
 					}
 				}
 				n := 0
@@ -170,7 +170,7 @@ func TestCodeAddedInARolledBackTransaction(t *testing.T) {
 		}
 	}
 	claim(false)
-	if _, ok := s.part.codes.Load("fresh-scope"); ok {
+	if _, ok := s.part().codes.Load("fresh-scope"); ok {
 		t.Fatal("the code of a name added by a transaction that rolled back is cached")
 	}
 	claim(true)
@@ -182,7 +182,7 @@ func TestCodeAddedInARolledBackTransaction(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, "SELECT code FROM "+db.Table("exactly_key_names")+" WHERE name = 'fresh-scope'").Scan(&code); err != nil {
 		t.Fatal(err)
 	}
-	if got, ok := s.part.codes.Load("fresh-scope"); !ok || got.(int16) != code {
+	if got, ok := s.part().codes.Load("fresh-scope"); !ok || got.(int16) != code {
 		t.Fatalf("cached code %v, %v; want the committed %d", got, ok, code)
 	}
 }

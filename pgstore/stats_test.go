@@ -14,7 +14,7 @@ import (
 func TestStatsDoesNotCountALargeTable(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	s, err := New(db.Pool, &Config{Schema: db.Schema})
+	s, err := New(db.Pool, &Config{Schema: db.Schema, Layout: LayoutSingleTable})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func TestStatsDoesNotCountALargeTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	st, err := s.statsOn(ctx, tx)
+	st, err := s.l.stats(ctx, tx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,12 +27,11 @@ type Store struct {
 	pool   *pgxpool.Pool
 	cfg    Config
 	table  string // schema-qualified and quoted
-	q      queries
 	lockID int64
 	// beginSQL opens Do's transactions at Config.IsoLevel.
 	beginSQL string
-	// part is set for LayoutPartitioned.
-	part *partitioned
+	// l is Config.Layout: its statements and its own steps.
+	l layout
 }
 
 var _ dedupe.Store[pgx.Tx] = (*Store)(nil)
@@ -48,10 +47,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		return nil, err
 	}
 	table := pgx.Identifier{c.Schema, c.Table}.Sanitize()
-	s := &Store{pool: pool, cfg: c, table: table, q: newQueries(table), lockID: advisory.LockID("cleanup/" + c.Schema + "." + c.Table),
+	s := &Store{pool: pool, cfg: c, table: table, lockID: advisory.LockID("cleanup/" + c.Schema + "." + c.Table),
 		beginSQL: "begin isolation level " + strings.ToLower(string(c.IsoLevel))}
 	if c.Layout == LayoutPartitioned {
-		s.part = newPartitioned(c.Schema, c.Table)
+		s.l = newPartitioned(s, c.Schema, c.Table)
+	} else {
+		s.l = newSingleTable(s, c.Schema, c.Table)
 	}
 	return s, nil
 }
@@ -122,8 +123,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, c dedupe.Claim, resul
 	if result == nil {
 		return nil
 	}
-	n, err := s.update(ctx, tx, c.Record.Key, func(q *queries) string { return q.result },
-		func() []any { return []any{c.Record.Key.Scope, c.Record.Key.ID, result} }, pgx.NamedArgs{"result": result})
+	n, err := s.l.update(ctx, tx, c.Record.Key, keyUpdate{op: updateResult, result: result})
 	if err != nil {
 		return classify("complete "+c.Record.Key.String(), err)
 	}
@@ -150,9 +150,7 @@ func (s *Store) Complete(ctx context.Context, c dedupe.Claim, result []byte) err
 	}
 	k := c.Record.Key
 	ttl := micros(s.ttl(dedupe.Request{TTL: c.TTL}))
-	n, err := s.update(ctx, s.pool, k, func(q *queries) string { return q.complete },
-		func() []any { return []any{k.Scope, k.ID, c.Record.Attempts, result, ttl} },
-		pgx.NamedArgs{"attempts": c.Record.Attempts, "result": result, "ttl": ttl})
+	n, err := s.l.update(ctx, s.pool, k, keyUpdate{op: updateComplete, attempts: c.Record.Attempts, result: result, ttlMicros: ttl})
 	if err != nil {
 		return classify("complete "+k.String(), err)
 	}
@@ -165,8 +163,7 @@ func (s *Store) Complete(ctx context.Context, c dedupe.Claim, result []byte) err
 // Release implements dedupe.Store.
 func (s *Store) Release(ctx context.Context, c dedupe.Claim) error {
 	k := c.Record.Key
-	n, err := s.update(ctx, s.pool, k, func(q *queries) string { return q.release },
-		func() []any { return []any{k.Scope, k.ID, c.Record.Attempts} }, pgx.NamedArgs{"attempts": c.Record.Attempts})
+	n, err := s.l.update(ctx, s.pool, k, keyUpdate{op: updateRelease, attempts: c.Record.Attempts})
 	if err != nil {
 		return classify("release "+k.String(), err)
 	}
@@ -183,34 +180,14 @@ func (s *Store) Release(ctx context.Context, c dedupe.Claim) error {
 // otherwise fail with it.
 //
 // For LayoutPartitioned, Check also creates the time partitions when there
-// are none yet, as Cleanup does. For LayoutLegacy it returns an error
-// wrapping ErrLegacyClosed once the partitioned layout has started on the
+// are none yet, as Cleanup does. For LayoutSingleTable it returns an error
+// wrapping ErrSingleTableClosed once the partitioned layout has started on the
 // schema.
-func (s *Store) Check(ctx context.Context) error {
-	if s.part != nil {
-		return s.checkPartitioned(ctx)
-	}
-	if _, err := s.pool.Exec(ctx, "SELECT "+cols+" FROM "+s.table+" LIMIT 0"); err != nil {
-		return classify("check "+s.table, err)
-	}
-	// Once the partitioned layout started on the schema, this store may
-	// not claim new keys (ErrLegacyClosed): refused here, at start. A
-	// schema without the partitioned layout's state has nothing to say.
-	var started bool
-	err := s.pool.QueryRow(ctx, "SELECT started_at IS NOT NULL FROM "+
-		pgx.Identifier{s.cfg.Schema, "exactly_keys2_state"}.Sanitize()).Scan(&started)
-	switch {
-	case err == nil && started:
-		return fmt.Errorf("pgstore: check %s: %w", s.table, ErrLegacyClosed)
-	case err != nil && !IsConfigurationError(err) && !errors.Is(err, pgx.ErrNoRows):
-		return classify("check "+s.table, err)
-	}
-	return nil
-}
+func (s *Store) Check(ctx context.Context) error { return s.l.check(ctx) }
 
 // CheckMaintenance reports whether the store's role can run Cleanup: an
 // error wrapping dedupe.ErrMisconfigured that names the missing right, or
-// nil. On the legacy layout Cleanup deletes expired keys (DELETE on the
+// nil. On the single-table layout Cleanup deletes expired keys (DELETE on the
 // table); on the partitioned layout it also creates, attaches, detaches and
 // drops partitions and moves the layout's state, which needs the role to
 // own the key table (or be a member of its owner), CREATE on its schema and
@@ -220,33 +197,19 @@ func (s *Store) Check(ctx context.Context) error {
 // clean-up runs elsewhere).
 func (s *Store) CheckMaintenance(ctx context.Context) error {
 	var role string
-	var may, owns, create, state bool
-	stateTable := s.table
-	if s.part != nil {
-		stateTable = s.part.state
-	}
+	var r maintenanceRights
 	err := s.pool.QueryRow(ctx, `SELECT current_user, has_table_privilege($1::regclass, 'DELETE'),
        pg_has_role(c.relowner, 'USAGE'), has_schema_privilege(c.relnamespace, 'CREATE'),
        has_table_privilege($2::regclass, 'UPDATE')
-FROM pg_class c WHERE c.oid = $1::regclass`, s.table, stateTable).Scan(&role, &may, &owns, &create, &state)
+FROM pg_class c WHERE c.oid = $1::regclass`, s.table, s.l.stateTable()).Scan(&role, &r.delete, &r.owns, &r.create, &r.state)
 	if err != nil {
 		return classify("check the maintenance rights on "+s.table, err)
 	}
 	var missing []string
-	if !may {
+	if !r.delete {
 		missing = append(missing, "DELETE on "+s.table)
 	}
-	if s.part != nil {
-		if !owns {
-			missing = append(missing, "ownership of "+s.table+" (membership in its owner role)")
-		}
-		if !create {
-			missing = append(missing, "CREATE on schema "+pgx.Identifier{s.part.schema}.Sanitize())
-		}
-		if !state {
-			missing = append(missing, "UPDATE on "+s.part.state)
-		}
-	}
+	missing = append(missing, s.l.missingRights(r)...)
 	if len(missing) > 0 {
 		return fmt.Errorf("pgstore: role %q cannot run the key clean-up of the %s layout: it lacks %s: run the clean-up "+
 			"(Store.RunCleanup) as the role that owns the tables: %w", role, s.cfg.Layout, strings.Join(missing, ", "), dedupe.ErrMisconfigured)
@@ -261,17 +224,7 @@ func (s *Store) Get(ctx context.Context, key dedupe.Key) (dedupe.Record, error) 
 
 // GetTx is Get on db (a transaction sees its own uncommitted keys).
 func (s *Store) GetTx(ctx context.Context, db DBTX, key dedupe.Key) (dedupe.Record, error) {
-	var row keyRow
-	var err error
-	if s.part == nil {
-		row, err = scanKeyRow(db.QueryRow(ctx, s.q.get, key.Scope, key.ID))
-	} else {
-		var a claimArgs
-		if a, err = s.keyArgs(ctx, db, key); err != nil {
-			return dedupe.Record{}, err
-		}
-		row, err = scanKeyRow(db.QueryRow(ctx, a.q.get, a.named(nil)))
-	}
+	row, err := s.l.get(ctx, db, key)
 	if err != nil {
 		return dedupe.Record{}, classify("get "+key.String(), err)
 	}
@@ -315,15 +268,9 @@ func (s *Store) Cleanup(ctx context.Context, cfg *dedupe.CleanupConfig) (int64, 
 			_ = conn.Conn().Close(ctx)
 		}
 	}()
-	var total int64
-	cleanup := s.q.cleanup
-	if s.part != nil {
-		retired, err := s.maintain(ctx, conn)
-		total += retired
-		if err != nil {
-			return total, err
-		}
-		cleanup = strings.ReplaceAll(strings.ReplaceAll(p2CleanupSQL, "{P}", s.part.other), "@limit", "$1")
+	total, cleanup, err := s.l.cleanup(ctx, conn)
+	if err != nil {
+		return total, err
 	}
 	for n := 0; maxBatches == 0 || n < maxBatches; n++ {
 		tag, err := conn.Exec(ctx, cleanup, batch)
@@ -364,33 +311,4 @@ func (s *Store) RunCleanup(ctx context.Context, every time.Duration, cfg *dedupe
 		case <-t.C:
 		}
 	}
-}
-
-// keyArgs are the partitioned layout's arguments for statements on an
-// existing key, read on db (see newClaimArgs).
-func (s *Store) keyArgs(ctx context.Context, db DBTX, key dedupe.Key) (claimArgs, error) {
-	return s.newClaimArgs(ctx, db, dedupe.Request{Key: key, Fingerprint: zeroFingerprint}, dedupe.StatusCompleted, 0)
-}
-
-// zeroFingerprint stands for a fingerprint where a statement needs none.
-var zeroFingerprint = dedupe.Fingerprint(strings.Repeat("0", 64))
-
-// update runs an update of one key (resultSQL, completeSQL, releaseSQL)
-// and returns how many rows it changed: legacy takes the legacy
-// statement's arguments, named the partitioned one's besides the key's.
-func (s *Store) update(ctx context.Context, db DBTX, key dedupe.Key, stmt func(*queries) string, legacy func() []any, named pgx.NamedArgs) (int64, error) {
-	if s.part == nil {
-		tag, err := db.Exec(ctx, stmt(&s.q), legacy()...)
-		return tag.RowsAffected(), err
-	}
-	a, err := s.keyArgs(ctx, db, key)
-	if err != nil {
-		return 0, err
-	}
-	var n int64
-	err = db.QueryRow(ctx, stmt(a.q), a.named(named)).Scan(&n)
-	if layoutChanged(err) {
-		err = s.layoutError("update "+key.String(), err)
-	}
-	return n, err
 }

@@ -20,8 +20,8 @@ import (
 	"github.com/exactly-go/exactly/pgstore"
 )
 
-// newStore returns a Store in a fresh schema with an "applied" table that
-// counts each key's committed applications.
+// newStore returns a Store of the single-table layout in a fresh schema
+// with an "applied" table that counts each key's committed applications.
 func newStore(t testing.TB, cfg *pgstore.Config) (*pgstore.Store, *pgtest.DB) {
 	t.Helper()
 	db := pgtest.New(t)
@@ -29,7 +29,7 @@ func newStore(t testing.TB, cfg *pgstore.Config) (*pgstore.Store, *pgtest.DB) {
 	if cfg != nil {
 		c = *cfg
 	}
-	c.Schema = db.Schema
+	c.Schema, c.Layout = db.Schema, pgstore.LayoutSingleTable
 	s, err := pgstore.New(db.Pool, &c)
 	if err != nil {
 		t.Fatal(err)
@@ -108,17 +108,19 @@ func TestSchemaIsHonoured(t *testing.T) {
 		t.Fatalf("err = %v, want the missing public table", err)
 	}
 	other := pgtest.NewEmpty(t)
-	s2, _ := pgstore.New(db.Pool, &pgstore.Config{Schema: other.Schema})
+	s2, _ := pgstore.New(db.Pool, &pgstore.Config{Schema: other.Schema, Layout: pgstore.LayoutSingleTable})
 	if _, err := s2.Get(context.Background(), dedupe.Key{Scope: "s", ID: "x"}); err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Fatalf("unmigrated schema err = %v", err)
 	}
 }
 
-// countingTracer counts the statements sent on a pool.
-type countingTracer struct{ n atomic.Int64 }
+// countingTracer counts the round trips (n) and the statements (stmts)
+// sent on a pool.
+type countingTracer struct{ n, stmts atomic.Int64 }
 
 func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	c.n.Add(1)
+	c.stmts.Add(1)
 	return ctx
 }
 func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
@@ -128,8 +130,10 @@ func (c *countingTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx
 	c.n.Add(1)
 	return ctx
 }
-func (c *countingTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *countingTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+func (c *countingTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	c.stmts.Add(1)
+}
+func (c *countingTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // tracedPool is a pool of its own whose round trips tracer counts.
 func tracedPool(t *testing.T, maxConns int32) (*pgxpool.Pool, *countingTracer) {
@@ -155,7 +159,7 @@ func tracedPool(t *testing.T, maxConns int32) (*pgxpool.Pool, *countingTracer) {
 func TestRoundTrips(t *testing.T) {
 	db := pgtest.New(t)
 	pool, tracer := tracedPool(t, 2)
-	s, _ := pgstore.New(pool, &pgstore.Config{Schema: db.Schema})
+	s, _ := pgstore.New(pool, &pgstore.Config{Schema: db.Schema, Layout: pgstore.LayoutSingleTable})
 	ctx := context.Background()
 	count := func(req dedupe.Request, result []byte) (claim, complete int64, outcome dedupe.Decision) {
 		tx, err := pool.Begin(ctx)
@@ -202,7 +206,7 @@ func TestDoRoundTrips(t *testing.T) {
 	if err := pool.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
-	s, _ := pgstore.New(pool, &pgstore.Config{Schema: db.Schema})
+	s, _ := pgstore.New(pool, &pgstore.Config{Schema: db.Schema, Layout: pgstore.LayoutSingleTable})
 	for _, c := range []struct {
 		name, id string
 		result   []byte
@@ -357,7 +361,7 @@ func TestClosedPoolAndCancelledContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, _ := pgstore.New(pool, &pgstore.Config{Schema: db.Schema})
+	s, _ := pgstore.New(pool, &pgstore.Config{Schema: db.Schema, Layout: pgstore.LayoutSingleTable})
 	pool.Close()
 	ctx := context.Background()
 	_, err = s.Do(ctx, dedupetest.Req("s", "k", "p"), func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil })

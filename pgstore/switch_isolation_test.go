@@ -66,7 +66,7 @@ func TestPartitionedRepeatableReadClaimMissesLegacyKey(t *testing.T) {
 	apply := countRuns(db, "")
 	// Partitions exist, the layout not started yet (as before the
 	// first partitioned worker's claim).
-	if err := s.Check(ctx); err != nil {
+	if _, err := s.Cleanup(ctx, &dedupe.CleanupConfig{MaxBatches: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.Pool.Exec(ctx, "UPDATE "+db.Table("exactly_keys2_state")+" SET started_at = NULL; "+

@@ -18,7 +18,7 @@ import (
 
 // Once a store of the partitioned layout has run on a schema, a store of
 // the legacy layout there (an old worker left over from a rolling restart)
-// claims no new key: every way in is refused with ErrLegacyClosed, a
+// claims no new key: every way in is refused with ErrSingleTableClosed, a
 // configuration error, and nothing is applied or written, so a key the
 // partitioned layout applied is never applied again by it. A lease the
 // legacy store took before the switch is still completed where it is.
@@ -41,8 +41,8 @@ func TestLegacyClaimAfterPartitionedStartIsRefused(t *testing.T) {
 
 	refused := func(what string, err error) {
 		t.Helper()
-		if !errors.Is(err, pgstore.ErrLegacyClosed) || !errors.Is(err, dedupe.ErrMisconfigured) {
-			t.Errorf("%s on the legacy store: %v, want ErrLegacyClosed", what, err)
+		if !errors.Is(err, pgstore.ErrSingleTableClosed) || !errors.Is(err, dedupe.ErrMisconfigured) {
+			t.Errorf("%s on the legacy store: %v, want ErrSingleTableClosed", what, err)
 		}
 	}
 	_, err = legacy.Do(ctx, req, apply)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The public API of each published module, one file each under api/
-# (internal/release/cmd/apisurface): exported declarations without bodies or
+# (tools/release/cmd/apisurface): exported declarations without bodies or
 # comments. `scripts/api.sh` (make api) rewrites them; `scripts/api.sh check`
 # (part of make lint) fails when a committed file differs from the code, so
 # that every change to the public surface shows in review.
@@ -9,10 +9,10 @@ cd "$(dirname "$0")/.."
 mode=${1:-write}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-(cd internal/release && GOWORK=off go build -o "$tmp/apisurface" ./cmd/apisurface)
+(cd tools/release && GOWORK=off go build -o "$tmp/apisurface" ./cmd/apisurface)
 stale=()
 mkdir -p api
-for m in . plugin/eprom plugin/eotel cmd/replay; do
+for m in . plugin/eprom plugin/eotel cmd/replay embedpg; do
 	name=$(go mod edit -json "$m/go.mod" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Module"]["Path"].removeprefix("github.com/exactly-go/").replace("/", "-"))')
 	"$tmp/apisurface" "$m" >"$tmp/$name.txt"
 	if [ "$mode" = check ]; then

@@ -7,7 +7,7 @@
 #   MEM        the server's memory cap (default 16 bytes per key: 160M for 10M keys)
 #   CASES      layout/ids cases (default legacy/v4,legacy/v7,new/v4,new/v7)
 #   SHARED_BUFFERS the server's shared_buffers, inside the cap (default 16MB)
-#   BENCH_ARGS more flags for internal/keybench (-dur, -rounds, -clients)
+#   BENCH_ARGS more flags for tools/keybench (-dur, -rounds, -clients)
 #   BENCH_CONF more postgresql.conf lines for the server (e.g. plan_cache_mode = force_custom_plan)
 #   BENCH_PG_PORT, BENCH_DIR  where the server listens and lives (default 56432, /tmp/exactly-bench-keys)
 set -euo pipefail
@@ -64,5 +64,5 @@ echo 4G >"$limit"
 sh -c "echo \$\$ >$procs && exec nice -n 10 runuser -u postgres -- $bin/pg_ctl -D $dir/data -l $dir/log -w start" >/dev/null
 echo "bench-keys: PostgreSQL $("$bin/postgres" --version | awk '{print $3}') on port $port, memory capped at $mem, $keys keys" >&2
 cd "$here"
-nice -n 10 $GO run ./internal/keybench -dsn "postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable" \
+nice -n 10 $GO run ./tools/keybench -dsn "postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable" \
 	-keys "$keys" -mem "$mem" -cases "$cases" -cgroup-limit "$limit" ${BENCH_ARGS:-}

@@ -4,7 +4,7 @@
 # at its default), every server of the matrix's own, on ports of its own:
 #
 #   PostgreSQL axis: each release of MATRIX_PG (binaries from Maven Central,
-#                    internal/embedpg/cmd/pgserver) with Kafka at the pom's
+#                    tools/pgserver) with Kafka at the pom's
 #                    version (scripts/kafka/pom.xml)
 #   Kafka axis:      each release of MATRIX_KAFKA (scripts/kafka.sh with
 #                    KAFKA_VERSION) with the machine's PostgreSQL
@@ -79,7 +79,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 echo "matrix: building the test binaries (race detector) and pgserver"
-"$GO" build -o "$dir/bin/pgserver" ./internal/embedpg/cmd/pgserver
+"$GO" build -o "$dir/bin/pgserver" ./tools/pgserver
 "$GO" build -o "$dir/bin/testsum" ./scripts/testsum
 pkgs=() # "dir axis", axis pg, kafka or both
 for entry in $MATRIX_PKGS; do

@@ -8,7 +8,7 @@
 #     scripts/release-check/allow-large.txt.
 #  2. A file-based module proxy (GOPROXY=file://…) serving the published
 #     modules at $RELEASE_VERSION (default: the version the sub-modules
-#     require), zipped by golang.org/x/mod/zip (internal/release/cmd/modproxy)
+#     require), zipped by golang.org/x/mod/zip (tools/release/cmd/modproxy)
 #     from the tracked and untracked, not ignored files.
 #  3. In a fresh module outside the repository, with GOWORK=off,
 #     GOFLAGS=-mod=mod, GOSUMDB=off, an empty GOPATH and module cache and
@@ -32,7 +32,7 @@ start=$(date +%s)
 
 # The published modules (RELEASING.md). Every other module of go.work is
 # test-only or internal, never required by a published one.
-published=(. plugin/eprom plugin/eotel cmd/replay)
+published=(. plugin/eprom plugin/eotel cmd/replay embedpg)
 repo=github.com/exactly-go/exactly
 
 fail() { echo "release-check: $*" >&2; exit 1; }
@@ -85,7 +85,7 @@ echo "== module proxy"
 mkdir -p "$tmp/tree" "$tmp/proxy" "$tmp/bin"
 git ls-files -z -co --exclude-standard | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
 	tar -c --null -T - | tar -x -C "$tmp/tree"
-(cd internal/release && GOWORK=off go build -o "$tmp/bin/modproxy" ./cmd/modproxy)
+(cd tools/release && GOWORK=off go build -o "$tmp/bin/modproxy" ./cmd/modproxy)
 (cd "$tmp/tree" && "$tmp/bin/modproxy" -out "$tmp/proxy" -version "$version" "${published[@]}")
 
 # The user's environment: nothing of this machine's Go set-up but the build

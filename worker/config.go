@@ -109,14 +109,15 @@ type Config struct {
 	// pool's search_path, else "public" (as pgstore.Config.Schema).
 	Schema string
 	// KeyLayout is how the keys are kept (pgstore.Config.Layout):
-	// pgstore.LayoutLegacy, one table, or pgstore.LayoutPartitioned,
-	// compact rows in day partitions that clean-up drops whole once their
-	// keys expired (docs/keys.md, with the upgrade from the first). With
+	// pgstore.LayoutPartitioned, compact rows in day partitions that
+	// clean-up drops whole once their keys expired, or
+	// pgstore.LayoutSingleTable, one table, for a deployment that has not
+	// switched yet (docs/keys.md, docs/upgrading.md). With
 	// LayoutPartitioned the start-up check creates the first partitions
 	// and the key clean-up (CleanupInterval) creates the next ones: both
 	// run DDL, so the worker's role must own the tables (as for Migrate),
-	// or clean-up must run in a process whose role does. Defaults to
-	// LayoutLegacy.
+	// or clean-up must run in a process whose role does (the start is
+	// refused otherwise, with the fix). Defaults to LayoutPartitioned.
 	KeyLayout pgstore.Layout
 
 	// KeyFunc, FingerprintFunc, MissingKey, TTL and MaxAttempts are the
@@ -185,12 +186,6 @@ type Config struct {
 	// Plugins: []worker.Plugin{eotel.New(nil), eprom.New(nil)} gives whole
 	// traces and the dashboard's metrics. Defaults to none.
 	Plugins []Plugin
-
-	// NoDedupe runs each message (or batch) in a transaction of its own,
-	// with no key: a redelivery applies it again. Only for measuring the
-	// claim's cost and for proving that a replay catches double
-	// applications. Defaults to false.
-	NoDedupe bool
 }
 
 // withDefaults returns a copy of cfg with its defaults filled in, or an

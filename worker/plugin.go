@@ -23,6 +23,7 @@ import (
 //     middleware (the claim, the handler and the commit run inside it, with
 //     the context it gives the message), in per-message mode and on batch
 //     mode's per-message path;
+//   - [StorePlugin] wraps the key store the consumer claims its keys on;
 //   - [OutputsPlugin] wraps the writer of the handler's outputs into the
 //     outbox, in the handler's transaction;
 //   - [consumer.Hooks] receives each message's Event, after Config.Hooks;
@@ -53,6 +54,13 @@ type MiddlewarePlugin interface {
 // returned it.
 type OutputsPlugin interface {
 	Outputs(consumer.OutputsWriter) consumer.OutputsWriter
+}
+
+// StorePlugin wraps the key store that the dedupe middleware and the batch
+// consumer claim keys on (the worker's *pgstore.Store). The key clean-up,
+// the positions and Running.Store stay on the store itself.
+type StorePlugin interface {
+	Store(consumer.BatchStore) consumer.BatchStore
 }
 
 // WatchPlugin is told, once the worker consumes, what it runs on (the

@@ -26,15 +26,15 @@ func TestLegacyWorkerRefusedAfterTheSwitch(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	legacy := w.config(func(c *worker.Config) { c.KeyLayout = pgstore.LayoutLegacy; c.Group = part.Group + "-old" })
+	legacy := w.config(func(c *worker.Config) { c.KeyLayout = pgstore.LayoutSingleTable; c.Group = part.Group + "-old" })
 	wk, err := worker.New(w.db.Pool, legacy)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := wk.Run(ctx); !errors.Is(err, pgstore.ErrLegacyClosed) {
-		t.Fatalf("the legacy worker's Run returned %v, want ErrLegacyClosed", err)
+	if err := wk.Run(ctx); !errors.Is(err, pgstore.ErrSingleTableClosed) {
+		t.Fatalf("the legacy worker's Run returned %v, want ErrSingleTableClosed", err)
 	}
 	if n := w.count("SELECT coalesce(sum(n), 0)::int FROM " + w.db.Table("applied")); n != 1 {
 		t.Fatalf("applied %d times, want 1", n)

@@ -18,7 +18,6 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/internal/pgtx"
 	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/migrations"
@@ -43,6 +42,8 @@ type Worker struct {
 	consuming atomic.Bool
 	// down lists the dependencies found unavailable, until consuming.
 	down atomic.Pointer[[]string]
+	// refused is why the start-up gave up for good (waitReady).
+	refused error
 }
 
 // New returns a worker on pool for cfg. It checks the configuration and
@@ -108,12 +109,15 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	log := w.cfg.Logger
 	if !w.waitReady(ctx) {
 		w.closeOwn()
+		if w.refused != nil {
+			return fmt.Errorf("worker: %w", w.refused)
+		}
 		return nil
 	}
-	if w.cfg.KeyLayout == pgstore.LayoutLegacy && !w.cfg.NoDedupe {
+	if w.cfg.KeyLayout == pgstore.LayoutSingleTable {
 		// Once a worker of the partitioned layout ran on the schema, this
 		// one could apply a key that one applied: refused at start.
-		if err := w.store.Check(ctx); errors.Is(err, pgstore.ErrLegacyClosed) {
+		if err := w.store.Check(ctx); errors.Is(err, pgstore.ErrSingleTableClosed) {
 			w.closeOwn()
 			return fmt.Errorf("worker: %w", err)
 		}
@@ -128,9 +132,6 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		} else if err != nil {
 			log.Warn("worker: could not check the key clean-up's rights", "err", redact.Password(err.Error()))
 		}
-	}
-	if w.cfg.NoDedupe {
-		log.Warn("worker: deduplication is OFF (Config.NoDedupe): redeliveries will be applied again", "scope", w.cfg.Scope)
 	}
 	if len(w.cfg.Brokers) > 0 {
 		if err := kafkapubsub.CheckTTL(ctx, w.cfg.Brokers, w.cfg.Security, w.cfg.Topic, w.ttl()); err != nil {
@@ -236,19 +237,13 @@ func (w *Worker) runRouter(ctx context.Context, sub message.Subscriber, pub mess
 	for _, p := range plugins[MiddlewarePlugin](w.cfg.Plugins) {
 		router.AddMiddleware(p.Middleware)
 	}
-	var handler message.HandlerFunc
-	if w.cfg.NoDedupe {
-		router.AddMiddleware(w.naiveHooks, middleware.Recoverer)
-		handler = w.naive
-	} else {
-		mw, err := consumer.NewMiddleware(w.store, w.middlewareConfig())
-		if err != nil {
-			_ = sub.Close()
-			return err
-		}
-		router.AddMiddleware(mw.Middleware, middleware.Recoverer)
-		handler = consumer.TxHandler(w.cfg.Handler)
+	mw, err := consumer.NewMiddleware(w.keys(), w.consumerConfig())
+	if err != nil {
+		_ = sub.Close()
+		return err
 	}
+	router.AddMiddleware(mw.Middleware, middleware.Recoverer)
+	handler := consumer.TxHandler(w.cfg.Handler)
 	// The middleware writes the outputs to the outbox and returns none: the
 	// handler's publisher refuses anything that would bypass it. The router
 	// closes it when it stops; the relay keeps the worker's own.
@@ -269,22 +264,20 @@ func (w *Worker) runRouter(ctx context.Context, sub message.Subscriber, pub mess
 // runBatch is batch mode: a consumer.BatchConsumer.
 func (w *Worker) runBatch(ctx context.Context, sub message.Subscriber, pub message.Publisher) error {
 	defer sub.Close()
-	perMessage := []message.HandlerMiddleware{
-		mustPoison(pub, w.cfg.DeadLetterTopic),
-		middleware.Retry{MaxRetries: 3, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second,
-			Multiplier: 2, ShouldRetry: consumer.ShouldRetry, ResetContextOnRetry: true}.Middleware,
-		middleware.Timeout(w.cfg.Timeout),
+	cfg := &consumer.BatchConfig{
+		Config:  *w.consumerConfig(),
+		MaxSize: w.cfg.BatchSize, MaxWait: w.cfg.BatchWait, Workers: w.cfg.BatchWorkers, Timeout: w.cfg.Timeout,
+		Publisher: pub, DeadLetterTopic: w.cfg.DeadLetterTopic,
+	}
+	perMessage, err := consumer.DefaultPerMessage(cfg)
+	if err != nil {
+		return err
 	}
 	for _, p := range plugins[MiddlewarePlugin](w.cfg.Plugins) {
 		perMessage = append(perMessage, p.Middleware)
 	}
-	bc, err := consumer.NewBatchConsumer(w.store, w.cfg.BatchHandler, &consumer.BatchConfig{
-		Scope: w.cfg.Scope, KeyFunc: w.cfg.KeyFunc, FingerprintFunc: w.cfg.FingerprintFunc, MissingKey: w.cfg.MissingKey,
-		TTL: w.cfg.TTL, Outputs: w.outputs, MaxAttempts: w.cfg.MaxAttempts, Hooks: w.cfg.Hooks, Logger: w.cfg.Logger,
-		MaxSize: w.cfg.BatchSize, MaxWait: w.cfg.BatchWait, Workers: w.cfg.BatchWorkers, Timeout: w.cfg.Timeout,
-		Publisher: pub, DeadLetterTopic: w.cfg.DeadLetterTopic, NoDedupe: w.cfg.NoDedupe, AcrossTopics: w.cfg.AcrossTopics,
-		PerMessage: perMessage,
-	})
+	cfg.PerMessage = perMessage
+	bc, err := consumer.NewBatchConsumer(w.keys(), w.cfg.BatchHandler, cfg)
 	if err != nil {
 		return err
 	}
@@ -295,15 +288,15 @@ func (w *Worker) runBatch(ctx context.Context, sub message.Subscriber, pub messa
 	return err
 }
 
-func mustPoison(pub message.Publisher, topic string) message.HandlerMiddleware {
-	poison, err := middleware.PoisonQueueWithFilter(pub, topic, dedupe.IsPermanent)
-	if err != nil {
-		panic(err) // only for an empty topic, which withDefaults rules out
-	}
-	return poison
+// keys returns the store the consumer claims its keys on: the worker's,
+// wrapped by the StorePlugins.
+func (w *Worker) keys() consumer.BatchStore {
+	return wrap(w.cfg.Plugins, consumer.BatchStore(w.store), func(p StorePlugin, s consumer.BatchStore) consumer.BatchStore { return p.Store(s) })
 }
 
-func (w *Worker) middlewareConfig() *consumer.Config {
+// consumerConfig is the one consumer.Config of the worker, for the
+// middleware and the batch consumer alike.
+func (w *Worker) consumerConfig() *consumer.Config {
 	return &consumer.Config{
 		Scope: w.cfg.Scope, KeyFunc: w.cfg.KeyFunc, FingerprintFunc: w.cfg.FingerprintFunc, MissingKey: w.cfg.MissingKey,
 		TTL: w.cfg.TTL, Outputs: w.outputs, MaxAttempts: w.cfg.MaxAttempts, Hooks: w.cfg.Hooks, Logger: w.cfg.Logger,
@@ -382,43 +375,6 @@ func (w *Worker) flush(ctx context.Context, relay *outbox.Relay) {
 		if n == 0 {
 			return
 		}
-	}
-}
-
-// naive runs the handler in a transaction of its own, with no key
-// (Config.NoDedupe).
-func (w *Worker) naive(msg *message.Message) ([]*message.Message, error) {
-	ctx := msg.Context()
-	tx, err := w.pool.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer pgtx.Rollback(ctx, tx)
-	outs, err := w.cfg.Handler(ctx, tx, msg)
-	if err != nil {
-		return nil, err
-	}
-	if len(outs) > 0 {
-		if err := w.outputs.WriteOutputsTx(ctx, tx, outs); err != nil {
-			return nil, err
-		}
-	}
-	return nil, tx.Commit(ctx)
-}
-
-// naiveHooks reports each message of Config.NoDedupe to the hooks.
-func (w *Worker) naiveHooks(next message.HandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
-		start := time.Now()
-		outs, err := next(msg)
-		if w.cfg.Hooks != nil {
-			outcome := consumer.OutcomeApplied
-			if err != nil {
-				outcome = consumer.OutcomeFailed
-			}
-			w.cfg.Hooks.OnMessage(msg.Context(), consumer.Event{Outcome: outcome, Duration: time.Since(start), Err: err})
-		}
-		return outs, err
 	}
 }
 

@@ -329,7 +329,7 @@ func TestNewRefusesMisconfiguration(t *testing.T) {
 
 // With KeyLayout LayoutPartitioned the worker keeps its keys in the
 // partitioned table (its first partitions created at start-up) and
-// deduplicates against the keys a LayoutLegacy worker wrote before it:
+// deduplicates against the keys a LayoutSingleTable worker wrote before it:
 // after the switch, the old messages delivered again are not applied
 // again, and the new ones are applied once, their keys in exactly_keys2.
 func TestWorkerPartitionedKeys(t *testing.T) {
@@ -373,7 +373,7 @@ func TestWorkerPartitionedKeys(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			run(pgstore.LayoutLegacy, old, 2*len(old))
+			run(pgstore.LayoutSingleTable, old, 2*len(old))
 			// The old messages once more (a replay after the switch), and new ones.
 			run(pgstore.LayoutPartitioned, append(slices.Clone(old), fresh...), 2*(len(old)+len(fresh)))
 			if n := w.count("SELECT count(*) FROM " + w.db.Table("applied") + " WHERE n = 1"); n != len(old)+len(fresh) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -44,18 +45,7 @@ func NewHandler(store Store, h message.HandlerFunc, cfg *consumer.Config) (*Hand
 	if cfg != nil {
 		c = *cfg
 	}
-	if c.Scope == "" {
-		c.Scope = DefaultScope
-	}
-	user := c.Hooks
-	c.Hooks = consumer.HooksFunc(func(ctx context.Context, ev consumer.Event) {
-		if slot, ok := ctx.Value(runKey{}).(*consumer.Event); ok {
-			*slot = ev
-		}
-		if user != nil {
-			user.OnMessage(ctx, ev)
-		}
-	})
+	capture(&c)
 	mw, err := consumer.NewMiddleware(store, &c)
 	if err != nil {
 		return nil, err
@@ -90,6 +80,35 @@ type Result struct {
 
 type runKey struct{}
 
+// eventSlot keeps the last Event of a message the kit runs (the
+// per-message path may report more than one attempt).
+type eventSlot struct {
+	mu sync.Mutex
+	ev consumer.Event
+}
+
+func (s *eventSlot) set(ev consumer.Event) { s.mu.Lock(); s.ev = ev; s.mu.Unlock() }
+
+func (s *eventSlot) get() consumer.Event { s.mu.Lock(); defer s.mu.Unlock(); return s.ev }
+
+// capture gives c the kit's defaults: DefaultScope when its Scope is
+// empty, and hooks that keep each message's Event in its slot before
+// c.Hooks gets it.
+func capture(c *consumer.Config) {
+	if c.Scope == "" {
+		c.Scope = DefaultScope
+	}
+	user := c.Hooks
+	c.Hooks = consumer.HooksFunc(func(ctx context.Context, ev consumer.Event) {
+		if slot, ok := ctx.Value(runKey{}).(*eventSlot); ok {
+			slot.set(ev)
+		}
+		if user != nil {
+			user.OnMessage(ctx, ev)
+		}
+	})
+}
+
 // Run sends msg through the middleware and the handler with ctx as its
 // context, then reads its key back from the store. It fails t when the key
 // cannot be read back; what the middleware did, failures included, is in
@@ -107,24 +126,33 @@ func (h *Handler) run(ctx context.Context, msg *message.Message) (Result, error)
 	if msg == nil {
 		return Result{}, errors.New("consumertest: Run: message is nil")
 	}
-	ev := new(consumer.Event)
-	msg.SetContext(context.WithValue(ctx, runKey{}, ev))
+	slot := new(eventSlot)
+	msg.SetContext(context.WithValue(ctx, runKey{}, slot))
 	outs, err := h.h(msg)
 	msg.SetContext(ctx)
-	r := Result{Outcome: ev.Outcome, Err: err, Outputs: outs, Event: *ev, Key: dedupe.Key{Scope: ev.Scope, ID: ev.Key}}
+	ev := slot.get()
+	r := Result{Outcome: ev.Outcome, Err: err, Outputs: outs, Event: ev, Key: dedupe.Key{Scope: ev.Scope, ID: ev.Key}}
+	return r, readBack(ctx, h.store, &r)
+}
+
+// readBack fills r's Stored, Record and StoredOutputs from its key as
+// store holds it.
+func readBack(ctx context.Context, store interface {
+	Get(context.Context, dedupe.Key) (dedupe.Record, error)
+}, r *Result) error {
 	if r.Key.ID == "" {
-		return r, nil
+		return nil
 	}
-	rec, gerr := h.store.Get(ctx, r.Key)
+	rec, err := store.Get(ctx, r.Key)
 	switch {
-	case errors.Is(gerr, dedupe.ErrNotFound):
-		return r, nil
-	case gerr != nil:
-		return r, fmt.Errorf("consumertest: read key %s back: %w", r.Key, gerr)
+	case errors.Is(err, dedupe.ErrNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("consumertest: read key %s back: %w", r.Key, err)
 	}
 	r.Stored, r.Record = true, rec
 	if r.StoredOutputs, err = consumer.StoredOutputs(rec.Result); err != nil {
-		return r, fmt.Errorf("consumertest: key %s: %w", r.Key, err)
+		return fmt.Errorf("consumertest: key %s: %w", r.Key, err)
 	}
-	return r, nil
+	return nil
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/dedupe/dedupetest"
-	"github.com/exactly-go/exactly/pgstore"
 )
 
 // MemStoreConfig configures a MemStore. The zero value (or a nil
@@ -33,9 +32,9 @@ type MemStoreConfig struct {
 	Now func() time.Time
 }
 
-// MemStore is a [consumer.Store] in memory, for unit tests of handlers that
-// write no SQL (they compute outputs, or write through Config.Outputs or a
-// fake of their own). It keeps keys as pgstore does, with the same decision
+// MemStore is a [consumer.BatchStore] in memory, for unit tests of
+// handlers, per-message and batch, that write no SQL (they compute
+// outputs, or write through Config.Outputs or a fake of their own). It keeps keys as pgstore does, with the same decision
 // table ([dedupe.Decide]): a new key runs the handler and is committed with
 // its result; a completed key with the same fingerprint is a duplicate and
 // hands back the stored result; another fingerprint is a
@@ -56,7 +55,7 @@ type MemStore struct {
 }
 
 var (
-	_ consumer.Store       = (*MemStore)(nil)
+	_ consumer.BatchStore  = (*MemStore)(nil)
 	_ dedupe.Store[pgx.Tx] = (*MemStore)(nil)
 	_ Store                = (*MemStore)(nil)
 )
@@ -113,20 +112,27 @@ func (s *MemStore) KeySpace() string { return fmt.Sprintf("consumertest.MemStore
 // carries the stored result. An error from fn rolls the key back and is
 // returned; one marked [dedupe.Retryable] runs the transaction again, up to
 // MemStoreConfig.MaxTxAttempts times.
-func (s *MemStore) Do(ctx context.Context, req dedupe.Request, fn pgstore.TxFunc) (dedupe.Claim, error) {
+func (s *MemStore) Do(ctx context.Context, req dedupe.Request, fn func(ctx context.Context, tx pgx.Tx) ([]byte, error)) (dedupe.Claim, error) {
 	if err := req.Validate(); err != nil {
 		return dedupe.Claim{}, err
 	}
-	for attempt := 1; ; attempt++ {
-		c, err := s.doTx(ctx, req, fn)
+	return retrying(ctx, s.maxAttempts, func() (dedupe.Claim, error) { return s.doTx(ctx, req, fn) })
+}
+
+// retrying runs attempt until it succeeds, fails with an error not marked
+// [dedupe.Retryable], ctx ends, or it ran maxAttempts times, as pgstore
+// retries a transaction (without pausing between attempts).
+func retrying[T any](ctx context.Context, maxAttempts int, attempt func() (T, error)) (T, error) {
+	for n := 1; ; n++ {
+		v, err := attempt()
 		var r *dedupe.RetryableError
-		if err == nil || !errors.As(err, &r) || attempt >= s.maxAttempts || ctx.Err() != nil {
-			return c, err
+		if err == nil || !errors.As(err, &r) || n >= maxAttempts || ctx.Err() != nil {
+			return v, err
 		}
 	}
 }
 
-func (s *MemStore) doTx(ctx context.Context, req dedupe.Request, fn pgstore.TxFunc) (dedupe.Claim, error) {
+func (s *MemStore) doTx(ctx context.Context, req dedupe.Request, fn func(ctx context.Context, tx pgx.Tx) ([]byte, error)) (dedupe.Claim, error) {
 	tx, err := s.begin(ctx)
 	if err != nil {
 		return dedupe.Claim{}, err
@@ -152,7 +158,7 @@ func (s *MemStore) doTx(ctx context.Context, req dedupe.Request, fn pgstore.TxFu
 // DoLease implements consumer.Store as [pgstore.Store.DoLease] does: it
 // acquires the key under lease, runs fn, and completes the key, or releases
 // it when fn fails.
-func (s *MemStore) DoLease(ctx context.Context, req dedupe.Request, lease time.Duration, fn pgstore.LeaseFunc) (dedupe.Claim, error) {
+func (s *MemStore) DoLease(ctx context.Context, req dedupe.Request, lease time.Duration, fn func(ctx context.Context) ([]byte, error)) (dedupe.Claim, error) {
 	c, err := s.Acquire(ctx, req, lease)
 	if err != nil || !c.Decision.Run() {
 		return c, err

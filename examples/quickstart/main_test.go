@@ -155,7 +155,7 @@ func TestQuickstart(t *testing.T) {
 			t.Fatalf("after run %d, %d records on the events topic, want 3\n%s", run, n, stderr.String())
 		}
 		var keys int
-		if err := db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+db.Table("exactly_keys")).Scan(&keys); err != nil || keys != 3 {
+		if err := db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+db.Keys()).Scan(&keys); err != nil || keys != 3 {
 			t.Fatalf("after run %d, %d keys (%v), want 3", run, keys, err)
 		}
 	}

@@ -34,7 +34,7 @@
 // msgs[i].Context() and its outputs for msgs[i] (which carry that context
 // to [Tracer.Outputs]) are then under msgs[i]'s consumer span:
 //
-//	bc, err := consumer.NewBatchConsumer(store, handle, &consumer.BatchConfig{Scope: "ledger", Hooks: tr})
+//	bc, err := consumer.NewBatchConsumer(store, handle, &consumer.BatchConfig{Config: consumer.Config{Scope: "ledger", Hooks: tr}})
 //	err = bc.Subscribe(ctx, tr.Subscriber(sub), "commands")
 //
 // Through the outbox: the outbox stores each message's metadata with its
@@ -67,13 +67,18 @@ import (
 // ScopeName is the instrumentation scope of the spans.
 const ScopeName = "github.com/exactly-go/exactly/plugin/eotel"
 
-// Attribute keys of the spans. The messaging.* ones follow OpenTelemetry's
-// semantic conventions for messaging.
+// Attribute keys of the spans that name what exactly did.
 const (
-	AttrScope     = attribute.Key("exactly.scope")
-	AttrKey       = attribute.Key("exactly.key")
-	AttrOutcome   = attribute.Key("exactly.outcome")
-	AttrAttempts  = attribute.Key("exactly.attempts")
+	AttrScope    = attribute.Key("exactly.scope")
+	AttrKey      = attribute.Key("exactly.key")
+	AttrOutcome  = attribute.Key("exactly.outcome")
+	AttrAttempts = attribute.Key("exactly.attempts")
+	AttrHandler  = attribute.Key("exactly.handler")
+)
+
+// Attribute keys of the spans from OpenTelemetry's semantic conventions
+// for messaging.
+const (
 	AttrSystem    = attribute.Key("messaging.system")
 	AttrOperation = attribute.Key("messaging.operation.type")
 	AttrTopic     = attribute.Key("messaging.destination.name")
@@ -81,7 +86,6 @@ const (
 	AttrOffset    = attribute.Key("messaging.kafka.offset")
 	AttrKafkaKey  = attribute.Key("messaging.kafka.message.key")
 	AttrMessageID = attribute.Key("messaging.message.id")
-	AttrHandler   = attribute.Key("exactly.handler")
 )
 
 // Config configures [New]. The zero value (or nil) is ready to use.

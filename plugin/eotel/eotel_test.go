@@ -337,8 +337,11 @@ func TestBatchJoinsProducerTrace(t *testing.T) {
 		}
 		return nil, nil
 	}
-	bc, err := consumer.NewBatchConsumer(w.store, h, &consumer.BatchConfig{Scope: "eotel", Hooks: w.tr, MaxSize: n,
-		MaxWait: 2 * time.Second, Logger: quiet()})
+	bc, err := consumer.NewBatchConsumer(w.store, h, &consumer.BatchConfig{
+		Config:  consumer.Config{Scope: "eotel", Hooks: w.tr, Logger: quiet()},
+		MaxSize: n,
+		MaxWait: 2 * time.Second,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

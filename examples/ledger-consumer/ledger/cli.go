@@ -15,10 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/exactly-go/exactly/internal/backoff"
-	"github.com/exactly-go/exactly/internal/clock"
-	"github.com/exactly-go/exactly/internal/kafkaflags"
-	"github.com/exactly-go/exactly/internal/redact"
+	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/migrations"
 	"github.com/exactly-go/exactly/pgstore"
 )
@@ -78,7 +75,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		batch                                               *int
 		sessionTimeout                                      *time.Duration
 		keyLayout, keyCleanup                               *string
-		kflags                                              kafkaflags.Flags
+		kconn                                               kafkaConn
 	)
 	switch cmd {
 	case "demo":
@@ -99,9 +96,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		migrate = fs.Bool("migrate", false, "create or upgrade the tables before consuming (needs DDL rights; production runs `migrate` once instead)")
 		noDedupe = fs.Bool("no-dedupe", false, "run without the dedupe middleware (to measure it, or to watch verify fail)")
 		batch = fs.Int("batch", 0, "batch mode: apply up to this many commands per transaction, set-based (0: one transaction per command)")
-		keyLayout = fs.String("key-layout", "legacy", "how the keys are kept: legacy (one table) or partitioned (time partitions; the worker's role must own the tables, see docs/keys.md)")
+		keyLayout = fs.String("key-layout", "partitioned", "how the keys are kept: partitioned (time partitions; the worker's role must own the tables, see docs/keys.md) or single-table (one table, for a deployment that has not switched)")
 		keyCleanup = fs.String("key-cleanup", "1m", "how often the key clean-up runs (with --key-layout partitioned it also creates the partitions ahead), at least 1ms; off: another process of the tables' owner runs it")
-		kflags.Register(fs)
+		kconn.register(fs)
 	case "load":
 		bs, cmds = brokers(), commands()
 		loadFlags()
@@ -110,6 +107,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	default:
 		fmt.Fprintf(stderr, "ledger-consumer: unknown command %q\n\n%s", cmd, usage)
 		return 2
+	}
+	// The demo's HTTP API.
+	var apiAddr *string
+	if cmd == "demo" {
+		apiAddr = fs.String("api-addr", "127.0.0.1:0", "serve the ledger's HTTP API here and post the commands to it with retries (port 0: an ephemeral port; off: produce every record to Kafka directly)")
 	}
 	// Help asked for goes to stdout; a flag error and the usage to stderr.
 	var flagOut bytes.Buffer
@@ -142,7 +144,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if cmd == "demo" {
 		fmt.Fprintln(stderr, "ledger demo: producing", load.Commands, "commands over", load.Accounts, "accounts …")
-		sum, err := Demo(ctx, DemoConfig{DatabaseURL: *url, Brokers: brokerList, Load: load, Progress: stderr, NoDedupe: *noDedupe, Replay: *replay, Batch: *batch, Logger: slog.New(slog.DiscardHandler)})
+		sum, err := Demo(ctx, DemoConfig{DatabaseURL: *url, Brokers: brokerList, Load: load, Progress: stderr, NoDedupe: *noDedupe, Replay: *replay, Batch: *batch, Logger: slog.New(slog.DiscardHandler),
+			APIAddr: *apiAddr})
 		if err != nil {
 			return fail(err)
 		}
@@ -196,7 +199,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			// a reachable database is an error. A failed connection is
 			// waited on even when Postgres answers by the time it is
 			// checked again.
-			for wait := backoff.New(100*time.Millisecond, 10*time.Second); ; {
+			for wait := 100 * time.Millisecond; ; wait = min(2*wait, 10*time.Second) {
 				err := Migrate(ctx, pool, *sch, logger)
 				if err == nil {
 					break
@@ -205,19 +208,15 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				if ctx.Err() != nil || (!errors.As(err, &connErr) && pool.Ping(ctx) == nil) {
 					return fail(err)
 				}
-				d := wait.Next()
-				logger.Warn("ledger: waiting for Postgres to migrate", "err", redact.Password(err.Error()), "retry_in", d)
-				if clock.Sleep(ctx, d) != nil {
+				logger.Warn("ledger: waiting for Postgres to migrate", "err", err, "retry_in", wait)
+				select {
+				case <-ctx.Done():
 					return 0
+				case <-time.After(wait):
 				}
 			}
 		}
-		sec, err := kflags.Security()
-		if err != nil {
-			fmt.Fprintf(stderr, "ledger-consumer worker: %v\n", err)
-			return 2
-		}
-		part, err := kflags.PublisherPartitioner()
+		sec, part, err := kconn.settings()
 		if err != nil {
 			fmt.Fprintf(stderr, "ledger-consumer worker: %v\n", err)
 			return 2
@@ -261,24 +260,37 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// Migrate creates or upgrades exactly's tables and the ledger's in schema:
-// the step that needs DDL rights, run once per deploy by a role that has
-// them, so that the worker's own role needs none.
+// Migrate creates or upgrades exactly's tables and the ledger's in schema,
+// and the partitioned key layout's first partitions: the step that needs
+// DDL rights, run once per deploy by a role that has them, so that the
+// worker's own role needs none. It does not start the partitioned layout
+// (a worker does, at its first claim): workers kept on the single table
+// go on claiming there.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, logger *slog.Logger) error {
 	if err := migrations.Migrate(ctx, pool, &migrations.Config{Schema: schema, Logger: logger}); err != nil {
 		return err
 	}
-	return Setup(ctx, pool, schema)
+	if err := Setup(ctx, pool, schema); err != nil {
+		return err
+	}
+	keys, err := pgstore.New(pool, &pgstore.Config{Schema: schema, Logger: logger})
+	if err != nil {
+		return err
+	}
+	if _, err := keys.Cleanup(ctx, &dedupe.CleanupConfig{MaxBatches: 1}); err != nil && !errors.Is(err, dedupe.ErrCleanupBusy) {
+		return fmt.Errorf("create the key partitions: %w", err)
+	}
+	return nil
 }
 
 // parseKeyLayout reads --key-layout.
 func parseKeyLayout(s string) (pgstore.Layout, error) {
-	for _, l := range []pgstore.Layout{pgstore.LayoutLegacy, pgstore.LayoutPartitioned} {
+	for _, l := range []pgstore.Layout{pgstore.LayoutPartitioned, pgstore.LayoutSingleTable} {
 		if s == l.String() {
 			return l, nil
 		}
 	}
-	return 0, fmt.Errorf("--key-layout is %q: set it to legacy or partitioned", s)
+	return 0, fmt.Errorf("--key-layout is %q: set it to partitioned or single-table", s)
 }
 
 func envOr(k, def string) string {
@@ -286,4 +298,17 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// register adds the Kafka connection flags to fs (kafkaconn.go).
+func (k *kafkaConn) register(fs *flag.FlagSet) {
+	env := os.Getenv
+	fs.BoolVar(&k.tls, "kafka-tls", env("KAFKA_TLS") == "true", "connect to Kafka over TLS (default $KAFKA_TLS=true)")
+	fs.StringVar(&k.ca, "kafka-tls-ca", env("KAFKA_TLS_CA"), "PEM file of the CAs that sign the brokers' certificates (default the system's; $KAFKA_TLS_CA)")
+	fs.StringVar(&k.cert, "kafka-tls-cert", env("KAFKA_TLS_CERT"), "client certificate, PEM, for mutual TLS ($KAFKA_TLS_CERT)")
+	fs.StringVar(&k.key, "kafka-tls-key", env("KAFKA_TLS_KEY"), "client key, PEM, for mutual TLS ($KAFKA_TLS_KEY)")
+	fs.BoolVar(&k.insecure, "kafka-tls-insecure-skip-verify", false, "do not verify the brokers' certificates (tests only)")
+	fs.StringVar(&k.mechanism, "kafka-sasl", env("KAFKA_SASL_MECHANISM"), "SASL mechanism: plain, scram-sha-256 or scram-sha-512 (default none; $KAFKA_SASL_MECHANISM); the password comes from $KAFKA_SASL_PASSWORD")
+	fs.StringVar(&k.user, "kafka-sasl-user", env("KAFKA_SASL_USER"), "SASL user name ($KAFKA_SASL_USER)")
+	fs.StringVar(&k.parts, "partitioner", env("KAFKA_PARTITIONER"), "how published records are spread over partitions by key: murmur2 (Java, franz-go; the default), fnv1a (sarama, watermill-kafka) or crc32 (librdkafka); match the topic's other producers ($KAFKA_PARTITIONER)")
 }

@@ -79,7 +79,7 @@ func TestWorkerKeyFlags(t *testing.T) {
 		}
 	}
 	_, out, _ := runCLI(context.Background(), "worker", "-h")
-	for _, want := range []string{"-key-layout string", `(default "legacy")`, "-key-cleanup string", `(default "1m")`} {
+	for _, want := range []string{"-key-layout string", `(default "partitioned")`, "-key-cleanup string", `(default "1m")`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("worker -h lacks %q:\n%s", want, out)
 		}
@@ -113,9 +113,10 @@ func TestLoadFlags(t *testing.T) {
 	}
 }
 
-// A production deployment: `migrate` runs as the schema's owner; the worker
-// runs as a role that may only read and write the rows (no DDL), and
-// consumes.
+// A production deployment: `migrate` runs as the schema's owner (and
+// creates the first key partitions); the worker runs as a role that may
+// only read and write the rows (no DDL), with the key clean-up left to a
+// process of the owner (--key-cleanup off), and consumes.
 func TestWorkerRunsWithoutDDLRights(t *testing.T) {
 	t.Parallel()
 	brokers := kafkatest.Brokers(t)
@@ -158,7 +159,7 @@ func TestWorkerRunsWithoutDDLRights(t *testing.T) {
 	go func() {
 		done <- ledger.Main(wctx, []string{"worker", "--database-url", u.String(), "--brokers", brokers[0], "--schema", db.Schema,
 			"--commands", commands, "--events", kafkatest.Topic(t, 1), "--dead-letter", kafkatest.Topic(t, 1), "--group", group,
-			"--metrics-addr", ""}, &bytes.Buffer{}, &werr)
+			"--metrics-addr", "", "--key-cleanup", "off"}, &bytes.Buffer{}, &werr)
 	}()
 	end := kafkatest.EndOffsets(t, commands, 3)
 	testenv.WaitFor(t, 2*time.Minute, "the worker to consume everything", func() bool {

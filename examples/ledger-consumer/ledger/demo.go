@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,11 +14,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/exactly-go/exactly/internal/kafkaadmin"
-	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/migrations"
 )
@@ -30,7 +26,7 @@ const DefaultDatabaseURL = "postgres://postgres:postgres@localhost:5432/postgres
 // DemoConfig configures Demo.
 type DemoConfig struct {
 	// DatabaseURL defaults to DefaultDatabaseURL, and while DATABASE_URL is
-	// unset and nothing answers there, to a throwaway server (embedpg.go).
+	// unset and nothing answers there, to a throwaway server (db.go).
 	DatabaseURL string
 	// Schema is dropped and re-created. Defaults to "ledger_demo".
 	Schema string
@@ -51,8 +47,19 @@ type DemoConfig struct {
 	// (Config.Batch), into a schema of its own (Schema + "_batch") with its
 	// own events and dead-letter topics, verifies those balances too and
 	// reports both modes' rates. Defaults to 0: per-message mode only.
-	Batch  int
-	Logger *slog.Logger
+	Batch int
+	// APIAddr is where the demo serves the ledger's HTTP API (NewAPI); its
+	// load generator posts the workload's commands there, each with an
+	// Idempotency-Key, retrying on timeouts, lost connections, 409 and
+	// 503 and re-sending a share (Load.Duplicates) on purpose, and an
+	// outbox relay of the API's puts them on the commands topic. The
+	// workload's duplicates, key reuses and malformed records then go to
+	// the topic directly, as a producer that bypasses the API would send
+	// them, and the worker consumes the topic as without the API. "off"
+	// produces the whole workload to Kafka directly. Defaults to
+	// "127.0.0.1:0" (an ephemeral loopback port).
+	APIAddr string
+	Logger  *slog.Logger
 }
 
 // Summary is the demo's result.
@@ -79,6 +86,9 @@ type Summary struct {
 	BatchElapsed                  time.Duration
 	BatchVerify                   Report
 	BatchEvents, BatchDeadLetters TopicCount
+	// HTTP counts the requests to the API (DemoConfig.APIAddr); zero when
+	// it is off.
+	HTTP HTTPCounts
 	// Topics are the demo's commands, events and dead-letter topics; on a
 	// real broker they are deleted when the demo ends.
 	Topics []string
@@ -125,6 +135,13 @@ ledger demo (%s)
 `, s.Broker, s.Verify.Records, s.Workload.Unique, s.Workload.Duplicates, s.Workload.KeyReused, s.Workload.Malformed,
 		s.Worker.Applied, s.Worker.Duplicates, s.Worker.Rejected, s.Worker.KeyReused, s.Worker.DeadLettered, s.Verify.Accounts,
 		s.Elapsed.Round(time.Millisecond), float64(s.Verify.Records)/s.Elapsed.Seconds(), match)
+	if h := s.HTTP; h.Addr != "" {
+		fmt.Fprintf(w, "  HTTP API             %s: %d commands accepted in %v, all on the topic after %v\n",
+			h.Addr, h.Accepted, h.Elapsed.Round(time.Millisecond), h.Published.Round(time.Millisecond))
+		fmt.Fprintf(w, "  HTTP requests        %d sent: %d retried (%d timeouts, %d 409, %d 503), %d duplicates on purpose, %d answers replayed\n",
+			h.Requests, h.Retried, h.Timeouts, h.Conflicts, h.Unavailable, h.Duplicates, h.Replayed)
+		fmt.Fprintf(w, "  commands via outbox  %d records, %d distinct (one per accepted request)\n", h.Commands.Records, h.Commands.Distinct)
+	}
 	if s.ReplayElapsed > 0 {
 		fmt.Fprintf(w, "  replayed the topic   %d records in %v (%.0f records/s): %d applied again, %d duplicates skipped\n",
 			s.Verify.Records, s.ReplayElapsed.Round(time.Millisecond), float64(s.Verify.Records)/s.ReplayElapsed.Seconds(),
@@ -170,6 +187,9 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.APIAddr == "" {
+		cfg.APIAddr = "127.0.0.1:0"
 	}
 	if cfg.Load == (LoadConfig{}) {
 		cfg.Load = DefaultLoad()
@@ -220,7 +240,12 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 	if sum.Workload, err = Generate(cfg.Load); err != nil {
 		return sum, err
 	}
-	if err := Produce(ctx, cfg.Brokers, wcfg.Commands, sum.Workload.Records); err != nil {
+	if cfg.APIAddr == "off" {
+		err = Produce(ctx, cfg.Brokers, wcfg.Commands, sum.Workload.Records)
+	} else {
+		err = demoHTTP(ctx, pool, cfg, wcfg, &sum)
+	}
+	if err != nil {
 		return sum, err
 	}
 	if sum.Worker, sum.Elapsed, err = runUntilCaughtUp(ctx, pool, wcfg, cfg.Progress, len(sum.Workload.Records)); err != nil {
@@ -245,33 +270,6 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 	}
 	sum.DeadLetters, err = countTopic(ctx, cfg.Brokers, wcfg.DeadLetter)
 	return sum, err
-}
-
-// removeDemo deletes the demo's topics and consumer groups from a real
-// broker; a failure is logged, not fatal.
-func removeDemo(ctx context.Context, brokers []string, log *slog.Logger, topics, groups []string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
-	if res, err := c.DeleteGroups(ctx, &kafka.DeleteGroupsRequest{GroupIDs: groups}); err != nil {
-		log.Warn("ledger: delete the demo's consumer groups", "groups", groups, "err", err)
-	} else {
-		for g, err := range res.Errors {
-			if err != nil && !errors.Is(err, kafka.GroupIdNotFound) {
-				log.Warn("ledger: delete the demo's consumer group", "group", g, "err", err)
-			}
-		}
-	}
-	res, err := c.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: topics})
-	if err != nil {
-		log.Warn("ledger: delete the demo's topics", "topics", topics, "err", err)
-		return
-	}
-	for t, err := range res.Errors {
-		if err != nil {
-			log.Warn("ledger: delete the demo's topic", "topic", t, "err", err)
-		}
-	}
 }
 
 // countTopic reads a topic that the workers are done with (each published
@@ -303,98 +301,6 @@ func countTopic(ctx context.Context, brokers []string, topic string) (TopicCount
 		}
 	}
 	return n, nil
-}
-
-// newPool makes a pool on url without connecting: the worker waits for
-// Postgres itself.
-func newPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	pcfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, fmt.Errorf("ledger: database URL %s: %w", redact.Password(url), redact.Error(err, url))
-	}
-	// A connection per partition handler, plus the relay's two.
-	pcfg.MaxConns = max(pcfg.MaxConns, 16)
-	return pgxpool.NewWithConfig(ctx, pcfg)
-}
-
-func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	pcfg, err := pgxpool.ParseConfig(url)
-	var pool *pgxpool.Pool
-	if err == nil {
-		// A connection per partition handler, plus the relay's two.
-		pcfg.MaxConns = max(pcfg.MaxConns, 16)
-		pool, err = pgxpool.NewWithConfig(ctx, pcfg)
-	}
-	if err == nil {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err = pool.Ping(pctx)
-		cancel()
-		if err != nil {
-			pool.Close()
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("ledger: cannot reach Postgres at %s: %w\n  start one with `docker compose up -d postgres` (or scripts/postgres.sh start), or set DATABASE_URL", redact.Password(url), redact.Error(err, url))
-	}
-	return pool, nil
-}
-
-func createTopics(ctx context.Context, brokers []string, topics map[string]int) error {
-	specs := make([]kafkapubsub.TopicSpec, 0, len(topics))
-	for t, n := range topics {
-		specs = append(specs, kafkapubsub.TopicSpec{Name: t, Partitions: n, ReplicationFactor: 1})
-	}
-	return kafkapubsub.CreateTopics(ctx, brokers, kafkapubsub.Security{}, specs...)
-}
-
-// waitCaughtUp polls the group's committed offsets until they reach the
-// topic's end, printing progress. The topic is complete before the worker
-// starts, so its end offsets are read once.
-func waitCaughtUp(ctx context.Context, brokers []string, group, topic string, w *Worker, progress io.Writer, total int, done <-chan error) error {
-	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
-	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
-	if err != nil || len(md.Topics) != 1 || md.Topics[0].Error != nil {
-		return fmt.Errorf("ledger: metadata of %s: %v %v", topic, err, md)
-	}
-	n := len(md.Topics[0].Partitions)
-	end, err := kafkaadmin.EndOffsets(ctx, c, topic, n)
-	if err != nil {
-		return fmt.Errorf("ledger: %w", err)
-	}
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	lastPrint := time.Now()
-	deadline := time.Now().Add(10 * time.Minute)
-	var behind, consumed int64
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-done:
-			return fmt.Errorf("ledger: worker stopped early: %v", err)
-		case <-tick.C:
-		}
-		if got, err := kafkaadmin.Committed(ctx, c, group, topic, n); err == nil {
-			behind, consumed = 0, 0
-			for p, last := range end {
-				o := max(got[p], 0)
-				behind += last - o
-				consumed += o
-			}
-			if behind == 0 && consumed > 0 {
-				return nil
-			}
-		}
-		if progress != nil && time.Since(lastPrint) >= time.Second {
-			m := w.Metrics
-			fmt.Fprintf(progress, "  consumed %d/%d  applied %d  duplicates %d  rejected %d  dead-lettered %d\n",
-				consumed, total, m.Applied.Load(), m.Duplicates.Load(), m.Rejected.Load(), m.DeadLettered.Load())
-			lastPrint = time.Now()
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("ledger: group %s still %d behind after 10 minutes", group, behind)
-		}
-	}
 }
 
 // runUntilCaughtUp runs a worker until its group has consumed the whole

@@ -20,30 +20,44 @@ import (
 	"github.com/exactly-go/exactly/internal/testkit/testenv"
 )
 
-func demo(t *testing.T, noDedupe bool) ledger.Summary { return demoWith(t, noDedupe, 0) }
+func demo(t *testing.T, noDedupe bool) ledger.Summary { return demoWith(t, noDedupe, 0, "") }
 
-func demoWith(t *testing.T, noDedupe bool, batch int) ledger.Summary {
+// demoWith runs the demo; apiAddr "off" produces the workload to Kafka
+// directly, "" posts its commands to the HTTP API.
+func demoWith(t *testing.T, noDedupe bool, batch int, apiAddr string) ledger.Summary {
+	t.Helper()
+	sum, _ := demoIn(t, noDedupe, batch, apiAddr)
+	return sum
+}
+
+// demoIn is demoWith that also returns the demo's database and schema.
+func demoIn(t *testing.T, noDedupe bool, batch int, apiAddr string) (ledger.Summary, *pgtest.DB) {
 	t.Helper()
 	brokers := kafkatest.Brokers(t)
 	url := pgtest.RequireURL(t)
-	schema := pgtest.NewEmpty(t).Schema // dropped and re-created by the demo, dropped again at the end
+	db := pgtest.NewEmpty(t) // its schema dropped and re-created by the demo, dropped again at the end
 	load := ledger.DefaultLoad()
 	load.Commands, load.Accounts, load.Seed = 1500, 40, 42
 	sum, err := ledger.Demo(context.Background(), ledger.DemoConfig{
-		DatabaseURL: url, Schema: schema, Brokers: brokers, NoDedupe: noDedupe, Replay: !noDedupe && batch == 0, Load: load, Batch: batch,
+		DatabaseURL: url, Schema: db.Schema, Brokers: brokers, NoDedupe: noDedupe, Replay: !noDedupe && batch == 0, Load: load, Batch: batch,
+		APIAddr: apiAddr,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return sum
+	return sum, db
 }
 
 // The demo's workload on the resolved broker (the real one in CI): every
 // command applied once, every duplicate skipped, every bad record
 // dead-lettered, and the balances equal those recomputed from the topic.
+//
+// The commands went through the HTTP API, each with its Idempotency-Key,
+// some sent twice on purpose: one key and one command on the topic per
+// distinct request, and the balances are those of each command applied once.
 func TestDemoWorkload(t *testing.T) {
 	t.Parallel()
-	sum := demo(t, false)
+	sum, db := demoIn(t, false, 0, "")
 	w := sum.Workload
 	v, c := sum.Verify, sum.Worker
 	if !sum.Match() {
@@ -61,6 +75,28 @@ func TestDemoWorkload(t *testing.T) {
 	}
 	if c.Rejected == 0 {
 		t.Fatal("no command broke a rule: the workload does not exercise rejections")
+	}
+	h := sum.HTTP
+	if h.Accepted != w.Unique || h.Duplicates == 0 || h.Replayed < h.Duplicates || h.Requests != int64(h.Accepted)+h.Duplicates+h.Retried {
+		t.Fatalf("HTTP: %+v; workload %d commands", h, w.Unique)
+	}
+	// One command per accepted request on the topic (a copy written by a
+	// retried publish is byte-identical), and one key per request.
+	if o := h.Commands; o.Distinct != w.Unique || o.Records < w.Unique || o.Conflicting != 0 {
+		t.Fatalf("commands the outbox published: %+v, want %d distinct", o, w.Unique)
+	}
+	var keys int
+	if err := db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+db.Keys()+" WHERE scope = $1",
+		ledger.APIScope).Scan(&keys); err != nil {
+		t.Fatal(err)
+	}
+	if keys != w.Unique {
+		t.Fatalf("%d keys of the API, want %d", keys, w.Unique)
+	}
+	var out strings.Builder
+	sum.Print(&out)
+	if !strings.Contains(out.String(), "HTTP requests") {
+		t.Fatalf("the summary does not report the HTTP requests:\n%s", out.String())
 	}
 	// One event per command through both runs: a replayed duplicate emits
 	// nothing new, and a copy written by a retried publish is byte-identical.
@@ -91,10 +127,14 @@ func TestDemoWorkload(t *testing.T) {
 
 // The demo's workload consumed in batch mode too, into a schema of its
 // own: the same balances, each command applied once, every bad record
-// dead-lettered with its reason, one event per command.
+// dead-lettered with its reason, one event per command. The workload goes
+// to Kafka directly here (--api-addr off).
 func TestDemoBatchMode(t *testing.T) {
 	t.Parallel()
-	sum := demoWith(t, false, 200)
+	sum := demoWith(t, false, 200, "off")
+	if sum.HTTP.Addr != "" || sum.HTTP.Requests != 0 {
+		t.Fatalf("--api-addr off sent HTTP requests: %+v", sum.HTTP)
+	}
 	w, c, v := sum.Workload, sum.Batched, sum.BatchVerify
 	if !sum.Match() || !v.Match() || sum.BatchElapsed == 0 {
 		t.Fatalf("balances differ: per-message %v, batch %v", sum.Verify.Mismatches, v.Mismatches)

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
-	"github.com/exactly-go/exactly/internal/pgtx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -20,7 +20,11 @@ func Setup(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	if err != nil {
 		return fmt.Errorf("ledger: setup: %w", err)
 	}
-	defer pgtx.Rollback(ctx, tx)
+	defer func() { // rolled back unless committed, even once ctx is done
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('exactly/ledger/setup/' || $1))", schema); err != nil {
 		return fmt.Errorf("ledger: setup lock: %w", err)
 	}

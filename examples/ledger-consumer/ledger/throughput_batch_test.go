@@ -29,6 +29,7 @@ import (
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/migrations"
 	"github.com/exactly-go/exactly/pgstore"
+	"github.com/exactly-go/exactly/worker/measure"
 )
 
 // throughputMessages is what each iteration of a throughput sub-benchmark
@@ -246,9 +247,17 @@ func throughputRun(b *testing.B, p pipeline, rate int, lat *[]time.Duration) tim
 		}
 	}
 	if p.batch {
-		bc, err := consumer.NewBatchConsumer(store, handler, &consumer.BatchConfig{Scope: Scope,
-			Outputs: w.writer.Outputs(events), Hooks: hooks, Logger: log, MaxSize: throughputBatchSize,
-			Publisher: pub, DeadLetterTopic: dlq, NoDedupe: p.noDedupe, Workers: benchWorkers()})
+		var keys consumer.BatchStore = store
+		if p.noDedupe {
+			keys = measure.NoDedupeStore(store)
+		}
+		bc, err := consumer.NewBatchConsumer(keys, handler, &consumer.BatchConfig{
+			Config:          consumer.Config{Scope: Scope, Outputs: w.writer.Outputs(events), Hooks: hooks, Logger: log},
+			MaxSize:         throughputBatchSize,
+			Publisher:       pub,
+			DeadLetterTopic: dlq,
+			Workers:         benchWorkers(),
+		})
 		if err != nil {
 			b.Fatal(err)
 		}

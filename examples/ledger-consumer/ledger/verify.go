@@ -12,7 +12,6 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/internal/kafkaadmin"
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
@@ -140,7 +139,7 @@ func readTopic(ctx context.Context, brokers []string, topic string) ([][]kafka.M
 		}
 	}
 	n := len(md.Topics[0].Partitions)
-	end, err := kafkaadmin.EndOffsets(ctx, c, topic, n)
+	end, err := endOffsets(ctx, c, topic, n)
 	if err != nil {
 		return nil, err
 	}

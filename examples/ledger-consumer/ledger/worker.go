@@ -23,6 +23,7 @@ import (
 	"github.com/exactly-go/exactly/pgstore"
 	"github.com/exactly-go/exactly/plugin/eprom"
 	"github.com/exactly-go/exactly/worker"
+	"github.com/exactly-go/exactly/worker/measure"
 )
 
 // Config configures a Worker.
@@ -62,7 +63,7 @@ type Config struct {
 	// 0: one transaction per command, through a Watermill router.
 	Batch int
 	// KeyLayout is how the keys are kept (worker.Config.KeyLayout).
-	// Defaults to pgstore.LayoutLegacy.
+	// Defaults to pgstore.LayoutPartitioned.
 	KeyLayout pgstore.Layout
 	// CleanupInterval is how often the key clean-up runs
 	// (worker.Config.CleanupInterval); with pgstore.LayoutPartitioned it
@@ -147,8 +148,11 @@ func NewWorker(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 		Brokers: cfg.Brokers, Security: cfg.Security, Partitioner: cfg.Partitioner, SessionTimeout: cfg.SessionTimeout,
 		CreateTopics: cfg.CreateTopics, TopicPartitions: 6, Tables: []string{"accounts", "holds", "rejections"}, Schema: cfg.Schema,
 		KeyFunc: cfg.KeyFunc, FingerprintFunc: cfg.FingerprintFunc, StartupBackoff: cfg.Backoff,
-		Hooks: lw.Metrics, Plugins: []worker.Plugin{prom}, Logger: cfg.Logger, NoDedupe: cfg.NoDedupe,
+		Hooks: lw.Metrics, Plugins: []worker.Plugin{prom}, Logger: cfg.Logger,
 		KeyLayout: cfg.KeyLayout, CleanupInterval: cfg.CleanupInterval,
+	}
+	if cfg.NoDedupe {
+		wcfg.Plugins = append(wcfg.Plugins, measure.NoDedupe())
 	}
 	if cfg.Batch > 0 {
 		wcfg.BatchHandler, wcfg.BatchSize, wcfg.BatchWorkers = lw.handleBatch, cfg.Batch, batchWorkers

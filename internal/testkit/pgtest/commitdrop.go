@@ -115,6 +115,8 @@ func (d *CommitDropper) Pool(t testing.TB) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", uint16(d.ln.Addr().(*net.TCPAddr).Port)
+	// In clear: the proxy must read the COMMIT it drops the answer to.
+	cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil
 	// Long enough for a SCRAM handshake on a loaded machine.
 	cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)

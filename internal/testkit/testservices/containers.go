@@ -109,57 +109,31 @@ func containerEnv(ctx context.Context, c testcontainers.Container, key string) (
 // 127.0.0.1 at a free port (PGPORT, which the server and the image's
 // entrypoint honour), and waits until it accepts connections.
 func runPostgres(ctx context.Context) (testcontainers.Container, string, string, error) {
-	var lastErr error
-	// A free port can be taken between the pick and the server's bind: try
-	// again on another.
-	for range 3 {
-		ports, err := testenv.FreePorts(1)
-		if err != nil {
-			return nil, "", "", err
-		}
-		c, err := testcontainers.Run(ctx, postgresImage,
-			testcontainers.WithEnv(map[string]string{
-				"POSTGRES_USER":     "postgres",
-				"POSTGRES_PASSWORD": "postgres",
-				"POSTGRES_DB":       "exactly_test",
-				"PGPORT":            strconv.Itoa(ports[0]),
-			}),
-			testcontainers.WithCmd("postgres", "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200"),
-			Loopback(),
-			Shared("postgres"),
-			// The init server logs the line once, the real server once more.
-			testcontainers.WithWaitStrategyAndDeadline(4*time.Minute,
-				wait.ForLog("database system is ready to accept connections").WithOccurrence(2).WithStartupTimeout(4*time.Minute)),
-		)
-		if err != nil {
-			lastErr = err
-			if c != nil {
-				_ = c.Terminate(context.Background())
+	return runService(ctx, service{
+		image: postgresImage,
+		ports: 1,
+		options: func(ports []int) []testcontainers.ContainerCustomizer {
+			return []testcontainers.ContainerCustomizer{
+				testcontainers.WithEnv(map[string]string{
+					"POSTGRES_USER":     "postgres",
+					"POSTGRES_PASSWORD": "postgres",
+					"POSTGRES_DB":       "exactly_test",
+					"PGPORT":            strconv.Itoa(ports[0]),
+				}),
+				testcontainers.WithCmd("postgres", "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200"),
+				Loopback(),
+				Shared("postgres"),
+				// The init server logs the line once, the real server once more.
+				testcontainers.WithWaitStrategyAndDeadline(4*time.Minute,
+					wait.ForLog("database system is ready to accept connections").WithOccurrence(2).WithStartupTimeout(4*time.Minute)),
 			}
-			if ctx.Err() != nil {
-				break
-			}
-			continue
-		}
-		// A container shared with other test processes has their port.
-		port, err := containerEnv(ctx, c, "PGPORT")
-		if err != nil {
-			_ = c.Terminate(context.Background())
-			return nil, "", "", err
-		}
-		u := fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%s/exactly_test?sslmode=disable", port)
-		for ctx.Err() == nil {
-			if lastErr = pingPostgres(ctx, u); lastErr == nil {
-				return c, u, postgresImage + " at 127.0.0.1:" + port, nil
-			}
-			if st, err := c.State(ctx); err == nil && !st.Running {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		_ = c.Terminate(context.Background())
-	}
-	return nil, "", "", fmt.Errorf("%s on the host network: %w", postgresImage, lastErr)
+		},
+		env: "PGPORT",
+		address: func(port string) (string, string) {
+			return fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%s/exactly_test?sslmode=disable", port), "127.0.0.1:" + port
+		},
+		ready: pingPostgres,
+	})
 }
 
 func pingPostgres(ctx context.Context, url string) error {
@@ -178,46 +152,77 @@ func pingPostgres(ctx context.Context, url string) error {
 // scripts/kafka/server.properties configures the broker CI runs, and waits
 // until it serves.
 func runKafka(ctx context.Context) (testcontainers.Container, string, string, error) {
+	return runService(ctx, service{
+		image: kafkaImage,
+		ports: 2,
+		options: func(ports []int) []testcontainers.ContainerCustomizer {
+			addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
+			controller := fmt.Sprintf("127.0.0.1:%d", ports[1])
+			return []testcontainers.ContainerCustomizer{
+				testcontainers.WithEnv(map[string]string{
+					"CLUSTER_ID":                                             "exactly-test-kafka-xw",
+					"KAFKA_NODE_ID":                                          "1",
+					"KAFKA_PROCESS_ROLES":                                    "broker,controller",
+					"KAFKA_LISTENERS":                                        "PLAINTEXT://" + addr + ",CONTROLLER://" + controller,
+					"KAFKA_ADVERTISED_LISTENERS":                             "PLAINTEXT://" + addr,
+					"KAFKA_LISTENER_SECURITY_PROTOCOL_MAP":                   "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+					"KAFKA_CONTROLLER_LISTENER_NAMES":                        "CONTROLLER",
+					"KAFKA_INTER_BROKER_LISTENER_NAME":                       "PLAINTEXT",
+					"KAFKA_CONTROLLER_QUORUM_VOTERS":                         "1@" + controller,
+					"KAFKA_NUM_PARTITIONS":                                   "1",
+					"KAFKA_AUTO_CREATE_TOPICS_ENABLE":                        "true",
+					"KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR":                 "1",
+					"KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS":                     "10",
+					"KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR":         "1",
+					"KAFKA_TRANSACTION_STATE_LOG_MIN_ISR":                    "1",
+					"KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR": "1",
+					"KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR":            "1",
+					"KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS":                 "0",
+					"KAFKA_GROUP_CONSUMER_MIN_SESSION_TIMEOUT_MS":            "1000",
+					"KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS":                     "1000",
+					"KAFKA_NUM_NETWORK_THREADS":                              "2",
+					"KAFKA_NUM_IO_THREADS":                                   "4",
+					"KAFKA_HEAP_OPTS":                                        "-Xms256m -Xmx512m",
+				}),
+				Loopback(),
+				Shared("kafka"),
+				testcontainers.WithWaitStrategyAndDeadline(5*time.Minute, wait.ForLog("Kafka Server started").WithStartupTimeout(5*time.Minute)),
+			}
+		},
+		// A container shared with other test processes has their port.
+		env: "KAFKA_ADVERTISED_LISTENERS",
+		address: func(adv string) (string, string) {
+			addr := strings.TrimPrefix(adv, "PLAINTEXT://")
+			return addr, addr
+		},
+		ready: kafkaReady,
+	})
+}
+
+// service is one container of the kit: its image, its options on the free
+// ports picked for it, the variable of its environment that holds the
+// address it serves on (a container shared with other test processes has
+// theirs), what to connect to and say from that value, and the check that
+// it serves.
+type service struct {
+	image   string
+	ports   int
+	options func(ports []int) []testcontainers.ContainerCustomizer
+	env     string
+	address func(env string) (addr, where string)
+	ready   func(ctx context.Context, addr string) error
+}
+
+// runService starts s and waits until it serves. A free port can be taken
+// between the pick and the server's bind: it tries again on others.
+func runService(ctx context.Context, s service) (testcontainers.Container, string, string, error) {
 	var lastErr error
-	// A free port can be taken between the pick and the broker's bind: try
-	// again on others.
 	for range 3 {
-		ports, err := testenv.FreePorts(2)
+		ports, err := testenv.FreePorts(s.ports)
 		if err != nil {
 			return nil, "", "", err
 		}
-		addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
-		controller := fmt.Sprintf("127.0.0.1:%d", ports[1])
-		c, err := testcontainers.Run(ctx, kafkaImage,
-			testcontainers.WithEnv(map[string]string{
-				"CLUSTER_ID":                                             "exactly-test-kafka-xw",
-				"KAFKA_NODE_ID":                                          "1",
-				"KAFKA_PROCESS_ROLES":                                    "broker,controller",
-				"KAFKA_LISTENERS":                                        "PLAINTEXT://" + addr + ",CONTROLLER://" + controller,
-				"KAFKA_ADVERTISED_LISTENERS":                             "PLAINTEXT://" + addr,
-				"KAFKA_LISTENER_SECURITY_PROTOCOL_MAP":                   "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-				"KAFKA_CONTROLLER_LISTENER_NAMES":                        "CONTROLLER",
-				"KAFKA_INTER_BROKER_LISTENER_NAME":                       "PLAINTEXT",
-				"KAFKA_CONTROLLER_QUORUM_VOTERS":                         "1@" + controller,
-				"KAFKA_NUM_PARTITIONS":                                   "1",
-				"KAFKA_AUTO_CREATE_TOPICS_ENABLE":                        "true",
-				"KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR":                 "1",
-				"KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS":                     "10",
-				"KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR":         "1",
-				"KAFKA_TRANSACTION_STATE_LOG_MIN_ISR":                    "1",
-				"KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR": "1",
-				"KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR":            "1",
-				"KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS":                 "0",
-				"KAFKA_GROUP_CONSUMER_MIN_SESSION_TIMEOUT_MS":            "1000",
-				"KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS":                     "1000",
-				"KAFKA_NUM_NETWORK_THREADS":                              "2",
-				"KAFKA_NUM_IO_THREADS":                                   "4",
-				"KAFKA_HEAP_OPTS":                                        "-Xms256m -Xmx512m",
-			}),
-			Loopback(),
-			Shared("kafka"),
-			testcontainers.WithWaitStrategyAndDeadline(5*time.Minute, wait.ForLog("Kafka Server started").WithStartupTimeout(5*time.Minute)),
-		)
+		c, err := testcontainers.Run(ctx, s.image, s.options(ports)...)
 		if err != nil {
 			lastErr = err
 			if c != nil {
@@ -228,16 +233,15 @@ func runKafka(ctx context.Context) (testcontainers.Container, string, string, er
 			}
 			continue
 		}
-		// A container shared with other test processes has their port.
-		adv, err := containerEnv(ctx, c, "KAFKA_ADVERTISED_LISTENERS")
+		env, err := containerEnv(ctx, c, s.env)
 		if err != nil {
 			_ = c.Terminate(context.Background())
 			return nil, "", "", err
 		}
-		addr = strings.TrimPrefix(adv, "PLAINTEXT://")
+		addr, where := s.address(env)
 		for ctx.Err() == nil {
-			if lastErr = kafkaReady(ctx, addr); lastErr == nil {
-				return c, addr, kafkaImage + " at " + addr, nil
+			if lastErr = s.ready(ctx, addr); lastErr == nil {
+				return c, addr, s.image + " at " + where, nil
 			}
 			if st, err := c.State(ctx); err == nil && !st.Running {
 				break
@@ -246,7 +250,7 @@ func runKafka(ctx context.Context) (testcontainers.Container, string, string, er
 		}
 		_ = c.Terminate(context.Background())
 	}
-	return nil, "", "", fmt.Errorf("%s on the host network: %w", kafkaImage, lastErr)
+	return nil, "", "", fmt.Errorf("%s on the host network: %w", s.image, lastErr)
 }
 
 // kafkaReady reports whether the broker at addr serves a topic. A broker

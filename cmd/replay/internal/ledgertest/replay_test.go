@@ -173,9 +173,7 @@ func TestVerifyCatchesConsumerWithoutDedupe(t *testing.T) {
 func TestVerifyCatchesExpiredKeys(t *testing.T) {
 	t.Parallel()
 	lw := newLedger(t, false)
-	if _, err := lw.db.Pool.Exec(context.Background(), "DELETE FROM "+lw.db.Table("exactly_keys")); err != nil {
-		t.Fatal(err)
-	}
+	lw.db.DeleteKeys(t, "")
 	code, rep, errs := lw.verify(t)
 	if code != replaycli.ExitDoubleApply || rep.Pass || rep.ReApplied == 0 {
 		t.Fatalf("exit %d, report %+v\n%s", code, rep, errs)

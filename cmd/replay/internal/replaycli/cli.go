@@ -135,7 +135,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&sql, "checksum-sql", "", "query over the state that must not change (required)")
 		fs.StringVar(&scope, "scope", "", "dedupe scope of the consumer (its handler name) to classify keys")
 		fs.StringVar(&schema, "schema", "", "schema of the dedupe table (default: the database URL's search_path, else public)")
-		fs.StringVar(&table, "table", "exactly_keys", "dedupe table")
+		fs.StringVar(&table, "table", "", "the key table of a consumer on pgstore.LayoutSingleTable with a table of its own (default: the schema's keys, either layout)")
 		fs.StringVar(&keyFlag, "key", "uuid", "the consumer's key: uuid (the message UUID), metadata:NAME (a header) or field:PATH (a JSON field, dot-separated)")
 		fs.StringVar(&fpFlag, "fingerprint", "raw", "the consumer's fingerprint: raw (SHA-256 of the bytes) or json (of the canonical JSON)")
 		fs.DurationVar(&ttl, "ttl", 7*24*time.Hour, "the consumer's key TTL")

@@ -17,6 +17,7 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/keyview"
 	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/internal/sqlident"
 	"github.com/exactly-go/exactly/kafkapubsub"
@@ -32,7 +33,10 @@ type VerifyConfig struct {
 	ChecksumSQL string
 	// Scope, Schema and Table locate the consumer's dedupe keys. Without
 	// Scope only the checksum is compared. Schema defaults to the
-	// DatabaseURL's search_path, else "public", as pgstore's does.
+	// DatabaseURL's search_path, else "public", as pgstore's does. Without
+	// Table the keys are read in either key layout (exactly_keys2 and its
+	// names, and exactly_keys while it exists); Table names the key table
+	// of a store with pgstore.LayoutSingleTable and a table of its own.
 	Scope, Schema, Table string
 	// KeyFunc and FingerprintFunc must be the consumer's (consumer.Config):
 	// verify computes each replayed record's key and fingerprint with them
@@ -97,9 +101,6 @@ func Verify(ctx context.Context, o VerifyConfig) (VerifyReport, error) {
 	}
 	if o.Timeout == 0 {
 		o.Timeout = 5 * time.Minute
-	}
-	if o.Table == "" {
-		o.Table = "exactly_keys"
 	}
 	if o.KeyFunc == nil {
 		o.KeyFunc = consumer.KeyFromUUID
@@ -278,16 +279,19 @@ func (s *keySink) close() {
 // re-applied (the replay created the key: its first copy applied again;
 // counted once per key) or untracked (no key).
 func (s *keySink) classify(ctx context.Context, start time.Time, rep *VerifyReport) error {
-	table := pgx.Identifier{s.o.Schema, s.o.Table}.Sanitize()
+	keys, err := s.keys(ctx)
+	if err != nil {
+		return err
+	}
 	var missing, reused, before, newKeys, newRecords int64
-	err := s.conn.QueryRow(ctx, `
+	err = s.conn.QueryRow(ctx, `
 SELECT coalesce(sum(r.n) FILTER (WHERE k.key IS NULL), 0),
-       coalesce(sum(r.n) FILTER (WHERE k.fingerprint::text <> r.fp), 0),
-       coalesce(sum(r.n) FILTER (WHERE k.fingerprint::text = r.fp AND k.created_at < $2), 0),
-       count(DISTINCT r.key) FILTER (WHERE k.fingerprint::text = r.fp AND k.created_at >= $2),
-       coalesce(sum(r.n) FILTER (WHERE k.fingerprint::text = r.fp AND k.created_at >= $2), 0)
-  FROM pg_temp.exactly_replayed r LEFT JOIN `+table+` k ON k.scope = $1 AND k.key = r.key`, s.o.Scope, start).
-		Scan(&missing, &reused, &before, &newKeys, &newRecords)
+       coalesce(sum(r.n) FILTER (WHERE k.fingerprint <> r.fp), 0),
+       coalesce(sum(r.n) FILTER (WHERE k.fingerprint = r.fp AND k.created_at < $2), 0),
+       count(DISTINCT r.key) FILTER (WHERE k.fingerprint = r.fp AND k.created_at >= $2),
+       coalesce(sum(r.n) FILTER (WHERE k.fingerprint = r.fp AND k.created_at >= $2), 0)
+  FROM pg_temp.exactly_replayed r LEFT JOIN (SELECT key, fingerprint, created_at FROM `+keys+` WHERE scope = $1) k ON k.key = r.key`,
+		s.o.Scope, start).Scan(&missing, &reused, &before, &newKeys, &newRecords)
 	if err != nil {
 		return fmt.Errorf("%w: read keys: %v", errDatabase, err)
 	}
@@ -296,6 +300,31 @@ SELECT coalesce(sum(r.n) FILTER (WHERE k.key IS NULL), 0),
 	rep.ReApplied = newKeys
 	rep.Deduplicated = before + newRecords - newKeys
 	return nil
+}
+
+// keys returns the subquery of the consumer's keys: the table named, or
+// the schema's key tables of either layout that exist.
+func (s *keySink) keys(ctx context.Context) (string, error) {
+	q := func(name string) string { return pgx.Identifier{s.o.Schema, name}.Sanitize() }
+	if s.o.Table != "" {
+		return keyview.SQL(keyview.Tables{Single: q(s.o.Table)}), nil
+	}
+	t := keyview.Tables{Single: q("exactly_keys"), Partitioned: q("exactly_keys2"), Names: q("exactly_key_names")}
+	var single, part bool
+	if err := s.conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL", t.Single, t.Partitioned).
+		Scan(&single, &part); err != nil {
+		return "", fmt.Errorf("%w: find the key tables: %v", errDatabase, err)
+	}
+	if !single {
+		t.Single = ""
+	}
+	if !part {
+		t.Partitioned, t.Names = "", ""
+	}
+	if t.Single == "" && t.Partitioned == "" {
+		return "", fmt.Errorf("%w: schema %s has no key table (exactly_keys2 or exactly_keys): set --schema, or --table", errDatabase, s.o.Schema)
+	}
+	return keyview.SQL(t), nil
 }
 
 // toMessage is the Watermill message that the consumer's Subscriber makes

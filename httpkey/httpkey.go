@@ -1,0 +1,327 @@
+package httpkey
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/advisory"
+	"github.com/exactly-go/exactly/internal/pgtx"
+	"github.com/exactly-go/exactly/pgstore"
+)
+
+// Middleware makes POST (or any) handlers idempotent under the
+// Idempotency-Key request header. It is safe for concurrent use.
+type Middleware struct {
+	store *pgstore.Store
+	cfg   Config
+	space string      // the key table, for advisory lock names
+	ready atomic.Bool // the store's Check passed
+}
+
+// New returns a Middleware that keeps its keys in store (its table, TTL
+// and clean-up: run the store's Cleanup, or RunCleanup, as for a
+// consumer). The store's Check runs before the first request's
+// transaction (it starts the partitioned layout and creates its first
+// partitions; call it at start-up to fail fast). cfg must set
+// PrincipalFunc, or Unauthenticated.
+func New(store *pgstore.Store, cfg *Config) (*Middleware, error) {
+	if store == nil {
+		return nil, errors.New("httpkey: store is nil")
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	// A stored response is JSON: the body in base64 and the headers.
+	if need := c.MaxResponseBytes/3*4 + 8<<10; need > store.Config().MaxResultBytes {
+		return nil, fmt.Errorf("httpkey: Config.MaxResponseBytes %d does not fit the store's MaxResultBytes %d once encoded "+
+			"(it takes about %d): lower it or raise pgstore.Config.MaxResultBytes", c.MaxResponseBytes, store.Config().MaxResultBytes, need)
+	}
+	sc := store.Config()
+	return &Middleware{store: store, cfg: c, space: sc.Schema + "." + sc.Table}, nil
+}
+
+// Wrap returns h behind the middleware.
+func (m *Middleware) Wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, h) })
+}
+
+// request is one request's parsed state.
+type request struct {
+	r    *http.Request
+	body []byte
+	key  string
+	req  dedupe.Request
+}
+
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handler) {
+	key, err := parseKey(r.Header.Values(Header), m.cfg.MaxKeyLen, m.cfg.AllowBareKeys)
+	switch {
+	case errors.Is(err, errNoKey) && m.cfg.Optional:
+	case errors.Is(err, errNoKey):
+		writeProblem(w, http.StatusBadRequest, ReasonKeyMissing, "this request needs an Idempotency-Key header: a string such as \"8e03978e-40d5-43e8-bc93-6894a57f9324\", new for each operation and the same on its retries")
+		return
+	case err != nil:
+		writeProblem(w, http.StatusBadRequest, ReasonKeyMalformed, err.Error())
+		return
+	}
+	var principal string
+	if m.cfg.PrincipalFunc != nil {
+		p, err := m.cfg.PrincipalFunc(r)
+		if err != nil || p == "" {
+			detail := "the request has no principal to scope its key by"
+			if err != nil {
+				detail = err.Error()
+			}
+			writeProblem(w, http.StatusUnauthorized, ReasonNoPrincipal, detail)
+			return
+		}
+		principal = p
+	}
+	if r.ContentLength > m.cfg.MaxBodyBytes {
+		writeProblem(w, http.StatusRequestEntityTooLarge, ReasonBodyTooLarge, fmt.Sprintf("the body is over %d bytes", m.cfg.MaxBodyBytes))
+		return
+	}
+	var body []byte
+	if r.Body != nil {
+		body, err = io.ReadAll(io.LimitReader(r.Body, m.cfg.MaxBodyBytes+1))
+		if err != nil {
+			writeProblem(w, http.StatusBadRequest, ReasonBodyUnread, "reading the body: "+err.Error())
+			return
+		}
+		if int64(len(body)) > m.cfg.MaxBodyBytes {
+			writeProblem(w, http.StatusRequestEntityTooLarge, ReasonBodyTooLarge, fmt.Sprintf("the body is over %d bytes", m.cfg.MaxBodyBytes))
+			return
+		}
+	}
+	q := &request{r: r, body: body, key: key}
+	if key == "" {
+		m.serveWithoutKey(w, q, h)
+		return
+	}
+	q.req = dedupe.Request{
+		Key:         dedupe.Key{Scope: m.cfg.Scope, ID: scopedID(principal, key)},
+		Fingerprint: fingerprint(r, m.cfg.RouteFunc(r), body, m.cfg.FingerprintHeaders),
+		TTL:         m.cfg.TTL,
+	}
+	if len(q.req.Key.ID) > dedupe.MaxKeyLen {
+		writeProblem(w, http.StatusBadRequest, ReasonKeyMalformed, fmt.Sprintf("the Idempotency-Key is too long for this "+
+			"principal: %d characters at most", dedupe.MaxKeyLen-(len(q.req.Key.ID)-len(key))))
+		return
+	}
+	var (
+		rec *recorder
+		c   dedupe.Claim
+	)
+	switch {
+	case m.cfg.Lease > 0:
+		rec, c, err = m.runLease(q, h)
+	case m.cfg.Wait:
+		rec, c, err = m.runWait(q, h)
+	default:
+		rec, c, err = m.runTx(q, h)
+	}
+	m.answer(w, q, rec, c, err)
+}
+
+// scopedID is the stored ID of key sent by principal: the principal,
+// length-prefixed so that no principal and key pair reads as another,
+// then the key ("4:acme/k1").
+func scopedID(principal, key string) string {
+	return strconv.Itoa(len(principal)) + ":" + principal + "/" + key
+}
+
+// notKept carries a response that KeepFunc refused: its transaction rolled
+// back, and the client gets it as is.
+type notKept struct{ rec *recorder }
+
+func (e *notKept) Error() string { return fmt.Sprintf("httpkey: response %d not kept", e.rec.code()) }
+
+// errBusy: another request holds the key's lock (transactional mode).
+var errBusy = errors.New("httpkey: key in flight")
+
+// errResponseLarge: the handler's response cannot be stored.
+var errResponseLarge = errors.New("httpkey: response over Config.MaxResponseBytes")
+
+func (m *Middleware) answer(w http.ResponseWriter, q *request, rec *recorder, c dedupe.Claim, err error) {
+	var (
+		nk     *notKept
+		reused *dedupe.KeyReusedError
+		leased *dedupe.InFlightError
+	)
+	switch {
+	case err == nil && c.Decision == dedupe.DecisionDuplicate:
+		if rerr := replay(w, c.Record.Result); rerr != nil {
+			m.cfg.Logger.ErrorContext(q.r.Context(), "httpkey: replay", "key", q.req.Key.String(), "err", rerr)
+			writeProblem(w, http.StatusInternalServerError, ReasonStoreFailed, "the stored response of this key cannot be read")
+		}
+	case err == nil:
+		rec.send(w)
+	case errors.As(err, &nk):
+		nk.rec.send(w)
+	case errors.As(err, &reused):
+		writeProblem(w, http.StatusUnprocessableEntity, ReasonKeyReused,
+			"this Idempotency-Key was first used with another request (method, target, body or headers): use a new key for a new request")
+	case errors.As(err, &leased):
+		retryAfter(w, time.Until(leased.LockedUntil))
+		writeProblem(w, http.StatusConflict, ReasonInFlight, "a request with this Idempotency-Key is being processed: retry later")
+	case errors.Is(err, errBusy):
+		retryAfter(w, m.cfg.RetryAfter)
+		writeProblem(w, http.StatusConflict, ReasonInFlight, "a request with this Idempotency-Key is being processed: retry later")
+	case errors.Is(err, errResponseLarge), errors.Is(err, dedupe.ErrResultTooLarge):
+		writeProblem(w, http.StatusInternalServerError, ReasonResponseLarge, "the response is too large to be stored with its key; nothing was applied")
+	case errors.Is(err, dedupe.ErrMisconfigured), pgstore.IsConfigurationError(err):
+		m.cfg.Logger.ErrorContext(q.r.Context(), "httpkey: store misconfigured", "key", q.req.Key.String(), "err", err)
+		writeProblem(w, http.StatusInternalServerError, ReasonStoreFailed, "the idempotency store is misconfigured; nothing was applied")
+	case q.r.Context().Err() != nil:
+		// The client is gone; nothing was applied.
+	default:
+		m.cfg.Logger.WarnContext(q.r.Context(), "httpkey: store", "key", q.req.Key.String(), "err", err)
+		retryAfter(w, m.cfg.RetryAfter)
+		writeProblem(w, http.StatusServiceUnavailable, ReasonUnavailable,
+			"the request could not be recorded: retry with the same Idempotency-Key (if it was applied, the retry gets its response)")
+	}
+}
+
+// handle runs h on a copy of q's request whose body is q.body again and
+// whose context carries st, and returns its response or why it is not to
+// be stored.
+func (m *Middleware) handle(ctx context.Context, q *request, h http.Handler, st *state) (*recorder, []byte, error) {
+	st.key, st.m = q.key, m
+	r := q.r.WithContext(withState(ctx, st))
+	r.Body = io.NopCloser(bytes.NewReader(q.body))
+	r.ContentLength = int64(len(q.body))
+	rec := newRecorder(m.cfg.MaxResponseBytes)
+	h.ServeHTTP(rec, r)
+	if rec.over {
+		return rec, nil, errResponseLarge
+	}
+	if !m.cfg.KeepFunc(rec.code()) {
+		return rec, nil, &notKept{rec: rec}
+	}
+	result, err := rec.encode(m.cfg.ReplayHeaders)
+	return rec, result, err
+}
+
+// runTx is transactional mode answering 409 for a key in flight: the
+// transaction first takes the key's advisory lock without waiting (a
+// duplicate of a request still running finds it taken), then claims the
+// key, runs the handler, stores its response and commits.
+func (m *Middleware) runTx(q *request, h http.Handler) (*recorder, dedupe.Claim, error) {
+	ctx := q.r.Context()
+	if !m.ready.Load() {
+		// On the pool, before this request takes its connection.
+		if err := m.store.Check(ctx); err != nil {
+			return nil, dedupe.Claim{}, err
+		}
+		m.ready.Store(true)
+	}
+	tx, err := m.store.Begin(ctx)
+	if err != nil {
+		return nil, dedupe.Claim{}, err
+	}
+	defer pgtx.Rollback(ctx, tx)
+	var locked bool
+	lock := advisory.LockID("httpkey/" + m.space + "/" + q.req.Key.Scope + "\x00" + q.req.Key.ID)
+	if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", lock).Scan(&locked); err != nil {
+		return nil, dedupe.Claim{}, fmt.Errorf("httpkey: lock %s: %w", q.req.Key, err)
+	}
+	if !locked {
+		c, err := m.lockedOut(ctx, tx, q)
+		return nil, c, err
+	}
+	c, err := m.store.ClaimTx(ctx, tx, q.req)
+	if err != nil || !c.Decision.Run() {
+		return nil, c, err
+	}
+	rec, result, err := m.handle(ctx, q, h, &state{tx: tx})
+	if err != nil {
+		return rec, c, err
+	}
+	if err := m.store.CompleteTx(ctx, tx, c, result); err != nil {
+		return rec, c, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return rec, c, fmt.Errorf("httpkey: commit %s: %w", q.req.Key, err)
+	}
+	return rec, c, nil
+}
+
+// lockedOut answers a request that found its key's lock taken: by the
+// first request, still running (409), or by another duplicate of a key
+// that is already completed, which is then replayed or a reuse.
+func (m *Middleware) lockedOut(ctx context.Context, tx pgx.Tx, q *request) (dedupe.Claim, error) {
+	rec, err := m.store.GetTx(ctx, tx, q.req.Key)
+	if errors.Is(err, dedupe.ErrNotFound) {
+		return dedupe.Claim{}, errBusy
+	}
+	if err != nil {
+		return dedupe.Claim{}, err
+	}
+	d, err := dedupe.Decide(rec, q.req.Fingerprint, time.Now())
+	if err != nil {
+		return dedupe.Claim{}, err
+	}
+	if d != dedupe.DecisionDuplicate {
+		return dedupe.Claim{}, errBusy
+	}
+	return dedupe.Claim{Decision: d, Record: rec}, nil
+}
+
+// runWait is transactional mode waiting for a key in flight: Store.Do,
+// whose claim waits for the transaction that holds the key to end.
+func (m *Middleware) runWait(q *request, h http.Handler) (*recorder, dedupe.Claim, error) {
+	var rec *recorder
+	c, err := m.store.Do(q.r.Context(), q.req, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		r, result, err := m.handle(ctx, q, h, &state{tx: tx})
+		rec = r
+		return result, err
+	})
+	return rec, c, err
+}
+
+// runLease is lease mode: Store.DoLease, the handler outside any
+// transaction.
+func (m *Middleware) runLease(q *request, h http.Handler) (*recorder, dedupe.Claim, error) {
+	var rec *recorder
+	c, err := m.store.DoLease(q.r.Context(), q.req, m.cfg.Lease, func(ctx context.Context) ([]byte, error) {
+		r, result, err := m.handle(ctx, q, h, &state{})
+		rec = r
+		return result, err
+	})
+	return rec, c, err
+}
+
+// serveWithoutKey runs h for a request without a key (Config.Optional):
+// in a transaction of its own that stores nothing, or in lease mode in none.
+func (m *Middleware) serveWithoutKey(w http.ResponseWriter, q *request, h http.Handler) {
+	ctx := q.r.Context()
+	if m.cfg.Lease > 0 {
+		rec, _, err := m.handle(ctx, q, h, &state{})
+		m.answer(w, q, rec, dedupe.Claim{}, err)
+		return
+	}
+	tx, err := m.store.Begin(ctx)
+	if err != nil {
+		m.answer(w, q, nil, dedupe.Claim{}, err)
+		return
+	}
+	defer pgtx.Rollback(ctx, tx)
+	rec, _, err := m.handle(ctx, q, h, &state{tx: tx})
+	if err == nil {
+		if err = tx.Commit(ctx); err != nil {
+			err = fmt.Errorf("httpkey: commit: %w", err)
+		}
+	}
+	m.answer(w, q, rec, dedupe.Claim{}, err)
+}

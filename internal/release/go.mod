@@ -1,5 +1,0 @@
-module github.com/exactly-go/exactly/internal/release
-
-go 1.25.0
-
-require golang.org/x/mod v0.29.0

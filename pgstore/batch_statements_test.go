@@ -1,0 +1,132 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/dedupe/dedupetest"
+	"github.com/exactly-go/exactly/internal/testkit/pgtest"
+	"github.com/exactly-go/exactly/pgstore"
+)
+
+// countedStore returns a store of layout on a fresh schema whose pool
+// counts its statements, its partitions created.
+func countedStore(t *testing.T, layout pgstore.Layout, cfg pgstore.Config) (*pgstore.Store, *countingTracer) {
+	t.Helper()
+	db := pgtest.New(t)
+	pool, counter := tracedPool(t, 2)
+	cfg.Schema, cfg.Layout, cfg.Logger = db.Schema, layout, slog.New(slog.DiscardHandler)
+	s, err := pgstore.New(pool, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return s, counter
+}
+
+// A batch of fresh keys with results costs the same number of statements
+// whatever its size, on both layouts and for every kind of ID the
+// partitioned layout stores (its time partitions, its other partition):
+// BEGIN with the claim, the results, COMMIT. Its duplicates carry the
+// results afterwards, and a result over MaxResultBytes is refused.
+func TestDoBatchResultsStatements(t *testing.T) {
+	t.Parallel()
+	for _, layout := range []pgstore.Layout{pgstore.LayoutSingleTable, pgstore.LayoutPartitioned} {
+		t.Run(layout.String(), func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			s, counter := countedStore(t, layout, pgstore.Config{MaxResultBytes: 64})
+			batch := func(n int) []dedupe.Request {
+				reqs := make([]dedupe.Request, 0, n)
+				for i := range n {
+					var id string
+					switch i % 3 {
+					case 0:
+						id = uuid.Must(uuid.NewV7()).String()
+					case 1:
+						id = uuid.NewString()
+					default:
+						id = "order-" + uuid.NewString()
+					}
+					reqs = append(reqs, dedupetest.Req("s", id, "payload of "+id))
+				}
+				return reqs
+			}
+			result := func(r dedupe.Request) []byte { return []byte("r:" + r.Key.ID) }
+			withResults := func(reqs []dedupe.Request) pgstore.BatchFunc {
+				return func(_ context.Context, _ pgx.Tx, fresh []int) ([][]byte, error) {
+					out := make([][]byte, len(fresh))
+					for j, i := range fresh {
+						out[j] = result(reqs[i])
+					}
+					return out, nil
+				}
+			}
+			run := func(reqs []dedupe.Request) ([]pgstore.BatchClaim, int64) {
+				t.Helper()
+				before := counter.stmts.Load()
+				out, err := s.DoBatch(ctx, reqs, withResults(reqs))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return out, counter.stmts.Load() - before
+			}
+			run(batch(3)) // the scope's code, the layout's state, the statements prepared
+			counts := map[int]int64{}
+			for _, n := range []int{1, 2, 10, 40} {
+				reqs := batch(n)
+				out, stmts := run(reqs)
+				for i, c := range out {
+					if c.Err != nil || c.Decision != dedupe.DecisionNew {
+						t.Fatalf("batch of %d, key %d: %v %v", n, i, c.Decision, c.Err)
+					}
+				}
+				counts[n] = stmts
+				dups, _ := run(reqs)
+				for i, c := range dups {
+					if c.Err != nil || c.Decision != dedupe.DecisionDuplicate || string(c.Record.Result) != string(result(reqs[i])) {
+						t.Fatalf("batch of %d again, key %s: %v %q %v; want a duplicate with %q",
+							n, reqs[i].Key, c.Decision, c.Record.Result, c.Err, result(reqs[i]))
+					}
+					if rec, err := s.Get(ctx, reqs[i].Key); err != nil || string(rec.Result) != string(result(reqs[i])) {
+						t.Fatalf("stored %s: %q %v", reqs[i].Key, rec.Result, err)
+					}
+				}
+			}
+			if counts[1] != counts[40] || counts[2] != counts[40] || counts[10] != counts[40] {
+				t.Fatalf("statements for a batch of fresh keys with results, by batch size: %v; want the same for every size", counts)
+			}
+			t.Logf("statements for a batch of fresh keys with results, by batch size: %v", counts)
+
+			reqs := batch(4)
+			_, err := s.DoBatch(ctx, reqs, func(_ context.Context, _ pgx.Tx, fresh []int) ([][]byte, error) {
+				out := make([][]byte, len(fresh))
+				for j := range fresh {
+					out[j] = []byte("ok")
+				}
+				out[len(out)-1] = []byte(strings.Repeat("x", 65))
+				return out, nil
+			})
+			var tooLarge *dedupe.ResultTooLargeError
+			if !errors.As(err, &tooLarge) {
+				t.Fatalf("a batch with a result over MaxResultBytes: %v; want a ResultTooLargeError", err)
+			}
+			for _, r := range reqs {
+				if _, err := s.Get(ctx, r.Key); !errors.Is(err, dedupe.ErrNotFound) {
+					t.Fatalf("%s after the refused batch: %v; want it rolled back", r.Key, err)
+				}
+			}
+		})
+	}
+}

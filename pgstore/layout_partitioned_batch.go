@@ -1,0 +1,139 @@
+package pgstore
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/dedupe"
+)
+
+// batchStmts are the batch statements for the keys of order that the
+// layout claims together: a key whose ID was minted beyond the partitions
+// created ahead gets its InvalidKeyError in out, and, while the legacy
+// table serves as the oldest generation, the keys live there are returned
+// in alone, to be claimed one at a time where they are (the read that
+// finds them goes in the transaction, so begin is then false).
+func (p *partitioned) batchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request, order []int, out []BatchClaim,
+	begin bool) (st batchStmts, alone []int, stillBegin bool, err error) {
+	args := make([]claimArgs, 0, len(order))
+	kept := make([]int, 0, len(order))
+	legacy := ""
+	for _, i := range order {
+		a, err := p.s.newClaimArgs(ctx, tx, reqs[i], dedupe.StatusCompleted, 0)
+		if err != nil {
+			if isPerRequest(err) {
+				out[i].Err = err
+				continue
+			}
+			return batchStmts{}, nil, begin, err
+		}
+		if a.part.legacy != "" {
+			legacy = a.part.legacy
+		}
+		args, kept = append(args, a), append(kept, i)
+	}
+	if legacy != "" && len(kept) > 0 {
+		live, err := p.legacyLive(ctx, tx, legacy, reqs, kept, begin)
+		if err != nil {
+			return batchStmts{}, nil, begin, err
+		}
+		begin = false
+		j := 0
+		for k, i := range kept {
+			if live[reqs[i].Key] {
+				alone = append(alone, i)
+				continue
+			}
+			kept[j], args[j] = i, args[k]
+			j++
+		}
+		kept, args = kept[:j], args[:j]
+	}
+	n := len(kept)
+	// The keys go in the order of the partitioned table's primary key, so
+	// that concurrent batches lock them in one order.
+	idx := make([]int, n)
+	for j := range idx {
+		idx[j] = j
+	}
+	slices.SortFunc(idx, func(a, b int) int {
+		pa, pb := args[a].part, args[b].part
+		return cmp.Or(cmp.Compare(pa.scopeCode, pb.scopeCode), bytes.Compare(pa.sid.kid[:], pb.sid.kid[:]), cmp.Compare(pa.sid.kind, pb.sid.kind))
+	})
+	var (
+		scopes, ids, kinds = make([]string, n), make([]string, n), make([]string, n)
+		scodes, topics     = make([]int16, n), make([]*int16, n)
+		kids               = make([][16]byte, n)
+		texts              = make([]*string, n)
+		fps                = make([][]byte, n)
+		parts, offsets     = make([]*int32, n), make([]*int64, n)
+		ttls               = make([]float64, n)
+	)
+	st.order = make([]int, n)
+	for j, k := range idx {
+		a := &args[k]
+		st.order[j] = kept[k]
+		scopes[j], ids[j], scodes[j], kids[j], kinds[j], texts[j] = a.scope, a.id, a.part.scopeCode, a.part.sid.kid, string(a.part.sid.kind), a.part.sid.text
+		fps[j], topics[j], parts[j], offsets[j], ttls[j] = a.part.fp, a.part.topicCode, a.partition, a.offset, a.ttlMicros
+	}
+	st.claim, st.lock = p.batchClaim, p.batchLock
+	st.claimArgs = []any{scopes, ids, scodes, kids, kinds, texts, fps, topics, parts, offsets, ttls, n}
+	st.lockArgs = func(js []int) []any {
+		ls, li, lc, lk, lt, lx := make([]string, len(js)), make([]string, len(js)), make([]int16, len(js)), make([][16]byte, len(js)), make([]string, len(js)), make([]*string, len(js))
+		for m, j := range js {
+			ls[m], li[m], lc[m], lk[m], lt[m], lx[m] = scopes[j], ids[j], scodes[j], kids[j], kinds[j], texts[j]
+		}
+		return []any{ls, li, lc, lk, lt, lx}
+	}
+	return st, alone, begin, nil
+}
+
+// legacyLive reads, in the transaction (sending its BEGIN first when
+// begin), which keys of reqs at kept are live in the legacy table.
+func (p *partitioned) legacyLive(ctx context.Context, tx pgx.Tx, legacy string, reqs []dedupe.Request, kept []int, begin bool) (map[dedupe.Key]bool, error) {
+	scopes, ids := make([]string, len(kept)), make([]string, len(kept))
+	for j, i := range kept {
+		scopes[j], ids[j] = reqs[i].Key.Scope, reqs[i].Key.ID
+	}
+	live := make(map[dedupe.Key]bool)
+	err := p.s.queryIn(ctx, tx, begin, strings.ReplaceAll(p2BatchLegacySQL, "{L}", legacy), []any{scopes, ids}, func(rows pgx.Rows) error {
+		for rows.Next() {
+			var k dedupe.Key
+			if err := rows.Scan(&k.Scope, &k.ID); err != nil {
+				rows.Close()
+				return err
+			}
+			live[k] = true
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, p.layoutError("read the legacy keys of a batch", err)
+	}
+	return live, nil
+}
+
+// storeResults stores the results in one statement: each key in its
+// partition or, when it has no row there, in the legacy table.
+func (p *partitioned) storeResults(ctx context.Context, tx pgx.Tx, scopes, ids []string, blobs [][]byte) (int64, error) {
+	st, err := p.layoutState(ctx, tx)
+	if err != nil {
+		return 0, err
+	}
+	kids, kinds := make([][16]byte, len(ids)), make([]string, len(ids))
+	for j, id := range ids {
+		sid := encodeID(id, st.low)
+		kids[j], kinds[j] = sid.kid, string(sid.kind)
+	}
+	var n int64
+	if err := tx.QueryRow(ctx, p.queriesFor(st, "").batchResult, scopes, ids, kids, kinds, blobs).Scan(&n); err != nil {
+		return 0, p.layoutError(fmt.Sprintf("complete a batch of %d keys", len(ids)), err)
+	}
+	return n, nil
+}

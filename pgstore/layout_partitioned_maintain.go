@@ -1,0 +1,262 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Partition maintenance for LayoutPartitioned, run by Cleanup under its
+// advisory lock (one runner per table):
+//
+//   - Time partitions are created ahead, PartitionsAhead of them past the
+//     current one: CREATE TABLE, then ATTACH PARTITION, which takes SHARE
+//     UPDATE EXCLUSIVE on the parent and so never blocks a claim (CREATE
+//     TABLE … PARTITION OF would take ACCESS EXCLUSIVE).
+//   - The oldest time partition is retired once its whole range is past and
+//     no key in it is live (a BRIN index on expires_at and locked_until
+//     answers without reading the partition). In one transaction, with
+//     lock_timeout at maintenanceLockTimeout so that no claim queues behind
+//     it for longer: lock the partition against inserts, check again, move
+//     the state's low past it (claims of IDs minted before low go to the
+//     other partition from then on), detach it. Then drop it. A claim
+//     routed by a state read before the move finds no partition and is
+//     retried with the state read again. DETACH … CONCURRENTLY is not used:
+//     it cannot run in a transaction, so the check, the move and the detach
+//     could not be one; the plain DETACH waits at most the lock timeout, on
+//     every PostgreSQL version from 13 on.
+//   - The single table (the oldest generation of an upgraded deployment)
+//     stops being probed, and is dropped, once the layout has started and
+//     none of its keys is live, after the same check under a lock that
+//     keeps takeovers out.
+
+// maintenanceLockTimeout bounds how long maintenance waits for a lock, and
+// so how long a claim can queue behind it.
+const maintenanceLockTimeout = "20ms"
+
+// partName is the name of the time partition that starts at start.
+func (p *partitioned) partName(start time.Time) string {
+	return p.table + "_p" + strconv.FormatInt(start.Unix(), 10)
+}
+
+func (p *partitioned) quoted(name string) string { return pgx.Identifier{p.schema, name}.Sanitize() }
+
+// maintain runs partition maintenance on conn (which holds the cleanup
+// lock) and returns about how many keys it retired with their partitions.
+func (p *partitioned) maintain(ctx context.Context, conn *pgxpool.Conn) (int64, error) {
+	defer p.forget()
+	var (
+		width  time.Duration
+		low    *time.Time
+		legacy *string
+		now    time.Time
+	)
+	if err := conn.QueryRow(ctx, "SELECT width, low, legacy, now() FROM "+p.state).Scan(&width, &low, &legacy, &now); err != nil {
+		return 0, classify("read "+p.state, err)
+	}
+	rows, err := conn.Query(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = $1::regclass`, p.parent)
+	if err != nil {
+		return 0, classify("list the partitions of "+p.parent, err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, classify("list the partitions of "+p.parent, err)
+	}
+	have := map[int64]bool{}
+	for _, n := range names {
+		if sec, ok := strings.CutPrefix(n, p.table+"_p"); ok {
+			if v, err := strconv.ParseInt(sec, 10, 64); err == nil {
+				have[v] = true
+			}
+		}
+	}
+	first := low == nil
+	start := now.Truncate(width)
+	if !first {
+		start = *low
+	}
+	horizon := now.Add(time.Duration(p.s.cfg.PartitionsAhead+1) * width)
+	for t := start; t.Before(horizon); t = t.Add(width) {
+		if !have[t.Unix()] {
+			if err := p.createPartition(ctx, conn, t, t.Add(width)); err != nil {
+				return 0, err
+			}
+		}
+	}
+	if first {
+		if _, err := conn.Exec(ctx, "UPDATE "+p.state+" SET low = $1 WHERE low IS NULL", start); err != nil {
+			return 0, classify("set the low bound of "+p.parent, err)
+		}
+	}
+	var retired int64
+	for t := start; !t.Add(width).After(now) && have[t.Unix()]; t = t.Add(width) {
+		n, done, err := p.retirePartition(ctx, conn, t, t.Add(width))
+		retired += n
+		if err != nil || !done {
+			return retired, err
+		}
+	}
+	if legacy != nil {
+		if err := p.retireLegacy(ctx, conn, p.quoted(*legacy)); err != nil {
+			return retired, err
+		}
+	}
+	return retired, nil
+}
+
+// createPartition creates the time partition [lo, hi) apart and attaches it.
+func (p *partitioned) createPartition(ctx context.Context, conn *pgxpool.Conn, lo, hi time.Time) error {
+	name := p.partName(lo)
+	q := p.quoted(name)
+	op := "create partition " + q
+	if _, err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+q+" (LIKE "+p.parent+" INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"); err != nil {
+		return classify(op, err)
+	}
+	// The partition belongs to the partitioned table's owner, not to the
+	// role that ran this: any other member of the owner role can retire it.
+	var owner string
+	if err := conn.QueryRow(ctx, "SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = $1::regclass", p.parent).Scan(&owner); err != nil {
+		return classify(op, err)
+	}
+	if _, err := conn.Exec(ctx, "ALTER TABLE "+q+" OWNER TO "+pgx.Identifier{owner}.Sanitize()); err != nil {
+		return classify(op, err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE INDEX IF NOT EXISTS "+pgx.Identifier{name + "_live"}.Sanitize()+" ON "+q+
+		" USING brin (expires_at, locked_until)"); err != nil {
+		return classify(op, err)
+	}
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+maintenanceLockTimeout+"'"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "ALTER TABLE "+p.parent+" ATTACH PARTITION "+q+
+			" FOR VALUES FROM ('"+timeBound(lo)+"') TO ('"+timeBound(hi)+"')")
+		return err
+	})
+	return classify(op, err)
+}
+
+// liveSQL finds a live key in a partition: not expired, or leased.
+const liveSQL = `SELECT EXISTS (SELECT FROM {T} WHERE expires_at >= now() OR locked_until >= now())`
+
+// retirePartition detaches and drops the time partition [lo, hi) if no key
+// in it is live; done is false when it could not (yet).
+func (p *partitioned) retirePartition(ctx context.Context, conn *pgxpool.Conn, lo, hi time.Time) (n int64, done bool, err error) {
+	name := p.partName(lo)
+	q := p.quoted(name)
+	op := "retire partition " + q
+	live := strings.ReplaceAll(liveSQL, "{T}", q)
+	if _, err := conn.Exec(ctx, "SELECT brin_summarize_new_values($1::regclass)", p.quoted(name+"_live")); err != nil {
+		return 0, false, classify(op, err)
+	}
+	var busy bool
+	if err := conn.QueryRow(ctx, live).Scan(&busy); err != nil || busy {
+		return 0, false, classify(op, err)
+	}
+	var tuples float64
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+maintenanceLockTimeout+"'"); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "LOCK TABLE "+q+" IN SHARE MODE"); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, live).Scan(&busy); err != nil || busy {
+			return err
+		}
+		if err := tx.QueryRow(ctx, "SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = $1::regclass", q).Scan(&tuples); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "UPDATE "+p.state+" SET low = $1 WHERE low < $1", hi); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "ALTER TABLE "+p.parent+" DETACH PARTITION "+q)
+		return err
+	})
+	if lockBusy(err) || busy {
+		p.s.cfg.Logger.DebugContext(ctx, "pgstore: partition not retired yet", "partition", q, "live keys", busy, "err", err)
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, classify(op, err)
+	}
+	if _, err := conn.Exec(ctx, "DROP TABLE "+q); err != nil {
+		return 0, false, classify(op, err)
+	}
+	p.s.cfg.Logger.InfoContext(ctx, "pgstore: key partition dropped", "partition", q, "from", lo, "to", hi, "keys", int64(tuples))
+	return int64(tuples), true, nil
+}
+
+// retireLegacy stops the single table's probing once none of its keys is
+// live, and drops it. Only once the partitioned layout has started on the
+// schema: from then on no store of the single table claims a key there
+// (migration 00008), so with its last key expired nothing reads it any
+// more; before, stores of the single table may still be claiming, and the
+// table is left alone. A role that does not own it stops probing it and
+// leaves the drop to its owner.
+func (p *partitioned) retireLegacy(ctx context.Context, conn *pgxpool.Conn, legacy string) error {
+	live := `SELECT EXISTS (SELECT FROM ` + legacy + ` WHERE expires_at >= now())`
+	var busy bool
+	if err := conn.QueryRow(ctx, live).Scan(&busy); err != nil || busy {
+		return classify("retire "+legacy, err)
+	}
+	var owns bool
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+maintenanceLockTimeout+"'"); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, "SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = $1::regclass", legacy).Scan(&owns); err != nil {
+			return err
+		}
+		mode := "SHARE"
+		if owns {
+			mode = "ACCESS EXCLUSIVE"
+		}
+		if _, err := tx.Exec(ctx, "LOCK TABLE "+legacy+" IN "+mode+" MODE"); err != nil {
+			return err
+		}
+		var started bool
+		if err := tx.QueryRow(ctx, "SELECT started_at IS NOT NULL FROM "+p.state).Scan(&started); err != nil {
+			return err
+		}
+		if !started {
+			busy = true
+			return nil
+		}
+		if err := tx.QueryRow(ctx, live).Scan(&busy); err != nil || busy {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "UPDATE "+p.state+" SET legacy = NULL"); err != nil {
+			return err
+		}
+		if owns {
+			_, err := tx.Exec(ctx, "DROP TABLE "+legacy)
+			return err
+		}
+		return nil
+	})
+	if lockBusy(err) || busy {
+		return nil
+	}
+	if err != nil {
+		return classify("retire "+legacy, err)
+	}
+	if owns {
+		p.s.cfg.Logger.InfoContext(ctx, "pgstore: the single key table has no live key left: dropped", "table", legacy)
+	} else {
+		p.s.cfg.Logger.InfoContext(ctx, "pgstore: the single key table has no live key left and is no longer read: its owner may drop it", "table", legacy)
+	}
+	return nil
+}
+
+func lockBusy(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
