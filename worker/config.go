@@ -67,6 +67,14 @@ type Config struct {
 	// Group) and Publisher on Brokers.
 	Subscriber message.Subscriber
 	Publisher  message.Publisher
+	// Transport is the Kafka client the worker's Subscriber and Publisher
+	// are made with, from the configuration above. Defaults to kafkapubsub
+	// (kafka-go). kgopubsub.Transport (module
+	// github.com/exactly-go/exactly/kgopubsub) is franz-go's: rebalances
+	// that stop only the partitions that move (cooperative-sticky, or
+	// KIP-848), static members, and an idempotent producer for the relay
+	// and the dead letters. Not with Subscriber or Publisher.
+	Transport Transport
 	// MaxInFlight and KeyOrdered open a window of several messages per
 	// partition in per-message mode (kafkapubsub.SubscriberConfig); in
 	// batch mode the window is BatchSize. Default to 1 and false.
@@ -206,6 +214,8 @@ func withDefaults(cfg *Config) (Config, error) {
 		return c, errors.New("worker: Config.Handler and Config.BatchHandler are both set: a worker runs one of them")
 	case len(c.Brokers) == 0 && (c.Subscriber == nil || c.Publisher == nil):
 		return c, errors.New("worker: Config.Brokers is empty: set the Kafka brokers (or both Config.Subscriber and Config.Publisher)")
+	case c.Transport != nil && (c.Subscriber != nil || c.Publisher != nil):
+		return c, errors.New("worker: Config.Transport is set with Config.Subscriber or Config.Publisher: a Pub/Sub of your own replaces the transport; set one or the other")
 	case c.MaxInFlight < 0:
 		return c, fmt.Errorf("worker: Config.MaxInFlight is %d: set it to 1 or more", c.MaxInFlight)
 	case c.KeyOrdered && c.BatchHandler != nil:
@@ -255,4 +265,25 @@ func withDefaults(cfg *Config) (Config, error) {
 		c.Logger = slog.Default()
 	}
 	return withPlugins(c), nil
+}
+
+// Transport is a Kafka client that the worker consumes and publishes
+// with: it makes a Watermill Subscriber and Publisher from kafkapubsub's
+// configurations, with their contract (per-partition order, commits only
+// past acked messages and before a partition is revoked, read_committed,
+// MaxInFlight and KeyOrdered, Positions, the partitioners).
+type Transport interface {
+	NewSubscriber(cfg *kafkapubsub.SubscriberConfig) (message.Subscriber, error)
+	NewPublisher(cfg *kafkapubsub.PublisherConfig) (message.Publisher, error)
+}
+
+// kafkaGo is the default Transport: kafkapubsub, on kafka-go.
+type kafkaGo struct{}
+
+func (kafkaGo) NewSubscriber(cfg *kafkapubsub.SubscriberConfig) (message.Subscriber, error) {
+	return kafkapubsub.NewSubscriber(cfg)
+}
+
+func (kafkaGo) NewPublisher(cfg *kafkapubsub.PublisherConfig) (message.Publisher, error) {
+	return kafkapubsub.NewPublisher(cfg)
 }

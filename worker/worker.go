@@ -314,9 +314,13 @@ func (w *Worker) ttl() time.Duration {
 // pubsub returns the Subscriber and the Publisher, the configured ones or
 // the worker's own on Brokers.
 func (w *Worker) pubsub() (message.Subscriber, message.Publisher, error) {
+	transport := w.cfg.Transport
+	if transport == nil {
+		transport = kafkaGo{}
+	}
 	pub := w.cfg.Publisher
 	if pub == nil {
-		p, err := kafkapubsub.NewPublisher(&kafkapubsub.PublisherConfig{Brokers: w.cfg.Brokers, Security: w.cfg.Security,
+		p, err := transport.NewPublisher(&kafkapubsub.PublisherConfig{Brokers: w.cfg.Brokers, Security: w.cfg.Security,
 			Partitioner: w.cfg.Partitioner, Logger: w.cfg.Logger})
 		if err != nil {
 			return nil, nil, err
@@ -338,7 +342,7 @@ func (w *Worker) pubsub() (message.Subscriber, message.Publisher, error) {
 		if w.cfg.SessionTimeout > 0 {
 			scfg.SessionTimeout, scfg.HeartbeatInterval = w.cfg.SessionTimeout, w.cfg.SessionTimeout/10
 		}
-		s, err := kafkapubsub.NewSubscriber(scfg)
+		s, err := transport.NewSubscriber(scfg)
 		if err != nil {
 			_ = pub.Close()
 			return nil, nil, err

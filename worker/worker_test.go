@@ -296,6 +296,20 @@ func TestWorkerWaitsForItsTopics(t *testing.T) {
 	}
 }
 
+type nopTransport struct{}
+
+func (nopTransport) NewSubscriber(*kafkapubsub.SubscriberConfig) (message.Subscriber, error) {
+	return nil, nil
+}
+func (nopTransport) NewPublisher(*kafkapubsub.PublisherConfig) (message.Publisher, error) {
+	return nil, nil
+}
+
+type nopPublisher struct{}
+
+func (nopPublisher) Publish(string, ...*message.Message) error { return nil }
+func (nopPublisher) Close() error                              { return nil }
+
 // Misconfiguration is refused by New, with the field and the fix.
 func TestNewRefusesMisconfiguration(t *testing.T) {
 	h := func(context.Context, pgx.Tx, *message.Message) ([]*message.Message, error) { return nil, nil }
@@ -314,6 +328,7 @@ func TestNewRefusesMisconfiguration(t *testing.T) {
 		{"outputs to itself", func(c *worker.Config) { c.OutputTopic = "t" }, "consume its own outputs"},
 		{"dead letters to itself", func(c *worker.Config) { c.DeadLetterTopic = "t" }, "consumed again"},
 		{"keyed batch", func(c *worker.Config) { c.Handler, c.BatchHandler, c.KeyOrdered = nil, bh, true }, "KeyOrdered is for Handler"},
+		{"transport beside a publisher", func(c *worker.Config) { c.Transport, c.Publisher = nopTransport{}, nopPublisher{} }, "Config.Transport is set with"},
 	} {
 		cfg := base
 		c.mod(&cfg)
