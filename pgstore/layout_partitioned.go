@@ -229,23 +229,37 @@ func (p *partitioned) update(ctx context.Context, db DBTX, key dedupe.Key, u key
 }
 
 func (p *partitioned) get(ctx context.Context, db DBTX, key dedupe.Key) (keyRow, error) {
-	// A scope with no code has no key: a read adds no name, so that it
-	// never waits for a transaction adding the same one (the first claim
-	// of a scope, still running).
+	// A scope with no code has no key in the partitioned table: a read
+	// adds no name, so that it never waits for a transaction adding the
+	// same one (the first claim of a scope, still running). Its keys may
+	// still be in the single table while that is read.
 	if _, ok := p.codes.Load(key.Scope); !ok {
 		var n int
 		if err := db.QueryRow(ctx, "SELECT count(*) FROM "+p.names+" WHERE name = $1", key.Scope).Scan(&n); err != nil {
 			return keyRow{}, classify(fmt.Sprintf("code of %q", key.Scope), err)
 		}
 		if n == 0 {
-			return keyRow{}, nil
+			st, err := p.layoutState(ctx, db)
+			if err != nil || st.legacy == "" {
+				return keyRow{}, err
+			}
+			row, err := scanKeyRow(db.QueryRow(ctx, "SELECT false, "+prefixedOldCols+", clock_timestamp() FROM "+st.legacy+
+				" o WHERE o.scope = $1 AND o.key = $2", key.Scope, key.ID))
+			if err != nil {
+				return keyRow{}, p.layoutError("get "+key.String(), err)
+			}
+			return row, nil
 		}
 	}
 	a, err := p.keyArgs(ctx, db, key)
 	if err != nil {
 		return keyRow{}, err
 	}
-	return scanKeyRow(db.QueryRow(ctx, a.q.get, p.named(a, nil)))
+	row, err := scanKeyRow(db.QueryRow(ctx, a.q.get, p.named(a, nil)))
+	if err != nil {
+		return keyRow{}, p.layoutError("get "+key.String(), err)
+	}
+	return row, nil
 }
 
 // cleanup runs partition maintenance, then deletes expired keys from the

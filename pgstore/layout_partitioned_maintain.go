@@ -32,9 +32,10 @@ import (
 //     could not be one; the plain DETACH waits at most the lock timeout, on
 //     every PostgreSQL version from 13 on.
 //   - The single table (the oldest generation of an upgraded deployment)
-//     stops being probed, and is dropped, once the layout has started and
-//     none of its keys is live, after the same check under a lock that
-//     keeps takeovers out.
+//     stops being probed once the layout has started and none of its keys
+//     is live, after the same check under a lock that keeps takeovers out;
+//     it is dropped once every store has read the state since (dropAfter),
+//     so that its ACCESS EXCLUSIVE lock waits for no claim.
 
 // maintenanceLockTimeout bounds how long maintenance waits for a lock, and
 // so how long a claim can queue behind it.
@@ -107,6 +108,8 @@ WHERE i.inhparent = $1::regclass`, p.parent)
 		if err := p.retireLegacy(ctx, conn, p.quoted(*legacy)); err != nil {
 			return retired, err
 		}
+	} else {
+		p.dropRetired(ctx, conn)
 	}
 	return retired, nil
 }
@@ -194,33 +197,35 @@ func (p *partitioned) retirePartition(ctx context.Context, conn *pgxpool.Conn, l
 	return int64(tuples), true, nil
 }
 
-// retireLegacy stops the single table's probing once none of its keys is
-// live, and drops it. Only once the partitioned layout has started on the
-// schema: from then on no store of the single table claims a key there
-// (migration 00008), so with its last key expired nothing reads it any
-// more; before, stores of the single table may still be claiming, and the
-// table is left alone. A role that does not own it stops probing it and
-// leaves the drop to its owner.
+// retireLegacy stops the single table's probing once the partitioned
+// layout has started on the schema and none of its keys is live (not
+// expired, nor leased: a claim's test, legacyLiveRow). From the start on
+// no store of the single table claims a key there (migration 00008), so
+// nothing it holds matters any more; before the start, stores of the
+// single table may still be claiming, and the table is left alone. The
+// lock keeps takeovers out and does not conflict with the probes of
+// claims in flight. The table is dropped later (dropRetired), once no
+// store reads it.
 func (p *partitioned) retireLegacy(ctx context.Context, conn *pgxpool.Conn, legacy string) error {
-	live := `SELECT EXISTS (SELECT FROM ` + legacy + ` WHERE expires_at >= now())`
-	var busy bool
-	if err := conn.QueryRow(ctx, live).Scan(&busy); err != nil || busy {
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", legacy).Scan(&exists); err != nil {
 		return classify("retire "+legacy, err)
 	}
-	var owns bool
+	live := `SELECT EXISTS (SELECT FROM ` + legacy + ` o WHERE ` + legacyLiveRow + `)`
+	var busy bool
+	if exists {
+		if err := conn.QueryRow(ctx, live).Scan(&busy); err != nil || busy {
+			return classify("retire "+legacy, err)
+		}
+	}
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+maintenanceLockTimeout+"'"); err != nil {
 			return err
 		}
-		if err := tx.QueryRow(ctx, "SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = $1::regclass", legacy).Scan(&owns); err != nil {
-			return err
-		}
-		mode := "SHARE"
-		if owns {
-			mode = "ACCESS EXCLUSIVE"
-		}
-		if _, err := tx.Exec(ctx, "LOCK TABLE "+legacy+" IN "+mode+" MODE"); err != nil {
-			return err
+		if exists {
+			if _, err := tx.Exec(ctx, "LOCK TABLE "+legacy+" IN SHARE MODE"); err != nil {
+				return err
+			}
 		}
 		var started bool
 		if err := tx.QueryRow(ctx, "SELECT started_at IS NOT NULL FROM "+p.state).Scan(&started); err != nil {
@@ -230,17 +235,13 @@ func (p *partitioned) retireLegacy(ctx context.Context, conn *pgxpool.Conn, lega
 			busy = true
 			return nil
 		}
-		if err := tx.QueryRow(ctx, live).Scan(&busy); err != nil || busy {
-			return err
+		if exists {
+			if err := tx.QueryRow(ctx, live).Scan(&busy); err != nil || busy {
+				return err
+			}
 		}
-		if _, err := tx.Exec(ctx, "UPDATE "+p.state+" SET legacy = NULL"); err != nil {
-			return err
-		}
-		if owns {
-			_, err := tx.Exec(ctx, "DROP TABLE "+legacy)
-			return err
-		}
-		return nil
+		_, err := tx.Exec(ctx, "UPDATE "+p.state+" SET legacy = NULL")
+		return err
 	})
 	if lockBusy(err) || busy {
 		return nil
@@ -248,12 +249,61 @@ func (p *partitioned) retireLegacy(ctx context.Context, conn *pgxpool.Conn, lega
 	if err != nil {
 		return classify("retire "+legacy, err)
 	}
-	if owns {
-		p.s.cfg.Logger.InfoContext(ctx, "pgstore: the single key table has no live key left: dropped", "table", legacy)
-	} else {
-		p.s.cfg.Logger.InfoContext(ctx, "pgstore: the single key table has no live key left and is no longer read: its owner may drop it", "table", legacy)
-	}
+	p.s.cfg.Logger.InfoContext(ctx, "pgstore: the single key table has no live key left and is no longer read; it is dropped once no store reads it", "table", legacy)
 	return nil
+}
+
+// singleTableName is the single table's name, the oldest generation of an
+// upgraded deployment (migration 00007 names it in the state).
+const singleTableName = "exactly_keys"
+
+// dropRetired drops the single table once the partitioned layout has
+// started and retired it, and no store reads it any more: a store trusts
+// the state it read for stateTTL, so the table is dropped only once this
+// store has seen it retired for dropAfter (twice that). A role that does
+// not own it leaves it to the owner. A failure (a lock held, an object of
+// the user's that depends on it) is logged, not returned: the rest of the
+// clean-up goes on, and the next run tries again.
+func (p *partitioned) dropRetired(ctx context.Context, conn *pgxpool.Conn) {
+	table := p.quoted(singleTableName)
+	var droppable bool
+	err := conn.QueryRow(ctx, `SELECT coalesce((SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = to_regclass($1)), false)
+       AND (SELECT started_at IS NOT NULL AND legacy IS NULL FROM `+p.state+`)`, table).Scan(&droppable)
+	p.mu.Lock()
+	if err != nil || !droppable {
+		p.retiredSeen = time.Time{}
+		p.mu.Unlock()
+		return
+	}
+	if p.retiredSeen.IsZero() {
+		p.retiredSeen = p.now()
+	}
+	wait := p.dropAfter - p.now().Sub(p.retiredSeen)
+	p.mu.Unlock()
+	if wait > 0 {
+		return
+	}
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+maintenanceLockTimeout+"'"); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "LOCK TABLE "+table+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, "SELECT started_at IS NOT NULL AND legacy IS NULL FROM "+p.state).Scan(&droppable); err != nil || !droppable {
+			return err
+		}
+		_, err := tx.Exec(ctx, "DROP TABLE "+table)
+		return err
+	})
+	switch {
+	case lockBusy(err) || !droppable:
+	case err != nil:
+		p.s.cfg.Logger.WarnContext(ctx, "pgstore: could not drop the retired single key table; the clean-up goes on, and tries again at its next run",
+			"table", table, "err", err)
+	default:
+		p.s.cfg.Logger.InfoContext(ctx, "pgstore: the retired single key table dropped", "table", table)
+	}
 }
 
 func lockBusy(err error) bool {

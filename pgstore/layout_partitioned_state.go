@@ -36,6 +36,10 @@ type partitioned struct {
 	mu     sync.Mutex
 	st     layoutState
 	readAt time.Time
+	// retiredSeen is when this store's maintenance first saw the single
+	// table retired and still there; dropAfter later it drops it.
+	retiredSeen time.Time
+	dropAfter   time.Duration
 	// qs are the statements by the table they target (a partition, or ""
 	// for the parent) and the legacy table they probe ("" for none).
 	qs map[[2]string]*queries
@@ -65,13 +69,14 @@ type layoutState struct {
 func (st layoutState) dbClock(now time.Time) time.Time { return st.dbNow.Add(now.Sub(st.readAt)) }
 
 // stateTTL is how long a Store trusts the state it read. Maintenance keeps
-// a retired legacy table readable for longer than this.
+// a retired legacy table readable for longer than this (dropAfter).
 const stateTTL = 10 * time.Second
 
 func newPartitioned(s *Store, schema, table string) *partitioned {
 	q := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
 	p := &partitioned{s: s, schema: schema, table: table, parent: q(table), other: q(table + "_other"),
-		names: q("exactly_key_names"), state: q(table + "_state"), qs: map[[2]string]*queries{}, now: time.Now}
+		names: q("exactly_key_names"), state: q(table + "_state"), qs: map[[2]string]*queries{}, now: time.Now,
+		dropAfter: 2 * stateTTL}
 	r := strings.NewReplacer("{P}", p.parent, "{N}", p.names)
 	p.batchClaim, p.batchLock = r.Replace(p2BatchClaimSQL), r.Replace(p2BatchLockSQL)
 	p.cleanupSQL = strings.ReplaceAll(p2CleanupSQL, "{P}", p.other)

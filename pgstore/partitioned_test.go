@@ -222,6 +222,11 @@ func TestPartitionedUpgradeFromLegacy(t *testing.T) {
 	if l := legacyName(); l != nil {
 		t.Fatalf("the legacy table %s is still probed with no live key", *l)
 	}
+	// Dropped at a later run, once no store reads it (at once here).
+	pgstore.SetDropAfter(s, 0)
+	if _, err := s.Cleanup(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
 	var gone bool
 	if err := db.Pool.QueryRow(ctx, "SELECT to_regclass($1) IS NULL", db.Table("exactly_keys")).Scan(&gone); err != nil || !gone {
 		t.Fatalf("the single table is still there once retired (%v)", err)
@@ -514,5 +519,76 @@ func TestGetOfScopeBeingAdded(t *testing.T) {
 	}
 	if rec, err := s.Get(ctx, req.Key); err != nil || rec.Status != dedupe.StatusCompleted {
 		t.Fatalf("after the first commits: %+v %v", rec, err)
+	}
+}
+
+// A single-table key leased past its TTL is live for claims (its lease
+// holder may still complete it), so the clean-up keeps the table read.
+func TestSingleTableKeptWhileALeaseLives(t *testing.T) {
+	t.Parallel()
+	s, single, db := newPartitioned(t, nil, "")
+	ctx := context.Background()
+	req := dedupetest.Req("s", uuid.NewString(), "p")
+	req.TTL = time.Millisecond
+	if c, err := single.Acquire(ctx, req, time.Hour); err != nil || c.Decision != dedupe.DecisionNew {
+		t.Fatalf("lease: %v %v", c.Decision, err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if err := s.Check(ctx); err != nil { // starts the layout, runs the clean-up
+		t.Fatal(err)
+	}
+	if _, err := s.Cleanup(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	var probed bool
+	if err := db.Pool.QueryRow(ctx, "SELECT legacy IS NOT NULL FROM "+db.Table("exactly_keys2_state")).Scan(&probed); err != nil || !probed {
+		t.Fatalf("the single table was retired under a live lease (%v)", err)
+	}
+	if _, err := s.Do(ctx, req, noop); !errors.Is(err, dedupe.ErrInFlight) {
+		t.Fatalf("a copy during the lease: %v, want ErrInFlight", err)
+	}
+}
+
+// A scope whose keys are all in the single table (no partitioned claim of
+// it yet) is read there.
+func TestGetOfScopeInSingleTableOnly(t *testing.T) {
+	t.Parallel()
+	s, single, _ := newPartitioned(t, nil, "")
+	ctx := context.Background()
+	req := dedupetest.Req("old-scope", uuid.NewString(), "p")
+	if _, err := single.Do(ctx, req, func(context.Context, pgx.Tx) ([]byte, error) { return []byte("r"), nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Get(ctx, req.Key)
+	if err != nil || rec.Status != dedupe.StatusCompleted || string(rec.Result) != "r" {
+		t.Fatalf("get: %+v %v, want the single table's completed key", rec, err)
+	}
+}
+
+// A single table that cannot be dropped (a view of the user's depends on
+// it) stays, retired, and the clean-up goes on without an error.
+func TestSingleTableDropFailureLeavesCleanupRunning(t *testing.T) {
+	t.Parallel()
+	s, _, db := newPartitioned(t, nil, "")
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, "CREATE VIEW "+db.Table("keys_report")+" AS SELECT scope, key FROM "+db.Table("exactly_keys")); err != nil {
+		t.Fatal(err)
+	}
+	pgstore.SetDropAfter(s, 0)
+	if err := s.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := s.Cleanup(ctx, nil); err != nil {
+			t.Fatalf("clean-up: %v", err)
+		}
+	}
+	var probed, there bool
+	if err := db.Pool.QueryRow(ctx, "SELECT legacy IS NOT NULL, to_regclass($1) IS NOT NULL FROM "+db.Table("exactly_keys2_state"),
+		db.Table("exactly_keys")).Scan(&probed, &there); err != nil || probed || !there {
+		t.Fatalf("still read %v, still there %v (%v); want retired and kept", probed, there, err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -80,7 +81,10 @@ func (w *Worker) waitReady(ctx context.Context) bool {
 			}
 		}
 		down := w.probe(ctx, w.cfg.CreateTopics)
-		if ctx.Err() != nil || w.refused != nil {
+		if ctx.Err() != nil {
+			return false
+		}
+		if w.refused = w.singleTableClosed(ctx, down); w.refused != nil {
 			return false
 		}
 		if len(down) == 0 && migrated {
@@ -108,9 +112,6 @@ func (w *Worker) probe(ctx context.Context, create bool) []string {
 	if missing, err := w.missingTables(ctx); err != nil {
 		log.Warn("worker: Postgres unavailable", "err", redact.Password(err.Error()))
 		down = append(down, downDatabase)
-	} else if err := w.singleTableClosed(ctx, missing); err != nil {
-		w.refused = err
-		return nil
 	} else if len(missing) > 0 {
 		log.Warn("worker: the schema lacks tables: run the migrations (migrations.Migrate, or worker.Config.Migrate with a role that may create tables)",
 			"schema", w.cfg.Schema, "missing", strings.Join(missing, ", "))
@@ -134,10 +135,12 @@ func (w *Worker) probe(ctx context.Context, create bool) []string {
 }
 
 // singleTableClosed returns ErrSingleTableClosed when the worker is of the
-// single table and the table is missing because the partitioned layout's
-// clean-up dropped it: no waiting brings it back.
-func (w *Worker) singleTableClosed(ctx context.Context, missing []string) error {
-	if len(missing) == 0 || w.cfg.KeyLayout != pgstore.LayoutSingleTable {
+// single table, the schema is found lacking (down), and the table is
+// missing because the partitioned layout's clean-up dropped it: no waiting
+// brings it back. Only at start-up (waitReady): Health reports the schema
+// down.
+func (w *Worker) singleTableClosed(ctx context.Context, down []string) error {
+	if !slices.Contains(down, downSchema) || w.cfg.KeyLayout != pgstore.LayoutSingleTable {
 		return nil
 	}
 	if err := w.store.Check(ctx); errors.Is(err, pgstore.ErrSingleTableClosed) {

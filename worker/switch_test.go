@@ -39,4 +39,17 @@ func TestLegacyWorkerRefusedAfterTheSwitch(t *testing.T) {
 	if n := w.count("SELECT coalesce(sum(n), 0)::int FROM " + w.db.Table("applied")); n != 1 {
 		t.Fatalf("applied %d times, want 1", n)
 	}
+	// Once the clean-up dropped the single table, such a worker stops at
+	// start all the same, instead of waiting for the table.
+	if _, err := w.db.Pool.Exec(context.Background(), "UPDATE "+w.db.Table("exactly_keys2_state")+" SET legacy = NULL; DROP TABLE "+
+		w.db.Table("exactly_keys")); err != nil {
+		t.Fatal(err)
+	}
+	wk, err = worker.New(w.db.Pool, legacy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wk.Run(ctx); !errors.Is(err, pgstore.ErrSingleTableClosed) {
+		t.Fatalf("after the drop, the legacy worker's Run returned %v, want ErrSingleTableClosed", err)
+	}
 }

@@ -42,7 +42,7 @@ type Worker struct {
 	consuming atomic.Bool
 	// down lists the dependencies found unavailable, until consuming.
 	down atomic.Pointer[[]string]
-	// refused is why the start-up gave up for good (waitReady).
+	// refused is why the start-up gave up for good (waitReady, in Run).
 	refused error
 }
 

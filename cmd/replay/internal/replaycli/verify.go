@@ -290,7 +290,8 @@ SELECT coalesce(sum(r.n) FILTER (WHERE k.key IS NULL), 0),
        coalesce(sum(r.n) FILTER (WHERE k.fingerprint = r.fp AND k.created_at < $2), 0),
        count(DISTINCT r.key) FILTER (WHERE k.fingerprint = r.fp AND k.created_at >= $2),
        coalesce(sum(r.n) FILTER (WHERE k.fingerprint = r.fp AND k.created_at >= $2), 0)
-  FROM pg_temp.exactly_replayed r LEFT JOIN (SELECT key, fingerprint, created_at FROM `+keys+` WHERE scope = $1) k ON k.key = r.key`,
+  FROM pg_temp.exactly_replayed r LEFT JOIN (SELECT DISTINCT ON (key) key, fingerprint, created_at FROM `+keys+` WHERE scope = $1
+                  ORDER BY key, created_at DESC) k ON k.key = r.key`,
 		s.o.Scope, start).Scan(&missing, &reused, &before, &newKeys, &newRecords)
 	if err != nil {
 		return fmt.Errorf("%w: read keys: %v", errDatabase, err)
@@ -303,7 +304,9 @@ SELECT coalesce(sum(r.n) FILTER (WHERE k.key IS NULL), 0),
 }
 
 // keys returns the subquery of the consumer's keys: the table named, or
-// the schema's key tables of either layout that exist.
+// the schema's key tables of either layout that exist (a key claimed again
+// in the partitioned table after it expired in the single one is in both
+// until the single table is dropped: classify reads its newest row).
 func (s *keySink) keys(ctx context.Context) (string, error) {
 	q := func(name string) string { return pgx.Identifier{s.o.Schema, name}.Sanitize() }
 	if s.o.Table != "" {
