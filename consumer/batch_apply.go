@@ -125,7 +125,7 @@ func (c *BatchConsumer) notTheirs(ctx context.Context, err error) (Outcome, bool
 	switch {
 	case errors.As(err, &cut) && cut.wait == waitMessage && ctx.Err() == nil:
 		return "", false
-	case errors.Is(err, dedupe.ErrMisconfigured) || pgerr.IsConfiguration(err):
+	case errors.Is(err, dedupe.ErrMisconfigured) || (pgerr.IsConfiguration(err) && !dedupe.IsRetryable(err)):
 		return OutcomeMisconfigured, true
 	case errors.As(err, &late) || ctx.Err() != nil || c.mw.unavailable(ctx, err):
 		return OutcomeUnavailable, true

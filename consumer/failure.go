@@ -111,7 +111,7 @@ func (m *Middleware) failed(msg *message.Message, ev *Event, err error, ownErr b
 	switch {
 	case errors.Is(err, dedupe.ErrMisconfigured):
 		return err
-	case pgerr.IsConfiguration(err):
+	case pgerr.IsConfiguration(err) && !dedupe.IsRetryable(err): // a store's retryable one: its tables changed under it
 		return fmt.Errorf("consumer: %w: the handler's SQL names a table, column or schema that is not there "+
 			"(run the service's migrations, or schema-qualify the name): %w", dedupe.ErrMisconfigured, err)
 	case dedupe.IsPermanent(err):

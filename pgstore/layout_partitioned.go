@@ -239,11 +239,12 @@ func (p *partitioned) get(ctx context.Context, db DBTX, key dedupe.Key) (keyRow,
 			return keyRow{}, classify(fmt.Sprintf("code of %q", key.Scope), err)
 		}
 		if n == 0 {
-			st, err := p.layoutState(ctx, db)
-			if err != nil || st.legacy == "" {
-				return keyRow{}, err
+			// The state as it is, not the cache: a read starts nothing.
+			var legacy *string
+			if err := db.QueryRow(ctx, "SELECT legacy FROM "+p.state).Scan(&legacy); err != nil || legacy == nil {
+				return keyRow{}, p.layoutError("get "+key.String(), err)
 			}
-			row, err := scanKeyRow(db.QueryRow(ctx, "SELECT false, "+prefixedOldCols+", clock_timestamp() FROM "+st.legacy+
+			row, err := scanKeyRow(db.QueryRow(ctx, "SELECT false, "+prefixedOldCols+", clock_timestamp() FROM "+p.quoted(*legacy)+
 				" o WHERE o.scope = $1 AND o.key = $2", key.Scope, key.ID))
 			if err != nil {
 				return keyRow{}, p.layoutError("get "+key.String(), err)

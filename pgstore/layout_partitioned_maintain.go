@@ -105,10 +105,14 @@ WHERE i.inhparent = $1::regclass`, p.parent)
 		}
 	}
 	if legacy != nil {
+		p.mu.Lock()
+		p.retiredSeen = time.Time{} // not retired (again, after a restore)
+		p.mu.Unlock()
 		if err := p.retireLegacy(ctx, conn, p.quoted(*legacy)); err != nil {
 			return retired, err
 		}
-	} else {
+	} else if p.table == "exactly_keys2" {
+		// The single table of the default state only (migration 00007).
 		p.dropRetired(ctx, conn)
 	}
 	return retired, nil

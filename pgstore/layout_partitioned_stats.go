@@ -25,7 +25,7 @@ func (p *partitioned) stats(ctx context.Context, db DBTX) (dedupe.Stats, error) 
 		size = `SELECT count(*) FROM (SELECT FROM {P} UNION ALL SELECT FROM {L} o WHERE ` + legacyLiveRow + ` LIMIT $1) s`
 	}
 	if err := db.QueryRow(ctx, r.Replace(size), statsExactMax+1).Scan(&n); err != nil {
-		return st, classify("stats", err)
+		return st, p.layoutError("stats", err)
 	}
 	if n <= statsExactMax {
 		exact := p2StatsExactSQL
@@ -34,7 +34,7 @@ func (p *partitioned) stats(ctx context.Context, db DBTX) (dedupe.Stats, error) 
 		}
 		var oldest *time.Time
 		if err := db.QueryRow(ctx, r.Replace(exact)).Scan(&st.Processing, &st.Completed, &st.Expired, &oldest); err != nil {
-			return st, classify("stats", err)
+			return st, p.layoutError("stats", err)
 		}
 		if oldest != nil {
 			st.Oldest = *oldest
@@ -44,7 +44,7 @@ func (p *partitioned) stats(ctx context.Context, db DBTX) (dedupe.Stats, error) 
 		var oldest *time.Time
 		if err := db.QueryRow(ctx, r.Replace(p2StatsEstimateSQL), statsExactMax+1, p.parent, p.schema).
 			Scan(&total, &processing, &st.Expired, &oldest, &st.TableBytes); err != nil {
-			return st, classify("stats", err)
+			return st, p.layoutError("stats", err)
 		}
 		st.Estimated = true
 		if ls.legacy == "" { // else n counted the legacy table's live keys too, which are added below
@@ -69,7 +69,7 @@ func (p *partitioned) stats(ctx context.Context, db DBTX) (dedupe.Stats, error) 
 	if st.TableBytes == 0 {
 		if err := db.QueryRow(ctx, `SELECT COALESCE(sum(pg_total_relation_size(relid)), 0)::int8 FROM pg_partition_tree($1::regclass)`,
 			p.parent).Scan(&st.TableBytes); err != nil {
-			return st, classify("stats", err)
+			return st, p.layoutError("stats", err)
 		}
 	}
 	return st, nil

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 )
@@ -35,12 +36,28 @@ const (
 // narrowPartitions sets the time partitions' width in the workers' schema;
 // it must run before the first partition is created (by a worker's start).
 func narrowPartitions(ctx context.Context, pool *pgxpool.Pool) error {
-	tag, err := pool.Exec(ctx, `UPDATE ledger.exactly_keys2_state SET width = make_interval(secs => $1) WHERE low IS NULL`, keyWidth.Seconds())
+	// `ledger migrate` created the first day-wide partitions, empty (no
+	// worker has claimed yet): they go, and the workers create narrow ones.
+	rows, err := pool.Query(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'ledger.exactly_keys2'::regclass AND c.relname ~ '^exactly_keys2_p[0-9]+$'`)
+	if err != nil {
+		return fmt.Errorf("chaos: list the key partitions: %w", err)
+	}
+	parts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("chaos: list the key partitions: %w", err)
+	}
+	for _, part := range parts {
+		if _, err := pool.Exec(ctx, "DROP TABLE "+pgx.Identifier{"ledger", part}.Sanitize()); err != nil {
+			return fmt.Errorf("chaos: drop the day partition %s: %w", part, err)
+		}
+	}
+	tag, err := pool.Exec(ctx, `UPDATE ledger.exactly_keys2_state SET width = make_interval(secs => $1), low = NULL WHERE started_at IS NULL`, keyWidth.Seconds())
 	if err != nil {
 		return fmt.Errorf("chaos: set the key partitions' width: %w", err)
 	}
 	if tag.RowsAffected() != 1 {
-		return errors.New("chaos: set the key partitions' width: the layout's state row is missing or its partitions exist already")
+		return errors.New("chaos: set the key partitions' width: the layout's state row is missing or the layout has started")
 	}
 	return nil
 }
