@@ -350,5 +350,6 @@ func TestRebalanceWithoutLossOrDuplicate(t *testing.T) {
 
 // ...and on KIP-848's (the broker assigns).
 func TestRebalanceWithoutLossOrDuplicateKIP848(t *testing.T) {
+	requireKIP848(t)
 	rebalanceWithoutLossOrDup(t, kgopubsub.ProtocolConsumer)
 }

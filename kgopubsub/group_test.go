@@ -2,10 +2,13 @@ package kgopubsub_test
 
 import (
 	"context"
+	"errors"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
@@ -22,6 +25,25 @@ func admin(t *testing.T) *kadm.Client {
 	}
 	t.Cleanup(cl.Close)
 	return kadm.NewClient(cl)
+}
+
+// requireKIP848 skips t on a broker that does not serve the KIP-848
+// consumer group protocol (generally available from Kafka 4.0; the
+// matrix's 3.9 lists its APIs but answers UNSUPPORTED_VERSION).
+func requireKIP848(t *testing.T) {
+	t.Helper()
+	if v := os.Getenv("KAFKA_VERSION"); v != "" && v < "4" { // 3.x: the matrix's KAFKA_VERSION
+		t.Skipf("Kafka %s: the KIP-848 consumer group protocol is generally available from Kafka 4.0", v)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ds, err := admin(t).DescribeConsumerGroups(ctx, "exactly-kip848-probe")
+	if err == nil {
+		err = ds["exactly-kip848-probe"].Err
+	}
+	if errors.Is(err, kerr.UnsupportedVersion) {
+		t.Skipf("the broker does not serve the KIP-848 consumer group protocol (Kafka 4.0 or later; KAFKA_VERSION=%q): %v", os.Getenv("KAFKA_VERSION"), err)
+	}
 }
 
 // checkProtocol checks that group runs protocol with members members: a
