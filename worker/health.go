@@ -65,15 +65,16 @@ func (w *Worker) HealthHandler() http.Handler {
 // waitReady probes Postgres and Kafka until both answer, with back-off
 // from 100ms up to Config.StartupBackoff, running the migrations and
 // creating the topics on the way when the configuration says so. It
-// reports false when ctx ends first.
-func (w *Worker) waitReady(ctx context.Context) bool {
+// reports false when ctx ends first, or with the reason when no waiting
+// can help (singleTableClosed).
+func (w *Worker) waitReady(ctx context.Context) (bool, error) {
 	wait := backoff.New(100*time.Millisecond, w.cfg.StartupBackoff)
 	migrated := !w.cfg.Migrate
 	for {
 		if !migrated {
 			if err := w.migrate(ctx); err != nil {
 				if ctx.Err() != nil {
-					return false
+					return false, nil
 				}
 				w.cfg.Logger.Warn("worker: migrations failed; trying again", "err", redact.Password(err.Error()))
 			} else {
@@ -82,14 +83,14 @@ func (w *Worker) waitReady(ctx context.Context) bool {
 		}
 		down := w.probe(ctx, w.cfg.CreateTopics)
 		if ctx.Err() != nil {
-			return false
+			return false, nil
 		}
-		if w.refused = w.singleTableClosed(ctx, down); w.refused != nil {
-			return false
+		if err := w.singleTableClosed(ctx, down); err != nil {
+			return false, err
 		}
 		if len(down) == 0 && migrated {
 			w.down.Store(&[]string{downConsumer}) // until the consumer runs
-			return true
+			return true, nil
 		}
 		if !migrated && len(down) == 0 {
 			down = []string{downSchema}
@@ -98,7 +99,7 @@ func (w *Worker) waitReady(ctx context.Context) bool {
 		d := wait.Next()
 		w.cfg.Logger.Warn("worker: waiting for dependencies", "down", names(down), "retry_in", d)
 		if clock.Sleep(ctx, d) != nil {
-			return false
+			return false, nil
 		}
 	}
 }

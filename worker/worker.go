@@ -42,8 +42,6 @@ type Worker struct {
 	consuming atomic.Bool
 	// down lists the dependencies found unavailable, until consuming.
 	down atomic.Pointer[[]string]
-	// refused is why the start-up gave up for good (waitReady, in Run).
-	refused error
 }
 
 // New returns a worker on pool for cfg. It checks the configuration and
@@ -107,10 +105,10 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		}
 	}()
 	log := w.cfg.Logger
-	if !w.waitReady(ctx) {
+	if ready, refused := w.waitReady(ctx); !ready {
 		w.closeOwn()
-		if w.refused != nil {
-			return fmt.Errorf("worker: %w", w.refused)
+		if refused != nil {
+			return fmt.Errorf("worker: %w", refused)
 		}
 		return nil
 	}

@@ -5,7 +5,12 @@
 // verify, the test kit); the stores never read keys through it.
 package keyview
 
-import "strings"
+import (
+	"context"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
 
 // Columns are the columns of a view's rows, in order.
 const Columns = "scope, key, fingerprint, status, attempts, source_topic, source_partition, source_offset, created_at, expires_at"
@@ -16,6 +21,32 @@ type Tables struct {
 	Single      string // exactly_keys
 	Partitioned string // exactly_keys2
 	Names       string // exactly_key_names
+}
+
+// Schema names the default key tables of schema, quoted (quote is
+// pgx.Identifier{schema, name}.Sanitize or the like).
+func Schema(quote func(name string) string) Tables {
+	return Tables{Single: quote("exactly_keys"), Partitioned: quote("exactly_keys2"), Names: quote("exactly_key_names")}
+}
+
+// Existing returns t without the tables that db (a pool, connection or
+// transaction) does not have: the single table once the clean-up dropped
+// it, the partitioned one before its migration.
+func Existing(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, t Tables) (Tables, error) {
+	var single, part bool
+	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL", t.Single, t.Partitioned).
+		Scan(&single, &part); err != nil {
+		return t, err
+	}
+	if !single {
+		t.Single = ""
+	}
+	if !part {
+		t.Partitioned, t.Names = "", ""
+	}
+	return t, nil
 }
 
 // SQL returns a subquery, to use where a table goes in FROM (aliased

@@ -13,10 +13,9 @@ import (
 // columns keyview.Columns. A schema whose single table was dropped lists
 // the partitioned one's.
 func (d *DB) Keys() string {
-	t := keyview.Tables{Single: d.Table("exactly_keys"), Partitioned: d.Table("exactly_keys2"), Names: d.Table("exactly_key_names")}
-	var exists bool
-	if err := d.Pool.QueryRow(context.Background(), "SELECT to_regclass($1) IS NOT NULL", t.Single).Scan(&exists); err == nil && !exists {
-		t.Single = ""
+	t, err := keyview.Existing(context.Background(), d.Pool, keyview.Schema(d.Table))
+	if err != nil {
+		t = keyview.Schema(d.Table)
 	}
 	return keyview.SQL(t)
 }

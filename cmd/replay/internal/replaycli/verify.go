@@ -312,17 +312,9 @@ func (s *keySink) keys(ctx context.Context) (string, error) {
 	if s.o.Table != "" {
 		return keyview.SQL(keyview.Tables{Single: q(s.o.Table)}), nil
 	}
-	t := keyview.Tables{Single: q("exactly_keys"), Partitioned: q("exactly_keys2"), Names: q("exactly_key_names")}
-	var single, part bool
-	if err := s.conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL", t.Single, t.Partitioned).
-		Scan(&single, &part); err != nil {
+	t, err := keyview.Existing(ctx, s.conn, keyview.Schema(q))
+	if err != nil {
 		return "", fmt.Errorf("%w: find the key tables: %v", errDatabase, err)
-	}
-	if !single {
-		t.Single = ""
-	}
-	if !part {
-		t.Partitioned, t.Names = "", ""
 	}
 	if t.Single == "" && t.Partitioned == "" {
 		return "", fmt.Errorf("%w: schema %s has no key table (exactly_keys2 or exactly_keys): set --schema, or --table", errDatabase, s.o.Schema)
