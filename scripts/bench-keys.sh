@@ -5,7 +5,7 @@
 #
 #   KEYS       keys in the big table (default 10000000; 30000000 for the long run)
 #   MEM        the server's memory cap (default 16 bytes per key: 160M for 10M keys)
-#   CASES      layout/ids cases (default legacy/v4,legacy/v7,new/v4,new/v7)
+#   CASES      layout/ids cases (default single-table/v4,single-table/v7,partitioned/v4,partitioned/v7)
 #   SHARED_BUFFERS the server's shared_buffers, inside the cap (default 16MB)
 #   BENCH_ARGS more flags for tools/keybench (-dur, -rounds, -clients)
 #   BENCH_CONF more postgresql.conf lines for the server (e.g. plan_cache_mode = force_custom_plan)
@@ -14,7 +14,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 keys=${KEYS:-10000000}
 mem=${MEM:-$((keys * 16 / 1048576 > 64 ? keys * 16 / 1048576 : 64))M}
-cases=${CASES:-legacy/v4,legacy/v7,new/v4,new/v7}
+cases=${CASES:-single-table/v4,single-table/v7,partitioned/v4,partitioned/v7}
 port=${BENCH_PG_PORT:-56432}
 dir=${BENCH_DIR:-/tmp/exactly-bench-keys}
 GO=${GO:-go}

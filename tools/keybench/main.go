@@ -5,10 +5,15 @@
 // runs of new keys against each through pgstore.Store.Do and prints one
 // line per case:
 //
-//	bench-keys: layout=legacy|new ids=v4|v7 keys=N mem=M small_tps=X big_tps=Y ratio=R bytes_per_key=B
+//	bench-keys: layout=single-table|partitioned ids=v4|v7 keys=N mem=M small_tps=X big_tps=Y ratio=R bytes_per_key=B
 //
 // and the cost of retiring the oldest day of keys (DELETE and VACUUM, or
-// dropping a partition).
+// dropping a partition) while claims go on, with the claims' waits. It
+// ends with one line per target of the partitioned layout, each with the
+// floor it is set against, measured in the same run (a table of the least
+// row a key can have, grown by the same inserts):
+//
+//	bench-keys: target <what> ids=v4|v7 measured=X target=<bound> floor=F met|missed
 package main
 
 import (
@@ -17,6 +22,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,7 +45,8 @@ func main() {
 	dur := flag.Duration("dur", 20*time.Second, "length of one claim run")
 	rounds := flag.Int("rounds", 3, "small/big run pairs per case")
 	mem := flag.String("mem", "?", "the server's memory cap, as printed")
-	cases := flag.String("cases", "legacy/v4,legacy/v7,new/v4,new/v7", "layout/ids cases to run")
+	cases := flag.String("cases", "single-table/v4,single-table/v7,partitioned/v4,partitioned/v7", "layout/ids cases to run")
+	floorKeys := flag.Int("floor-keys", 1_000_000, "keys in each table of the least row (the bytes-per-key floors)")
 	retire := flag.Bool("retire", true, "measure retiring the oldest day of keys")
 	limit := flag.String("cgroup-limit", "", "the server's cgroup memory limit file: the tables are filled under -fill-mem, the claims run under -mem")
 	fillMem := flag.String("fill-mem", "4G", "the server's memory while the tables are filled (with -cgroup-limit)")
@@ -50,13 +57,50 @@ func main() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
+	res := map[string]*result{}
 	for _, c := range strings.Split(*cases, ",") {
 		layout, ids, _ := strings.Cut(c, "/")
+		switch layout {
+		case "legacy": // the names of earlier runs
+			layout = "single-table"
+		case "new":
+			layout = "partitioned"
+		case "single-table", "partitioned":
+		default:
+			log.Fatalf("case %q: the layout is single-table or partitioned", c)
+		}
+		if ids != "v4" && ids != "v7" {
+			log.Fatalf("case %q: the ids are v4 or v7", c)
+		}
 		b := &bench{pool: pool, layout: layout, ids: ids, clients: *clients, dur: *dur, limit: *limit, fillMem: *fillMem, mem: *mem}
-		if err := b.run(ctx, *keys, *small, *rounds, *mem, *retire); err != nil {
+		r, err := b.run(ctx, *keys, *small, *rounds, *mem, *retire)
+		if err != nil {
 			log.Fatalf("%s: %v", c, err)
 		}
+		res[layout+"/"+ids] = r
 	}
+	// The floors are measured with memory to spare, as the tables were filled.
+	if *limit != "" {
+		b := &bench{limit: *limit}
+		if err := b.capMemory(*fillMem); err != nil {
+			log.Fatal(err)
+		}
+	}
+	if err := targets(ctx, pool, res, *floorKeys); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// result is what a case measured, for the target lines.
+type result struct {
+	ratio, bytesPerKey float64
+	tableBytes         int64
+	memBytes           int64 // the server's cap, 0 if unknown
+	retired            bool
+	cleanup            time.Duration
+	deadLeft           int64 // dead tuples Cleanup added
+	waitMax, waitP99   time.Duration
+	baseMax, baseP99   time.Duration
 }
 
 type bench struct {
@@ -90,27 +134,28 @@ func (b *bench) logf(format string, args ...any) {
 	log.Printf("%s/%s: "+format, append([]any{b.layout, b.ids}, args...)...)
 }
 
-func (b *bench) run(ctx context.Context, keys, small, rounds int, mem string, retire bool) error {
+func (b *bench) run(ctx context.Context, keys, small, rounds int, mem string, retire bool) (*result, error) {
 	// Filling under the cap would take hours of random reads: the tables
 	// are grown by the same inserts with memory to spare, then the cap
 	// drops the cache before the claims run.
 	if err := b.capMemory(b.fillMem); err != nil {
-		return err
+		return nil, err
 	}
 	bigStore, err := b.prepare(ctx, "big", keys)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	res := &result{memBytes: parseBytes(mem)}
 	smallStore, err := b.prepare(ctx, "small", small)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	bytes, err := b.tableBytes(ctx, bigStore)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := b.capMemory(b.mem); err != nil {
-		return err
+		return nil, err
 	}
 	var smallTPS, bigTPS float64
 	for r := 0; r < rounds; r++ {
@@ -119,19 +164,20 @@ func (b *bench) run(ctx context.Context, keys, small, rounds int, mem string, re
 		b.logf("round %d: small %.0f tps, big %.0f tps", r+1, s, g)
 		smallTPS, bigTPS = smallTPS+s/float64(rounds), bigTPS+g/float64(rounds)
 	}
+	res.ratio, res.bytesPerKey, res.tableBytes = bigTPS/smallTPS, float64(bytes)/float64(keys), bytes
 	fmt.Printf("bench-keys: layout=%s ids=%s keys=%d mem=%s small_tps=%.0f big_tps=%.0f ratio=%.2f bytes_per_key=%.0f\n",
-		b.layout, b.ids, keys, mem, smallTPS, bigTPS, bigTPS/smallTPS, float64(bytes)/float64(keys))
+		b.layout, b.ids, keys, mem, smallTPS, bigTPS, res.ratio, res.bytesPerKey)
 	if retire {
-		if err := b.retire(ctx, bigStore, keys); err != nil {
-			return err
+		if err := b.retire(ctx, bigStore, keys, res); err != nil {
+			return nil, err
 		}
 	}
 	for _, s := range []*pgstore.Store{smallStore, bigStore} {
 		if _, err := b.pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{s.Config().Schema}.Sanitize()+" CASCADE"); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	return res, nil
 }
 
 // The stored keys were claimed over the 7 days that ended at midnight (UTC)
@@ -140,7 +186,7 @@ func (b *bench) run(ctx context.Context, keys, small, rounds int, mem string, re
 const span = 7 * 24 * time.Hour
 
 func (b *bench) prepare(ctx context.Context, name string, n int) (*pgstore.Store, error) {
-	schema := fmt.Sprintf("keybench_%s_%s_%s", b.layout, b.ids, name)
+	schema := fmt.Sprintf("keybench_%s_%s_%s", strings.ReplaceAll(b.layout, "-", "_"), b.ids, name)
 	if _, err := b.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
 		return nil, err
 	}
@@ -153,7 +199,7 @@ func (b *bench) prepare(ctx context.Context, name string, n int) (*pgstore.Store
 		return nil, err
 	}
 	start := time.Now()
-	if b.layout == "new" {
+	if b.layout == "partitioned" {
 		if err := b.partitionPast(ctx, s); err != nil {
 			return nil, err
 		}
@@ -172,10 +218,10 @@ func (b *bench) prepare(ctx context.Context, name string, n int) (*pgstore.Store
 }
 
 func (b *bench) newStore(schema string) (*pgstore.Store, error) {
-	if b.layout == "new" {
+	if b.layout == "partitioned" {
 		return pgstore.New(b.pool, &pgstore.Config{Schema: schema, Layout: pgstore.LayoutPartitioned})
 	}
-	return pgstore.New(b.pool, &pgstore.Config{Schema: schema})
+	return pgstore.New(b.pool, &pgstore.Config{Schema: schema, Layout: pgstore.LayoutSingleTable})
 }
 
 // fill inserts n keys in claim order, a million per statement, as claims
@@ -186,7 +232,7 @@ func (b *bench) fill(ctx context.Context, s *pgstore.Store, n int) error {
 	for lo := 1; lo <= n; lo += chunk {
 		hi := min(lo+chunk-1, n)
 		stmt := b.fillSQL(s)
-		if b.layout == "new" {
+		if b.layout == "partitioned" {
 			stmt = b.fillNewSQL(s)
 		}
 		if _, err := b.pool.Exec(ctx, stmt, lo, hi, n, span.Seconds()); err != nil {
@@ -294,24 +340,43 @@ func (b *bench) claims(ctx context.Context, s *pgstore.Store) float64 {
 }
 
 // retire measures retiring the oldest day of keys: Cleanup, then (for
-// deleted rows) a VACUUM, and the dead tuples left.
-func (b *bench) retire(ctx context.Context, s *pgstore.Store, keys int) error {
+// deleted rows) a VACUUM, and the dead tuples left. Claimers of new keys run
+// on the store from a while before the Cleanup to its end, so the claims'
+// waits during the maintenance compare with theirs just before it.
+func (b *bench) retire(ctx context.Context, s *pgstore.Store, keys int, res *result) error {
 	// The claims runs leave dead tuples of their own: the claims in flight
 	// when a run ends are cancelled and their rows rolled back.
 	deadBefore, err := b.deadTuples(ctx, s)
 	if err != nil {
 		return err
 	}
+	lc := b.timedClaims(ctx, s)
+	time.Sleep(baseline)
 	start := time.Now()
 	n, err := s.Cleanup(ctx, &dedupe.CleanupConfig{BatchSize: 10_000})
+	cleanupEnd := time.Now()
+	claims := lc.stop()
 	if err != nil {
 		return err
 	}
-	cleanup := time.Since(start)
+	cleanup := cleanupEnd.Sub(start)
+	// The claimers stopped between claims: they rolled nothing back.
 	deadAfterCleanup, err := b.deadTuples(ctx, s)
 	if err != nil {
 		return err
 	}
+	var during, before []time.Duration
+	for _, c := range claims {
+		switch {
+		case c.start.Before(cleanupEnd) && c.end.After(start):
+			during = append(during, c.end.Sub(c.start))
+		case c.end.Before(start) && c.start.After(start.Add(-baseline/2)):
+			// The second half of the time before, when every claimer was running.
+			before = append(before, c.end.Sub(c.start))
+		}
+	}
+	res.waitMax, res.waitP99 = maxP99(during)
+	res.baseMax, res.baseP99 = maxP99(before)
 	start = time.Now()
 	if _, err := b.pool.Exec(ctx, "VACUUM "+tbl(s)); err != nil {
 		return err
@@ -320,9 +385,64 @@ func (b *bench) retire(ctx context.Context, s *pgstore.Store, keys int) error {
 	if _, err := b.pool.Exec(ctx, "ANALYZE "+tbl(s)); err != nil {
 		return err
 	}
+	res.retired, res.cleanup, res.deadLeft = n > 0, cleanup, deadAfterCleanup-deadBefore
 	fmt.Printf("bench-keys: retire layout=%s ids=%s keys=%d retired=%d cleanup=%v dead_tuples_before=%d dead_tuples_left=%d vacuum=%v\n",
 		b.layout, b.ids, keys, n, cleanup.Round(time.Millisecond), deadBefore, deadAfterCleanup, vacuum.Round(time.Millisecond))
+	fmt.Printf("bench-keys: claims during the retire layout=%s ids=%s claims=%d wait_p99=%v wait_max=%v; just before it claims=%d wait_p99=%v wait_max=%v\n",
+		b.layout, b.ids, len(during), res.waitP99.Round(100*time.Microsecond), res.waitMax.Round(100*time.Microsecond),
+		len(before), res.baseP99.Round(100*time.Microsecond), res.baseMax.Round(100*time.Microsecond))
 	return nil
+}
+
+// baseline is how long claimers run before the Cleanup starts.
+const baseline = 6 * time.Second
+
+type timedClaim struct{ start, end time.Time }
+
+type claimLoad struct {
+	stopping atomic.Bool
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	claims   []timedClaim
+}
+
+// timedClaims starts b.clients claimers of new keys on s, each timing its
+// claims, until stop.
+func (b *bench) timedClaims(ctx context.Context, s *pgstore.Store) *claimLoad {
+	l := &claimLoad{}
+	fp := dedupe.FingerprintOf([]byte("payload"))
+	for c := 0; c < b.clients; c++ {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for i := 0; !l.stopping.Load(); i++ {
+				req := dedupe.Request{Key: dedupe.Key{Scope: "bench", ID: b.newID()}, Fingerprint: fp,
+					Source: dedupe.Source{Topic: "bench-topic", Partition: 3, Offset: int64(i)}}
+				t := time.Now()
+				if _, err := s.Do(ctx, req, func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }); err != nil {
+					log.Fatalf("claim during the retire: %v", err)
+				}
+				l.mu.Lock()
+				l.claims = append(l.claims, timedClaim{t, time.Now()})
+				l.mu.Unlock()
+			}
+		}()
+	}
+	return l
+}
+
+func (l *claimLoad) stop() []timedClaim {
+	l.stopping.Store(true)
+	l.wg.Wait()
+	return l.claims
+}
+
+func maxP99(d []time.Duration) (time.Duration, time.Duration) {
+	if len(d) == 0 {
+		return 0, 0
+	}
+	slices.Sort(d)
+	return d[len(d)-1], d[len(d)*99/100]
 }
 
 // deadTuples counts the dead tuples in the store's tables, with
@@ -341,4 +461,117 @@ FROM (SELECT relid AS r FROM pg_partition_tree($1::regclass) WHERE isleaf
 	err = b.pool.QueryRow(ctx, `SELECT COALESCE(sum(n_dead_tup), 0)::int8 FROM pg_stat_user_tables WHERE schemaname = $1`,
 		s.Config().Schema).Scan(&dead)
 	return dead, err
+}
+
+// parseBytes reads a memory cap as bench-keys.sh prints it (152M, 4G); 0
+// if it cannot.
+func parseBytes(v string) int64 {
+	var n int64
+	var unit string
+	if _, err := fmt.Sscanf(v, "%d%s", &n, &unit); err != nil {
+		return 0
+	}
+	switch strings.ToUpper(unit) {
+	case "K":
+		return n << 10
+	case "M":
+		return n << 20
+	case "G":
+		return n << 30
+	}
+	return 0
+}
+
+// floorBytes grows a table of the least row a key can have (a scope code,
+// the ID as a uuid, the payload's SHA-256 and an expiry; with the expiry
+// index that retiring by DELETE needs, or without it) by the same inserts
+// fill makes, n keys, and returns its bytes per key, table and every index.
+func floorBytes(ctx context.Context, pool *pgxpool.Pool, ids string, expiryIndex bool, n int) (float64, error) {
+	const t = "keybench_floor.least_row"
+	for _, q := range []string{"DROP SCHEMA IF EXISTS keybench_floor CASCADE", "CREATE SCHEMA keybench_floor",
+		"CREATE TABLE " + t + " (scope smallint NOT NULL, kid uuid NOT NULL, fingerprint bytea NOT NULL, expires_at timestamptz NOT NULL, PRIMARY KEY (scope, kid))"} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			return 0, err
+		}
+	}
+	if expiryIndex {
+		if _, err := pool.Exec(ctx, "CREATE INDEX ON "+t+" (expires_at)"); err != nil {
+			return 0, err
+		}
+	}
+	at := `date_trunc('day', now()) - interval '1 day' - ($4::float8 * (1 - g::float8 / $3)) * interval '1 second'`
+	kid := `gen_random_uuid()`
+	if ids == "v7" {
+		kid = `(SELECT (lpad(to_hex((extract(epoch FROM ` + at + `) * 1000)::int8), 12, '0') || '7' || substr(m, 1, 3) || '8' || substr(m, 4, 15))::uuid
+		       FROM (SELECT md5(g::text || random()::text) AS m) r)`
+	}
+	const chunk = 1_000_000
+	for lo := 1; lo <= n; lo += chunk {
+		hi := min(lo+chunk-1, n)
+		if _, err := pool.Exec(ctx, `INSERT INTO `+t+` SELECT 1, `+kid+`, sha256(g::text::bytea), `+at+` + interval '7 days'
+FROM generate_series($1::int, $2::int) g`, lo, hi, n, span.Seconds()); err != nil {
+			return 0, err
+		}
+	}
+	var bytes int64
+	if err := pool.QueryRow(ctx, "SELECT pg_total_relation_size($1::regclass)", t).Scan(&bytes); err != nil {
+		return 0, err
+	}
+	_, err := pool.Exec(ctx, "DROP SCHEMA keybench_floor CASCADE")
+	return float64(bytes) / float64(n), err
+}
+
+// targets prints the partitioned layout's targets, each beside its floor,
+// for the cases that ran.
+func targets(ctx context.Context, pool *pgxpool.Pool, res map[string]*result, floorKeys int) error {
+	met := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "missed"
+	}
+	for _, t := range []struct {
+		ids         string
+		bound       float64
+		expiryIndex bool
+		floor       string
+	}{
+		{"v7", 150, false, "the least row, no expiry index (retired by dropping its partition)"},
+		{"v4", 175, true, "the least row with its expiry index (retired by DELETE)"},
+	} {
+		r := res["partitioned/"+t.ids]
+		if r == nil {
+			continue
+		}
+		floor, err := floorBytes(ctx, pool, t.ids, t.expiryIndex, floorKeys)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("bench-keys: target bytes_per_key ids=%s measured=%.0f target=<=%.0f floor=%.0f (%s, %d keys) %s\n",
+			t.ids, r.bytesPerKey, t.bound, floor, t.floor, floorKeys, met(r.bytesPerKey <= t.bound))
+	}
+	capped := func(r *result) string {
+		if r.memBytes == 0 {
+			return "cap unknown"
+		}
+		if r.memBytes*8 > r.tableBytes {
+			return fmt.Sprintf("cap %.2f of the table, above the 1/8 the target asks", float64(r.memBytes)/float64(r.tableBytes))
+		}
+		return fmt.Sprintf("cap 1/%.0f of the table", float64(r.tableBytes)/float64(r.memBytes))
+	}
+	if r := res["partitioned/v7"]; r != nil {
+		fmt.Printf("bench-keys: target claim_ratio ids=v7 measured=%.2f target=>=0.95 floor=1.00 (no loss; %s) %s\n",
+			r.ratio, capped(r), met(r.ratio >= 0.95))
+	}
+	if r, s := res["partitioned/v4"], res["single-table/v4"]; r != nil && s != nil {
+		fmt.Printf("bench-keys: target claim_ratio ids=v4 measured=%.2f target=>=%.2f (single-table's in this run) floor=1.00 (no loss; %s) %s\n",
+			r.ratio, s.ratio, capped(r), met(r.ratio >= s.ratio))
+	}
+	if r := res["partitioned/v7"]; r != nil && r.retired {
+		fmt.Printf("bench-keys: target retire_day ids=v7 measured=%v dead_tuples=%d target=<1s,0 floor=0s,0 %s\n",
+			r.cleanup.Round(time.Millisecond), r.deadLeft, met(r.cleanup < time.Second && r.deadLeft <= 0))
+		fmt.Printf("bench-keys: target maintenance_wait ids=v7 measured=%v target=<=50ms floor=%v (the longest claim just before the maintenance) %s\n",
+			r.waitMax.Round(100*time.Microsecond), r.baseMax.Round(100*time.Microsecond), met(r.waitMax <= 50*time.Millisecond))
+	}
+	return nil
 }

@@ -54,13 +54,18 @@ const (
 //   - batch-dedupe-v7: batch-dedupe with time-ordered command IDs (UUIDv7)
 //     instead of Watermill's random ones: its keys land on the right edge of
 //     the key index (docs/keys.md);
-//   - batch-dedupe-partitioned, batch-dedupe-v7-partitioned: the same two
-//     on the partitioned key layout (pgstore.LayoutPartitioned);
+//   - batch-dedupe and batch-dedupe-v7 claim on the default, partitioned
+//     key layout; batch-dedupe-single-table and batch-dedupe-v7-single-table
+//     are the same two on pgstore.LayoutSingleTable;
 //   - batch-floor-v7: batch-plain, plus the least claim of each batch's
 //     keys: one INSERT … ON CONFLICT DO NOTHING of a row per message holding
 //     a scope code and the UUIDv7 ID (the primary key), the payload's
 //     SHA-256 and an expiry, no index besides the key. It bounds what any
-//     store that keeps a row per key can reach on the machine.
+//     store that keeps a row per key can reach on the machine;
+//   - batch-dedupe-v7-vs-floor: batch-dedupe-v7 and batch-floor-v7 in turn,
+//     each iteration one run of each, reported as both rates and their
+//     ratio (x-floor; the target is 0.95 or more), side by side as the
+//     machine's load moves.
 //
 // Events go to the outbox in every mode (no relay runs). Run:
 //
@@ -76,9 +81,9 @@ func benchBatchThroughput(b *testing.B) {
 		{"batch-dedupe", pipeline{batch: true}},
 		{"batch-plain", pipeline{batch: true, noDedupe: true}},
 		{"batch-dedupe-v7", pipeline{batch: true, v7: true}},
-		{"batch-dedupe-partitioned", pipeline{batch: true, layout: pgstore.LayoutPartitioned}},
-		{"batch-dedupe-v7-partitioned", pipeline{batch: true, v7: true, layout: pgstore.LayoutPartitioned}},
-		{"batch-floor-v7", pipeline{batch: true, noDedupe: true, v7: true, floor: true}},
+		{"batch-dedupe-single-table", pipeline{batch: true, layout: pgstore.LayoutSingleTable}},
+		{"batch-dedupe-v7-single-table", pipeline{batch: true, v7: true, layout: pgstore.LayoutSingleTable}},
+		{"batch-floor-v7", batchFloorV7},
 	} {
 		b.Run(mode.name, func(b *testing.B) {
 			var total time.Duration
@@ -88,7 +93,21 @@ func benchBatchThroughput(b *testing.B) {
 			b.ReportMetric(float64(throughputMessages*b.N)/total.Seconds(), "msgs/s")
 		})
 	}
+	b.Run("batch-dedupe-v7-vs-floor", func(b *testing.B) {
+		var dedupe, floor time.Duration
+		for range b.N {
+			dedupe += throughputRun(b, pipeline{batch: true, v7: true}, 0, nil)
+			floor += throughputRun(b, batchFloorV7, 0, nil)
+		}
+		b.ReportMetric(float64(throughputMessages*b.N)/dedupe.Seconds(), "dedupe-msgs/s")
+		b.ReportMetric(float64(throughputMessages*b.N)/floor.Seconds(), "floor-msgs/s")
+		b.ReportMetric(floor.Seconds()/dedupe.Seconds(), "x-floor")
+	})
 }
+
+// batchFloorV7 is the batch pipeline with the least claim a row-per-key
+// store can make, over time-ordered IDs.
+var batchFloorV7 = pipeline{batch: true, noDedupe: true, v7: true, floor: true}
 
 // BenchmarkLatency measures each message's end-to-end latency, from the
 // producer's write call to the hook that runs after its transaction
@@ -190,7 +209,7 @@ func throughputRun(b *testing.B, p pipeline, rate int, lat *[]time.Duration) tim
 		}
 	}
 	w, err := NewWorker(db.Pool, Config{Schema: db.Schema, Brokers: brokers, Commands: topic, Events: events, DeadLetter: dlq,
-		Group: kafkatest.Name("g"), NoDedupe: p.noDedupe, Registry: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler)})
+		Group: kafkatest.Name("g"), NoDedupe: p.noDedupe, KeyLayout: p.layout, Registry: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -218,13 +237,8 @@ func throughputRun(b *testing.B, p pipeline, rate int, lat *[]time.Duration) tim
 	defer stop()
 	done := make(chan error, 1)
 	store := w.store
-	if p.layout == pgstore.LayoutPartitioned {
-		if store, err = pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema, Layout: p.layout, Logger: log}); err != nil {
-			b.Fatal(err)
-		}
-		if err := store.Check(ctx); err != nil {
-			b.Fatal(err)
-		}
+	if err := store.Check(ctx); err != nil {
+		b.Fatal(err)
 	}
 	handler := w.handleBatch
 	if p.floor {
