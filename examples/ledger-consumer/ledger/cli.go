@@ -16,8 +16,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/kgopubsub"
 	"github.com/exactly-go/exactly/migrations"
 	"github.com/exactly-go/exactly/pgstore"
+	"github.com/exactly-go/exactly/worker"
 )
 
 const usage = `ledger-consumer: the reference ledger worker of exactly.
@@ -75,6 +77,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		batch                                               *int
 		sessionTimeout                                      *time.Duration
 		keyLayout, keyCleanup                               *string
+		transport, groupProtocol, instanceID                *string
 		kconn                                               kafkaConn
 	)
 	switch cmd {
@@ -98,6 +101,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		batch = fs.Int("batch", 0, "batch mode: apply up to this many commands per transaction, set-based (0: one transaction per command)")
 		keyLayout = fs.String("key-layout", "partitioned", "how the keys are kept: partitioned (time partitions; the worker's role must own the tables, see docs/keys.md) or single-table (one table, for a deployment that has not switched)")
 		keyCleanup = fs.String("key-cleanup", "1m", "how often the key clean-up runs (with --key-layout partitioned it also creates the partitions ahead), at least 1ms; off: another process of the tables' owner runs it")
+		transport = fs.String("transport", "kafka-go", "the Kafka client: kafka-go, or franz-go (rebalances that stop only the partitions that move, static members, an idempotent producer; see the README's \"Which Kafka transport\")")
+		groupProtocol = fs.String("group-protocol", "classic", "with --transport franz-go: classic (cooperative-sticky) or consumer (KIP-848, Kafka 4.0 and later)")
+		instanceID = fs.String("instance-id", "", "with --transport franz-go: a static member's ID (group.instance.id), one per running worker (a pod's name): a restart within --session-timeout moves no partition")
 		kconn.register(fs)
 	case "load":
 		bs, cmds = brokers(), commands()
@@ -221,9 +227,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "ledger-consumer worker: %v\n", err)
 			return 2
 		}
+		tr, err := parseTransport(*transport, *groupProtocol, *instanceID)
+		if err != nil {
+			fmt.Fprintf(stderr, "ledger-consumer worker: %v\n", err)
+			return 2
+		}
 		w, err := NewWorker(pool, Config{Schema: *sch, Brokers: brokerList, Security: sec, Partitioner: part, Commands: *cmds, Events: *events, DeadLetter: *dlq,
 			Group: *group, SessionTimeout: *sessionTimeout, MetricsAddr: *metricsAddr, CreateTopics: true, NoDedupe: *noDedupe, Batch: *batch,
-			KeyLayout: layout, CleanupInterval: cleanup, Logger: logger})
+			KeyLayout: layout, CleanupInterval: cleanup, Transport: tr, Logger: logger})
 		if err != nil {
 			return fail(err)
 		}
@@ -281,6 +292,31 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, logger *slo
 		return fmt.Errorf("create the key partitions: %w", err)
 	}
 	return nil
+}
+
+// parseTransport reads --transport, --group-protocol and --instance-id:
+// nil for kafka-go, the worker's default.
+func parseTransport(name, protocol, instanceID string) (worker.Transport, error) {
+	switch name {
+	case "kafka-go":
+		if protocol != "classic" || instanceID != "" {
+			return nil, errors.New("--group-protocol and --instance-id are franz-go's: add --transport franz-go, or leave them out")
+		}
+		return nil, nil
+	case "franz-go":
+	default:
+		return nil, fmt.Errorf("--transport is %q: use kafka-go or franz-go", name)
+	}
+	t := kgopubsub.Transport{InstanceID: instanceID}
+	switch protocol {
+	case "classic":
+		t.GroupProtocol = kgopubsub.ProtocolClassic
+	case "consumer":
+		t.GroupProtocol = kgopubsub.ProtocolConsumer
+	default:
+		return nil, fmt.Errorf("--group-protocol is %q: use classic or consumer", protocol)
+	}
+	return t, nil
 }
 
 // parseKeyLayout reads --key-layout.

@@ -13,6 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/examples/ledger-consumer/ledger"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
 	"github.com/exactly-go/exactly/internal/testkit/pgtest"
 	"github.com/exactly-go/exactly/internal/testkit/testenv"
@@ -38,9 +41,10 @@ func TestHelp(t *testing.T) {
 	flags := map[string][]string{
 		"demo":    {"database-url", "brokers", "n", "accounts", "duplicates", "key-reuse", "malformed", "seed", "replay", "no-dedupe", "batch"},
 		"migrate": {"database-url", "schema"},
-		"worker":  {"database-url", "brokers", "schema", "commands", "events", "dead-letter", "group", "metrics-addr", "migrate", "no-dedupe", "batch", "key-layout", "key-cleanup"},
-		"load":    {"brokers", "commands", "n", "accounts", "duplicates", "key-reuse", "malformed", "seed"},
-		"verify":  {"database-url", "brokers", "schema", "commands"},
+		"worker": {"database-url", "brokers", "schema", "commands", "events", "dead-letter", "group", "metrics-addr", "migrate", "no-dedupe", "batch", "key-layout", "key-cleanup",
+			"transport", "group-protocol", "instance-id"},
+		"load":   {"brokers", "commands", "n", "accounts", "duplicates", "key-reuse", "malformed", "seed"},
+		"verify": {"database-url", "brokers", "schema", "commands"},
 	}
 	all := map[string]bool{}
 	for _, fs := range flags {
@@ -83,6 +87,92 @@ func TestWorkerKeyFlags(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("worker -h lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// worker refuses a transport it does not know, and franz-go's settings
+// without franz-go, as usage errors, before it reaches for any server.
+func TestWorkerTransportFlags(t *testing.T) {
+	for _, args := range [][]string{{"--transport", "sarama"}, {"--transport", ""}, {"--group-protocol", "consumer"},
+		{"--instance-id", "pod-1"}, {"--transport", "franz-go", "--group-protocol", "eager"}} {
+		code, out, errs := runCLI(context.Background(), append([]string{"worker", "--brokers", "127.0.0.1:1", "--database-url", "postgres://127.0.0.1:1/x"}, args...)...)
+		if code != 2 || out != "" || !strings.Contains(errs, "--"+strings.TrimLeft(args[len(args)-2], "-")) {
+			t.Errorf("worker %v: exit %d, stdout %q, stderr %q", args, code, out, errs)
+		}
+	}
+}
+
+// The worker on franz-go (--transport franz-go, a static member):
+// everything consumed and committed, the balances recomputed from the
+// topic match, and the events the relay published through franz-go's
+// producer are one per command applied.
+func TestWorkerOnFranzGo(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	url := pgtest.RequireURL(t)
+	db := pgtest.NewEmpty(t)
+	ctx := context.Background()
+	commands, events, group := kafkatest.Topic(t, 3), kafkatest.Topic(t, 1), kafkatest.Name("g")
+	if code, out, errs := runCLI(ctx, "load", "--brokers", brokers[0], "--commands", commands, "--n", "300", "--accounts", "10", "--seed", "7"); code != 0 {
+		t.Fatalf("load: exit %d\n%s%s", code, out, errs)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan int, 1)
+	var werr bytes.Buffer
+	go func() {
+		done <- ledger.Main(wctx, []string{"worker", "--migrate", "--database-url", url, "--brokers", brokers[0], "--schema", db.Schema,
+			"--commands", commands, "--events", events, "--dead-letter", kafkatest.Topic(t, 1), "--group", group,
+			"--metrics-addr", "", "--transport", "franz-go", "--instance-id", "ledger-0"}, &bytes.Buffer{}, &werr)
+	}()
+	end := kafkatest.EndOffsets(t, commands, 3)
+	testenv.WaitFor(t, 2*time.Minute, "the worker to consume everything and publish its events", func() bool {
+		select {
+		case code := <-done:
+			t.Fatalf("the worker exited %d:\n%s", code, werr.String())
+		default:
+		}
+		got := kafkatest.CommittedOffsets(t, group, commands, 3)
+		if got[0] != end[0] || got[1] != end[1] || got[2] != end[2] {
+			return false
+		}
+		var pending int
+		if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+db.Table("exactly_outbox")+" WHERE status = 'PENDING'").Scan(&pending); err != nil {
+			t.Fatal(err)
+		}
+		return pending == 0
+	})
+	// The group's one member is the static member the worker joined as.
+	adm, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	groups, err := kadm.NewClient(adm).DescribeGroups(ctx, group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := groups[group]; g.Err != nil || len(g.Members) != 1 || g.Members[0].InstanceID == nil || *g.Members[0].InstanceID != "ledger-0" {
+		t.Fatalf("the group's members: %+v, want the static member ledger-0", g)
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("the worker exited %d:\n%s", code, werr.String())
+	}
+	var published int
+	if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+db.Table("exactly_outbox")+" WHERE status = 'PUBLISHED'").Scan(&published); err != nil {
+		t.Fatal(err)
+	}
+	recs := kafkatest.ReadAll(t, events, 1, 10*time.Second)
+	seen := map[string]bool{}
+	for _, r := range recs {
+		seen[string(r.Key)+"/"+string(r.Value)] = true
+	}
+	if published == 0 || len(recs) != published || len(seen) != published {
+		t.Fatalf("%d events published by the relay, %d records on the events topic, %d distinct", published, len(recs), len(seen))
+	}
+	code, out, errs := runCLI(ctx, "verify", "--database-url", url, "--brokers", brokers[0], "--schema", db.Schema, "--commands", commands)
+	if code != 0 || !strings.Contains(out, "balances match: true") {
+		t.Fatalf("verify: exit %d\n%s%s", code, out, errs)
 	}
 }
 

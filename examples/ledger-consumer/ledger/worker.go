@@ -43,6 +43,10 @@ type Config struct {
 	Commands, Events, DeadLetter string
 	// Group is the consumer group. Defaults to "ledger-consumer".
 	Group string
+	// Transport is the Kafka client the worker consumes and publishes
+	// with (worker.Config.Transport): kgopubsub.Transport{} for franz-go.
+	// Defaults to nil: kafka-go.
+	Transport worker.Transport
 	// SessionTimeout is how long the group waits for a silent member
 	// before it hands the member's partitions to the others: the time from
 	// a crash to its partitions being consumed again. Heartbeats go out
@@ -149,7 +153,7 @@ func NewWorker(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 		CreateTopics: cfg.CreateTopics, TopicPartitions: 6, Tables: []string{"accounts", "holds", "rejections"}, Schema: cfg.Schema,
 		KeyFunc: cfg.KeyFunc, FingerprintFunc: cfg.FingerprintFunc, StartupBackoff: cfg.Backoff,
 		Hooks: lw.Metrics, Plugins: []worker.Plugin{prom}, Logger: cfg.Logger,
-		KeyLayout: cfg.KeyLayout, CleanupInterval: cfg.CleanupInterval,
+		KeyLayout: cfg.KeyLayout, CleanupInterval: cfg.CleanupInterval, Transport: cfg.Transport,
 	}
 	if cfg.NoDedupe {
 		wcfg.Plugins = append(wcfg.Plugins, measure.NoDedupe())
