@@ -5,7 +5,7 @@ GO ?= go
 # systest, tools, internal/testkit/testservices).
 PKGS ?= $(shell GO="$(GO)" scripts/packages.sh)
 
-.PHONY: api release-check release-check-selftest bench-keys throughput demo test test-matrix test-short chaos chaos-short chaos-keys chaos-topology bench lint services services-stop up down images test-docker compose-test
+.PHONY: api release-check release-check-selftest bench-keys throughput demo test test-matrix test-short chaos chaos-short chaos-keys chaos-franz chaos-topology bench lint services services-stop up down images test-docker compose-test
 
 # The ledger demo: Postgres at DATABASE_URL, else at localhost, else a
 # throwaway server for the demo's lifetime; Kafka in-process unless
@@ -46,6 +46,11 @@ chaos-short:
 # CHAOS_KEY_LAYOUT=single-table runs the single table.)
 chaos-keys:
 	CHAOS=1 CHAOS_KEY_MAINTENANCE=1 $(GO) test -race -count=1 -timeout 20m -run 'TestChaos$$' -v ./systest/chaos/
+
+# The short chaos run with the workers on the franz-go transport, each a
+# static member (docs/chaos.md).
+chaos-franz:
+	CHAOS=1 CHAOS_TRANSPORT=franz-go CHAOS_STATIC=1 $(GO) test -race -count=1 -timeout 20m -run 'TestChaos$$' -v ./systest/chaos/
 
 # The topology runs (CHAOS_TOPOLOGY=1): the chaos suite on a three-node
 # Kafka cluster (scripts/kafka.sh cluster), topics RF 3 and

@@ -50,6 +50,11 @@ type options struct {
 	// maintenance (keys_test.go).
 	keyLayout      string
 	keyMaintenance bool
+	// transport is the workers' --transport: "kafka-go" (the default) or
+	// "franz-go"; static makes each franz-go worker a static member
+	// (--instance-id chaos-<id>, the same at each restart).
+	transport string
+	static    bool
 }
 
 func envBool(k string, def bool) bool {
@@ -69,6 +74,12 @@ func (o options) keyEnv() string {
 	if o.keyMaintenance {
 		env += " CHAOS_KEY_MAINTENANCE=1"
 	}
+	if o.transport != "kafka-go" {
+		env += " CHAOS_TRANSPORT=" + o.transport
+	}
+	if o.static {
+		env += " CHAOS_STATIC=1"
+	}
 	return env
 }
 
@@ -84,6 +95,11 @@ func loadOptions() options {
 		o.keyLayout = l
 	}
 	o.keyMaintenance = envBool("CHAOS_KEY_MAINTENANCE", false)
+	o.transport = "kafka-go"
+	if tr := os.Getenv("CHAOS_TRANSPORT"); tr != "" {
+		o.transport = tr
+	}
+	o.static = envBool("CHAOS_STATIC", false)
 	if b, err := strconv.Atoi(os.Getenv("CHAOS_BATCH")); err == nil && b >= 0 {
 		o.batch = b
 	}
@@ -169,6 +185,12 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 	}
 	if o.keyMaintenance && o.keyLayout != "partitioned" {
 		t.Fatalf("chaos: CHAOS_KEY_MAINTENANCE needs the partitioned layout")
+	}
+	if o.transport != "kafka-go" && o.transport != "franz-go" {
+		t.Fatalf("chaos: CHAOS_TRANSPORT is %q: set it to kafka-go or franz-go", o.transport)
+	}
+	if o.static && o.transport != "franz-go" {
+		t.Fatalf("chaos: CHAOS_STATIC needs CHAOS_TRANSPORT=franz-go")
 	}
 	partitioned := o.keyLayout == "partitioned"
 	base, err := os.MkdirTemp("", "exactly-chaos-")
@@ -294,7 +316,7 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 		t.Fatalf("ledger migrate: %v\n%s", err, out)
 	}
 	var n counts
-	ws := &workers{restarts: &n.workerRestarts, bin: bin, dir: base, batch: o.batch, args: []string{"worker", "--database-url", workerDB, "--brokers", strings.Join(workerBrokers, ","),
+	ws := &workers{restarts: &n.workerRestarts, bin: bin, dir: base, batch: o.batch, transport: o.transport, static: o.static, args: []string{"worker", "--database-url", workerDB, "--brokers", strings.Join(workerBrokers, ","),
 		"--schema", "ledger", "--commands", commandsTopic, "--metrics-addr", "127.0.0.1:0",
 		"--session-timeout", sessionTimeout.String()}}
 	switch {
@@ -330,7 +352,7 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 		if firstLow, err = waitPartitions(ctx, pool, time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		if err := waitConsuming(ctx, kc, sc.workers, time.Minute); err != nil {
+		if err := waitConsuming(ctx, brokers, sc.workers, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -131,8 +131,11 @@ type workers struct {
 	bin, dir string
 	args     []string
 	batch    int // see options.batch
-	mu       sync.Mutex
-	all      []*worker
+	// transport and static are options.transport and options.static.
+	transport string
+	static    bool
+	mu        sync.Mutex
+	all       []*worker
 	// exits are the exits that nobody asked for, with their log tails.
 	exits    []string
 	stopping bool
@@ -310,16 +313,30 @@ func tcpPorts(pid int) map[int]bool {
 // modeArgs returns the mode arguments of worker id: batch mode for odd ids
 // when the run has batches, so both modes share the group.
 func (ws *workers) modeArgs(id int) []string {
+	var args []string
 	if ws.batch > 0 && id%2 == 1 {
-		return []string{"--batch", strconv.Itoa(ws.batch)}
+		args = append(args, "--batch", strconv.Itoa(ws.batch))
 	}
-	return nil
+	if ws.transport == "franz-go" {
+		args = append(args, "--transport", "franz-go")
+		if ws.static {
+			args = append(args, "--instance-id", fmt.Sprintf("chaos-%d", id))
+		}
+	}
+	return args
 }
 
 // modes describes the workers' modes for the summary line.
 func (ws *workers) modes() string {
-	if ws.batch == 0 {
-		return "per-message"
+	m := "per-message"
+	if ws.batch > 0 {
+		m = fmt.Sprintf("per-message+batch(%d)", ws.batch)
 	}
-	return fmt.Sprintf("per-message+batch(%d)", ws.batch)
+	if ws.transport == "franz-go" {
+		m += " on franz-go"
+		if ws.static {
+			m += " (static members)"
+		}
+	}
+	return m
 }

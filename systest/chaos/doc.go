@@ -11,6 +11,7 @@
 //	make chaos                                                    # the long run (CHAOS_LONG=1)
 //	make chaos-topology                                           # three Kafka nodes (CHAOS_TOPOLOGY=1)
 //	make chaos-keys                                               # partition maintenance forced (CHAOS_KEY_MAINTENANCE=1)
+//	make chaos-franz                                              # the workers on franz-go, static members (CHAOS_TRANSPORT=franz-go CHAOS_STATIC=1)
 //
 // The topology run (topology_test.go) runs the workload on a three-node
 // Kafka cluster (scripts/kafka.sh cluster; topics with replication factor 3
@@ -54,4 +55,11 @@
 // (a restore of rows would bring back keys of dropped partitions).
 // CHAOS_KEY_LAYOUT=single-table runs the workers on the single table
 // (--key-layout single-table).
+//
+// CHAOS_TRANSPORT=franz-go runs the workers on the franz-go transport
+// (--transport franz-go: cooperative-sticky rebalances, franz-go's
+// idempotent producer for the relay and the dead letters); CHAOS_STATIC=1
+// makes each of them a static member (--instance-id chaos-<id>, the same
+// at every restart of that worker, so a kill -9 and the restart move no
+// partition). make chaos-franz runs the short run so.
 package chaos

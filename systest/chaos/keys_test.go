@@ -10,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
 )
 
 // By default the workers keep their keys in the partitioned layout
@@ -89,14 +88,11 @@ func waitPartitions(ctx context.Context, pool *pgxpool.Pool, d time.Duration) (t
 // gets its first keys well before its range is past. (A time partition
 // still empty once its range is past is retired at once, and the IDs of its
 // range go to exactly_keys2_other from then on, as kind 'o'.)
-func waitConsuming(ctx context.Context, kc *kafka.Client, workers int, d time.Duration) error {
+func waitConsuming(ctx context.Context, brokers []string, workers int, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	for {
-		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		res, err := kc.DescribeGroups(gctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
-		cancel()
-		if err == nil && len(res.Groups) == 1 && res.Groups[0].Error == nil && res.Groups[0].GroupState == "Stable" &&
-			len(res.Groups[0].Members) == workers && assigned(res.Groups[0]) == partitions {
+		g, err := describeGroup(ctx, brokers)
+		if err == nil && g.stable && g.members == workers && g.assigned == partitions {
 			break
 		}
 		if time.Now().After(deadline) {

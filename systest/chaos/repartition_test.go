@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/exactly-go/exactly/internal/kafkaadmin"
 )
@@ -395,11 +397,8 @@ func (r *topoRun) waitGroupStable(ctx context.Context, c *chaosRun, d time.Durat
 		c.ws.mu.Unlock()
 		ok := len(c.targets()) == total
 		if ok {
-			gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			res, err := r.kc.DescribeGroups(gctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
-			cancel()
-			ok = err == nil && len(res.Groups) == 1 && res.Groups[0].Error == nil && res.Groups[0].GroupState == "Stable" &&
-				len(res.Groups[0].Members) == total && assigned(res.Groups[0]) == c.mon.commandParts()
+			g, err := describeGroup(ctx, r.brokers)
+			ok = err == nil && g.stable && g.members == total && g.assigned == c.mon.commandParts()
 		}
 		switch {
 		case !ok:
@@ -414,15 +413,47 @@ func (r *topoRun) waitGroupStable(ctx context.Context, c *chaosRun, d time.Durat
 	return false
 }
 
-// assigned counts the commands topic's partitions assigned in g.
-func assigned(g kafka.DescribeGroupsResponseGroup) int {
-	n := 0
+// group is what describeGroup reads of the workers' group.
+type groupView struct {
+	stable            bool
+	members, assigned int // assigned: the commands topic's partitions
+}
+
+// describeGroup describes the workers' group with franz-go's messages,
+// which read the member assignments of every classic-protocol assignor
+// (kafka-go's client cannot read the cooperative-sticky assignor's).
+func describeGroup(ctx context.Context, brokers []string) (groupView, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return groupView{}, err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req := kmsg.NewPtrDescribeGroupsRequest()
+	req.Groups = []string{group}
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return groupView{}, err
+	}
+	if len(resp.Groups) != 1 {
+		return groupView{}, fmt.Errorf("chaos: %d groups described", len(resp.Groups))
+	}
+	g := resp.Groups[0]
+	if err := kerr.ErrorForCode(g.ErrorCode); err != nil {
+		return groupView{}, err
+	}
+	v := groupView{stable: g.State == "Stable", members: len(g.Members)}
 	for _, m := range g.Members {
-		for _, t := range m.MemberAssignments.Topics {
+		var a kmsg.ConsumerMemberAssignment
+		if err := a.ReadFrom(m.MemberAssignment); err != nil {
+			return groupView{}, fmt.Errorf("chaos: member %s's assignment: %w", m.MemberID, err)
+		}
+		for _, t := range a.Topics {
 			if t.Topic == commandsTopic {
-				n += len(t.Partitions)
+				v.assigned += len(t.Partitions)
 			}
 		}
 	}
-	return n
+	return v, nil
 }

@@ -213,6 +213,7 @@ type topoRun struct {
 	pg      *pgPair     // the Postgres pair, with pg-failover among the kinds
 	net     *netProxies // the workers' proxies, with a net-* kind
 	kc      *kafka.Client
+	brokers []string
 	prodCl  *kgo.Client
 	produce func(context.Context, *kgo.Client, []*kgo.Record) error
 	rnd     *workloadRand
@@ -224,7 +225,7 @@ type topoRun struct {
 }
 
 func newTopoRun(cfg *topology, cl *kcluster, brokers []string, prodCl *kgo.Client, produce func(context.Context, *kgo.Client, []*kgo.Record) error, rnd *workloadRand) *topoRun {
-	return &topoRun{cfg: cfg, cl: cl, kc: &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second}, prodCl: prodCl, produce: produce, rnd: rnd,
+	return &topoRun{cfg: cfg, cl: cl, brokers: brokers, kc: &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second}, prodCl: prodCl, produce: produce, rnd: rnd,
 		recovered: map[string][]time.Duration{}, unrecov: map[string]int{}, done: map[string]int{}}
 }
 
