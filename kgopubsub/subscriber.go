@@ -108,6 +108,10 @@ func (s *Subscriber) log() *slog.Logger { return s.cfg.Logger }
 // goroutine before its fetching pauses.
 func (s *Subscriber) pauseAt() int { return max(1024, 2*lookaheadFactor*s.cfg.MaxInFlight) }
 
+// partitionWatch is how often a Subscriber's clients refresh the topic's
+// metadata, and so find partitions added to it.
+const partitionWatch = 5 * time.Second
+
 // clientOpts are the options every client of the Subscriber starts with.
 func (s *Subscriber) clientOpts(topic string) []kgo.Opt {
 	opts := []kgo.Opt{
@@ -117,6 +121,10 @@ func (s *Subscriber) clientOpts(topic string) []kgo.Opt {
 		kgo.FetchMaxPartitionBytes(int32(s.cfg.MaxBytes)),
 		kgo.FetchMaxBytes(int32(max(s.cfg.MaxBytes, 50<<20))),
 		kgo.WithLogger(kgoLogger{s.log()}),
+		// Partitions added to the topic are found at a metadata refresh:
+		// every 5s, as kafka-go's group watches them, instead of franz-go's
+		// default 5m, during which their records would wait unconsumed.
+		kgo.MetadataMaxAge(partitionWatch),
 	}
 	if s.cfg.Isolation == kafkapubsub.ReadCommitted {
 		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))

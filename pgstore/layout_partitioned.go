@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/pgerr"
 )
 
 // The partitioned layout (LayoutPartitioned): its state and codes in
@@ -115,6 +116,10 @@ func (p *partitioned) claimError(req dedupe.Request, a claimArgs, err error) err
 		return classify("claim "+req.Key.String(), err)
 	}
 	p.forget()
+	if pgerr.IsSingleTableRetired(err) {
+		return dedupe.Retryable(fmt.Errorf("pgstore: claim %s: the single key table was retired under the claim (its key "+
+			"had expired): it is claimed again on %s: %w", req.Key, p.parent, err))
+	}
 	minted := a.part.sid.minted
 	return dedupe.Retryable(fmt.Errorf("pgstore: claim %s: no partition of %s holds its time %s: the partitions changed "+
 		"meanwhile, or Cleanup (which creates them ahead) has not run for a while: %w",
@@ -125,10 +130,12 @@ func (p *partitioned) claimError(req dedupe.Request, a claimArgs, err error) err
 // changed under a statement built from a state read before: the
 // partitioned table found no partition for a key (23514), or a table the
 // statement names is gone (42P01: the legacy table, dropped once it was
-// retired). The state is read again and the transaction retried.
+// retired), or the legacy table refused a write once retired (EXK02,
+// migration 00009). The state is read again and the transaction retried.
 func layoutChanged(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition") || pgErr.Code == "42P01")
+	return errors.As(err, &pgErr) && (pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition") || pgErr.Code == "42P01" ||
+		pgErr.Code == pgerr.SingleTableRetiredCode)
 }
 
 // beyondPartitions returns the InvalidKeyError of a request whose ID (sid)
@@ -222,6 +229,12 @@ func (p *partitioned) update(ctx context.Context, db DBTX, key dedupe.Key, u key
 	}
 	var n int64
 	err = db.QueryRow(ctx, stmt, p.named(a, more)).Scan(&n)
+	if pgerr.IsSingleTableRetired(err) {
+		// The key was in the single table, which the clean-up retired
+		// since: it had expired, and its lease with it.
+		p.forget()
+		return 0, nil
+	}
 	if layoutChanged(err) {
 		err = p.layoutError("update "+key.String(), err)
 	}

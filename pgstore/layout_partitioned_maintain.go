@@ -207,9 +207,11 @@ func (p *partitioned) retirePartition(ctx context.Context, conn *pgxpool.Conn, l
 // no store of the single table claims a key there (migration 00008), so
 // nothing it holds matters any more; before the start, stores of the
 // single table may still be claiming, and the table is left alone. The
-// lock keeps takeovers out and does not conflict with the probes of
-// claims in flight. The table is dropped later (dropRetired), once no
-// store reads it.
+// retire enables the table's update guard (migration 00009), whose lock
+// waits for the transactions that wrote there and does not conflict with
+// the probes of claims in flight; from then on a write there is refused
+// (EXK02), whatever the writer's snapshot. The table is dropped later
+// (dropRetired), once no store reads it.
 func (p *partitioned) retireLegacy(ctx context.Context, conn *pgxpool.Conn, legacy string) error {
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", legacy).Scan(&exists); err != nil {
@@ -226,26 +228,15 @@ func (p *partitioned) retireLegacy(ctx context.Context, conn *pgxpool.Conn, lega
 		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+maintenanceLockTimeout+"'"); err != nil {
 			return err
 		}
-		if exists {
-			if _, err := tx.Exec(ctx, "LOCK TABLE "+legacy+" IN SHARE MODE"); err != nil {
-				return err
-			}
-		}
-		var started bool
-		if err := tx.QueryRow(ctx, "SELECT started_at IS NOT NULL FROM "+p.state).Scan(&started); err != nil {
+		// Enables the table's update guard (waiting for its writers),
+		// checks again that no key is live there, and clears the state's
+		// legacy (migration 00009); false when it kept the table.
+		var retired bool
+		if err := tx.QueryRow(ctx, "SELECT "+pgx.Identifier{p.schema, "exactly_keys2_retire"}.Sanitize()+"()").Scan(&retired); err != nil {
 			return err
 		}
-		if !started {
-			busy = true
-			return nil
-		}
-		if exists {
-			if err := tx.QueryRow(ctx, live).Scan(&busy); err != nil || busy {
-				return err
-			}
-		}
-		_, err := tx.Exec(ctx, "UPDATE "+p.state+" SET legacy = NULL")
-		return err
+		busy = !retired
+		return nil
 	})
 	if lockBusy(err) || busy {
 		return nil

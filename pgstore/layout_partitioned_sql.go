@@ -3,7 +3,7 @@ package pgstore
 import "strings"
 
 // The partitioned layout's statements (pgx named arguments), with {P} standing for the
-// partitioned table, {N} for the names table, {S} for the layout's state and {L} for the legacy table
+// partitioned table, {N} for the names table and {L} for the legacy table
 // probed as the oldest generation (the statements without it leave its
 // parts out). They answer in the legacy statements' columns, so one
 // protocol (claim.go) runs on both layouts. Their arguments:
@@ -84,28 +84,12 @@ SELECT * FROM old`
         source_topic = @tname, source_partition = @part, source_offset = @off,
         expires_at = now() + @ttl::float8 * interval '1 microsecond'
     WHERE o.scope = @scope AND o.key = @id AND o.status = 'PROCESSING' AND o.attempts = @attempts::int AND o.locked_until <= clock_timestamp()
-        AND NOT EXISTS (SELECT FROM n)` + legacyFence + `
+        AND NOT EXISTS (SELECT FROM n)
     RETURNING false, ` + prefixedOldCols + `, clock_timestamp()
 )`
 	p2OldTakeoverRow = `
 UNION ALL
 SELECT * FROM o`
-
-	// legacyFence ends the WHERE of every write to {L}: the layout's state
-	// ({S}) still names a table to probe. Liveness in {L} is judged with
-	// now(), the transaction's start, which can be long before a write:
-	// a transaction that began while a key was live there can take it over
-	// after the clean-up retired the table, and the row it would write
-	// would be in a table no store reads. The retire locks {L} in SHARE
-	// mode before it checks that no key is live and clears the state, and
-	// a write to {L} locks it in ROW EXCLUSIVE mode before its statement's
-	// snapshot is taken: a write that got its lock first is seen live by the
-	// retire, and a write that waited for the retire sees the state
-	// cleared, and writes nothing. (A REPEATABLE READ or SERIALIZABLE
-	// transaction reads the state of its first statement's snapshot, and
-	// is not fenced.)
-	legacyFence = `
-        AND EXISTS (SELECT FROM {S} st WHERE st.legacy IS NOT NULL)`
 
 	prefixedOldCols = `o.scope, o.key, o.fingerprint, o.status, o.result, o.attempts, o.source_topic, o.source_partition,
        o.source_offset, o.created_at, o.completed_at, o.locked_until, o.expires_at`
@@ -116,7 +100,7 @@ SELECT * FROM o`
 	p2UpdateSQL = `WITH n AS (UPDATE {P} AS k SET /*set*/ WHERE ` + p2Key + ` /*where*/ RETURNING 1)/*oldupdate*/
 SELECT (SELECT count(*) FROM n)/*oldcount*/`
 	p2OldUpdate = `, o AS (UPDATE {L} AS o SET /*oldset*/ WHERE o.scope = @scope AND o.key = @id /*oldwhere*/
-    AND NOT EXISTS (SELECT FROM n)` + legacyFence + ` RETURNING 1)`
+    AND NOT EXISTS (SELECT FROM n) RETURNING 1)`
 	p2OldCount = ` + (SELECT count(*) FROM o)`
 
 	p2GetSQL = `SELECT i, s, id, fp, st, r, a, t, p, off, c, done, lk, e, now FROM (
@@ -187,7 +171,7 @@ CROSS JOIN LATERAL (SELECT * FROM {P} k WHERE ` + p2BatchKey + ` OFFSET 0 FOR UP
 SELECT (SELECT count(*) FROM n)/*oldcount*/`
 	p2OldBatchResult = `, o AS (
     UPDATE {L} AS o SET result = u.result FROM u
-    WHERE o.scope = u.scope AND o.key = u.id AND o.status = 'COMPLETED' AND NOT EXISTS (SELECT FROM n WHERE n.ord = u.ord)` + legacyFence + `
+    WHERE o.scope = u.scope AND o.key = u.id AND o.status = 'COMPLETED' AND NOT EXISTS (SELECT FROM n WHERE n.ord = u.ord)
     RETURNING 1)`
 
 	// p2BatchLegacySQL lists the keys of a batch that are live in the
@@ -208,7 +192,7 @@ WHERE ` + legacyLiveRow
 
 // newPartitionedQueries builds the partitioned layout's statements, with
 // the legacy table's parts when legacy is not "".
-func newPartitionedQueries(parent, names, state, legacy string) queries {
+func newPartitionedQueries(parent, names, legacy string) queries {
 	splice := func(stmt string, parts ...string) string {
 		for i := 0; i+1 < len(parts); i += 2 {
 			with := ""
@@ -217,7 +201,7 @@ func newPartitionedQueries(parent, names, state, legacy string) queries {
 			}
 			stmt = strings.ReplaceAll(stmt, parts[i], with)
 		}
-		return strings.NewReplacer("{P}", parent, "{N}", names, "{S}", state, "{L}", legacy).Replace(stmt)
+		return strings.NewReplacer("{P}", parent, "{N}", names, "{L}", legacy).Replace(stmt)
 	}
 	update := func(set, where, oldSet, oldWhere string) string {
 		s := splice(p2UpdateSQL, "/*oldupdate*/", p2OldUpdate, "/*oldcount*/", p2OldCount)

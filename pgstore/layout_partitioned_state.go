@@ -169,7 +169,7 @@ func (p *partitioned) queriesFor(st layoutState, target string) *queries {
 	if target != "" {
 		t = p.quoted(target)
 	}
-	q := newPartitionedQueries(t, p.names, p.state, st.legacy)
+	q := newPartitionedQueries(t, p.names, st.legacy)
 	p.qs[k] = &q
 	return &q
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/pgerr"
 )
 
 // singleTable is LayoutSingleTable: every key in one table, its statements in
@@ -114,6 +115,11 @@ func (l *singleTable) update(ctx context.Context, db DBTX, key dedupe.Key, u key
 		stmt, args = l.q.release, []any{key.Scope, key.ID, u.attempts}
 	}
 	tag, err := db.Exec(ctx, stmt, args...)
+	if pgerr.IsSingleTableRetired(err) {
+		// The partitioned layout's clean-up retired the table: the key had
+		// expired, and its lease with it.
+		return 0, nil
+	}
 	return tag.RowsAffected(), err
 }
 

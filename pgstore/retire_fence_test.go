@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/dedupe/dedupetest"
@@ -17,9 +18,22 @@ import (
 // that key over once the clean-up has retired the table, must not write
 // it there: no store reads the single table any more, so a copy claimed
 // after it would be applied again. The takeover is refused (a retryable
-// error) and the copy is applied once.
+// error) and the copy is applied once, at every isolation level (the
+// table's update guard, not the state the transaction's snapshot shows,
+// refuses it).
 func TestSingleTableTakeoverAfterRetire(t *testing.T) {
 	t.Parallel()
+	for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable} {
+		t.Run(string(iso), func(t *testing.T) {
+			t.Parallel()
+			takeoverAfterRetire(t, iso)
+		})
+	}
+}
+
+// takeoverAfterRetire runs TestSingleTableTakeoverAfterRetire with the
+// caller's transaction at iso, its snapshot taken before the retire.
+func takeoverAfterRetire(t *testing.T, iso pgx.TxIsoLevel) {
 	s, single, db := newPartitioned(t, nil, "")
 	ctx := context.Background()
 	// A lease that its holder lost (it expires at once), on a key whose TTL
@@ -41,11 +55,14 @@ func TestSingleTableTakeoverAfterRetire(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Its transaction begins while the key is live.
-	tx, err := db.Pool.Begin(ctx)
+	tx, err := db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)                              //nolint:errcheck
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil { // its snapshot, at REPEATABLE READ and above
+		t.Fatal(err)
+	}
 	time.Sleep(req.TTL + 200*time.Millisecond)
 	if _, err := s.Cleanup(ctx, nil); err != nil {
 		t.Fatal(err)
@@ -116,5 +133,39 @@ func TestSingleTableCompleteAfterRetire(t *testing.T) {
 	}
 	if err := other.Complete(ctx, c, nil); !errors.Is(err, dedupe.ErrLeaseLost) {
 		t.Fatalf("a completion after the retire: %v, want ErrLeaseLost", err)
+	}
+}
+
+// A store of the single-table layout (a worker of an older version, during
+// a rolling upgrade) whose lease expired with its key's TTL, and completes
+// after the clean-up retired the table, is told that it lost the lease: its
+// completion is refused by the table's update guard.
+func TestSingleTableStoreCompleteAfterRetire(t *testing.T) {
+	t.Parallel()
+	s, single, db := newPartitioned(t, nil, "")
+	ctx := context.Background()
+	req := dedupetest.Req("s", uuid.NewString(), "p")
+	req.TTL = 500 * time.Millisecond
+	c, err := single.Acquire(ctx, req, 100*time.Millisecond)
+	if err != nil || c.Decision != dedupe.DecisionNew {
+		t.Fatalf("lease: %v %v", c.Decision, err)
+	}
+	if err := s.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(req.TTL + 200*time.Millisecond)
+	if _, err := s.Cleanup(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	var probed bool
+	if err := db.Pool.QueryRow(ctx, "SELECT legacy IS NOT NULL FROM "+db.Table("exactly_keys2_state")).Scan(&probed); err != nil || probed {
+		t.Fatalf("the clean-up did not retire the single table (probed %v, %v)", probed, err)
+	}
+	if err := single.Complete(ctx, c, nil); !errors.Is(err, dedupe.ErrLeaseLost) {
+		t.Fatalf("a completion after the retire: %v, want ErrLeaseLost", err)
+	}
+	var status string
+	if err := db.Pool.QueryRow(ctx, "SELECT status FROM "+db.Table("exactly_keys")+" WHERE key = $1", req.Key.ID).Scan(&status); err != nil || status != "PROCESSING" {
+		t.Fatalf("the retired table's row: %q %v, want it untouched", status, err)
 	}
 }

@@ -56,6 +56,18 @@ func IsConfiguration(err error) bool {
 	return pgErr.Code == SingleTableClosedCode
 }
 
+// SingleTableRetiredCode is the SQLSTATE that exactly_keys's update guard
+// raises once the clean-up retired the table (migration 00009): no store
+// reads it any more, and every key in it had expired.
+const SingleTableRetiredCode = "EXK02"
+
+// IsSingleTableRetired reports whether err is the single table's update
+// guard (SingleTableRetiredCode).
+func IsSingleTableRetired(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == SingleTableRetiredCode
+}
+
 // IsSingleTableClosed reports whether err is the single table's insert guard
 // (SingleTableClosedCode).
 func IsSingleTableClosed(err error) bool {
