@@ -93,6 +93,7 @@ func (p *partition) resume() {
 // the next offset to commit each time the watermark moves.
 func (s *Subscriber) consume(subCtx, stopCtx context.Context, p *partition, out chan<- *message.Message, acked func(next int64)) {
 	defer close(p.done)
+	base := context.WithoutCancel(subCtx)
 	w := newWindow(s.cfg.MaxInFlight, s.cfg.KeyOrdered, -1)
 	events := make(chan windowEvent, s.cfg.MaxInFlight)
 	quit := make(chan struct{})
@@ -132,7 +133,7 @@ func (s *Subscriber) consume(subCtx, stopCtx context.Context, p *partition, out 
 		e := w.next()
 		if e != nil {
 			if e.msg == nil {
-				s.prepare(subCtx, e)
+				s.prepare(base, e)
 			}
 			send, msg = out, e.msg
 		}
@@ -185,10 +186,11 @@ type windowEvent struct {
 
 // prepare makes e's next delivery, its context carrying the record's
 // coordinates (dedupe.SourceFromContext) and the record as it arrived.
-func (s *Subscriber) prepare(subCtx context.Context, e *entry) {
+// base is the subscription's context without its cancellation.
+func (s *Subscriber) prepare(base context.Context, e *entry) {
 	r := e.km
 	msg := toWatermill(r)
-	ctx, cancel := context.WithCancel(context.WithoutCancel(subCtx))
+	ctx, cancel := context.WithCancel(base)
 	ctx = withArrived(ctx, r)
 	msg.SetContext(dedupe.ContextWithSource(ctx, dedupe.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}))
 	e.msg, e.cancel = msg, cancel
