@@ -189,6 +189,12 @@ func (s *Subscriber) consume(subCtx, stopCtx context.Context, p *partition, out 
 		if direct != nil {
 			ackedCh, nackedCh = direct.msg.Acked(), direct.msg.Nacked()
 		}
+		if send == nil {
+			// Whatever goes next is made while the handler works.
+			if ne := w.upcoming(); ne != nil && ne.msg == nil {
+				s.prepare(base, ne)
+			}
+		}
 		var evs <-chan windowEvent
 		if pending > 0 {
 			evs = events

@@ -160,6 +160,21 @@ func (w *window) next() *entry {
 	return nil
 }
 
+// upcoming returns the waiting record next returns once a slot is free,
+// or nil: the lowest waiting record (with keyed, the lowest whose key has
+// nothing in flight) while no nacked record goes before it.
+func (w *window) upcoming() *entry {
+	if !w.keyed && w.nacks > 0 {
+		return nil
+	}
+	for _, e := range w.entries[w.firstWaiting:] {
+		if e.state == waiting && (!w.keyed || !w.busy[e.key]) {
+			return e
+		}
+	}
+	return nil
+}
+
 // nacked puts e in its back-off; it keeps its slot and its key.
 func (w *window) nacked(e *entry) {
 	e.state = backingOff
