@@ -24,28 +24,51 @@ func reserved(k string) bool {
 }
 
 // toWatermill converts a fetched record into a Watermill message, with the
-// metadata kafkapubsub's Subscriber sets.
+// metadata kafkapubsub's Subscriber sets. The metadata's values and the
+// UUID are cut from one string, one allocation for them all.
 func toWatermill(r *kgo.Record) *message.Message {
+	var stack [256]byte
+	b := stack[:0]
+	for _, h := range r.Headers {
+		b = append(b, h.Value...)
+	}
+	b = strconv.AppendInt(b, int64(r.Partition), 10)
+	partEnd := len(b)
+	b = strconv.AppendInt(b, r.Offset, 10)
+	offEnd := len(b)
+	if !r.Timestamp.IsZero() {
+		b = r.Timestamp.UTC().AppendFormat(b, time.RFC3339Nano)
+	}
+	tsEnd := len(b)
+	b = append(b, r.Key...)
+	all := string(b)
+
 	var uuid string
-	md := make(message.Metadata, len(r.Headers)+5)
+	at := 0
 	for _, h := range r.Headers {
 		if h.Key == kafkapubsub.UUIDHeader {
-			uuid = string(h.Value)
-			continue
+			uuid = all[at : at+len(h.Value)]
 		}
-		md[h.Key] = string(h.Value)
+		at += len(h.Value)
 	}
 	msg := message.NewMessage(uuid, r.Value)
+	md := msg.Metadata
+	at = 0
+	for _, h := range r.Headers {
+		if h.Key != kafkapubsub.UUIDHeader {
+			md[h.Key] = all[at : at+len(h.Value)]
+		}
+		at += len(h.Value)
+	}
 	md[kafkapubsub.MetadataTopic] = r.Topic
-	md[kafkapubsub.MetadataPartition] = strconv.Itoa(int(r.Partition))
-	md[kafkapubsub.MetadataOffset] = strconv.FormatInt(r.Offset, 10)
+	md[kafkapubsub.MetadataPartition] = all[at:partEnd]
+	md[kafkapubsub.MetadataOffset] = all[partEnd:offEnd]
 	if r.Key != nil {
-		md[kafkapubsub.MetadataKafkaKey] = string(r.Key)
+		md[kafkapubsub.MetadataKafkaKey] = all[tsEnd:]
 	}
 	if !r.Timestamp.IsZero() {
-		md[kafkapubsub.MetadataTimestamp] = r.Timestamp.UTC().Format(time.RFC3339Nano)
+		md[kafkapubsub.MetadataTimestamp] = all[offEnd:tsEnd]
 	}
-	msg.Metadata = md
 	return msg
 }
 

@@ -91,8 +91,17 @@ func (p *partition) resume() {
 // the subscription's values into message contexts; stopCtx ends the
 // delivery, after which the in-flight messages drain. acked is called with
 // the next offset to commit each time the watermark moves.
+//
+// A delivered message's ack or nack is found by looking at it each time
+// round the loop (up to maxUnwatched of them), and, while the loop waits,
+// by waiting on the lowest of them directly when there is a message to
+// send (the send, or that message's ack, brings the loop round again: the
+// watermark cannot pass it before) or when it is the only one; otherwise,
+// with nothing to send, and beyond maxUnwatched, each gets a goroutine
+// that reports it on events.
 func (s *Subscriber) consume(subCtx, stopCtx context.Context, p *partition, out chan<- *message.Message, acked func(next int64)) {
 	defer close(p.done)
+	base := context.WithoutCancel(subCtx)
 	w := newWindow(s.cfg.MaxInFlight, s.cfg.KeyOrdered, -1)
 	events := make(chan windowEvent, s.cfg.MaxInFlight)
 	quit := make(chan struct{})
@@ -106,9 +115,28 @@ func (s *Subscriber) consume(subCtx, stopCtx context.Context, p *partition, out 
 	}
 	var batch []*kgo.Record
 	taken := 0
-	withHandler := 0
+	// unwatched are the messages with the handler that no goroutine
+	// watches, in the order they went out; pending counts the events to
+	// come (watching goroutines and back-off timers).
 	var unwatched []*entry
+	pending := 0
 	for {
+		if len(unwatched) > 0 {
+			n := 0
+			for _, u := range unwatched {
+				switch {
+				case isClosed(u.msg.Acked()):
+					s.handle(w, windowEvent{e: u, msg: u.msg, acked: true}, events, quit, &pending)
+				case isClosed(u.msg.Nacked()):
+					s.handle(w, windowEvent{e: u, msg: u.msg}, events, quit, &pending)
+				default:
+					unwatched[n] = u
+					n++
+				}
+			}
+			clear(unwatched[n:])
+			unwatched = unwatched[:n]
+		}
 		if taken == len(batch) {
 			batch, taken = p.pop(), 0
 		}
@@ -132,38 +160,59 @@ func (s *Subscriber) consume(subCtx, stopCtx context.Context, p *partition, out 
 		e := w.next()
 		if e != nil {
 			if e.msg == nil {
-				s.prepare(subCtx, e)
+				s.prepare(base, e)
 			}
 			send, msg = out, e.msg
 		}
-		var direct *entry
-		var ackedCh, nackedCh <-chan struct{}
-		if withHandler == 1 && len(unwatched) == 1 {
-			direct = unwatched[0]
-			ackedCh, nackedCh = direct.msg.Acked(), direct.msg.Nacked()
-		} else {
-			for _, u := range unwatched {
+		watched := 0
+		if send == nil && len(unwatched) > 1 {
+			watched = len(unwatched)
+		} else if len(unwatched) > maxUnwatched {
+			watched = len(unwatched) - maxUnwatched
+		}
+		if watched > 0 {
+			for _, u := range unwatched[:watched] {
 				go watch(u, u.msg, events, quit)
 			}
-			unwatched = unwatched[:0]
+			pending += watched
+			n := copy(unwatched, unwatched[watched:])
+			clear(unwatched[n:])
+			unwatched = unwatched[:n]
+		}
+		var direct *entry
+		var ackedCh, nackedCh <-chan struct{}
+		for _, u := range unwatched {
+			if direct == nil || u.km.Offset < direct.km.Offset {
+				direct = u
+			}
+		}
+		if direct != nil {
+			ackedCh, nackedCh = direct.msg.Acked(), direct.msg.Nacked()
+		}
+		if send == nil {
+			// Whatever goes next is made while the handler works.
+			if ne := w.upcoming(); ne != nil && ne.msg == nil {
+				s.prepare(base, ne)
+			}
+		}
+		var evs <-chan windowEvent
+		if pending > 0 {
+			evs = events
 		}
 		select {
 		case <-in:
 		case send <- msg:
 			w.sent(e)
-			withHandler++
 			unwatched = append(unwatched, e)
 		case <-ackedCh:
-			unwatched, withHandler = unwatched[:0], withHandler-1
-			s.handle(w, windowEvent{e: direct, msg: direct.msg, acked: true}, events, quit)
+			unwatched = remove(unwatched, direct)
+			s.handle(w, windowEvent{e: direct, msg: direct.msg, acked: true}, events, quit, &pending)
 		case <-nackedCh:
-			unwatched, withHandler = unwatched[:0], withHandler-1
-			s.handle(w, windowEvent{e: direct, msg: direct.msg}, events, quit)
-		case ev := <-events:
-			if ev.msg != nil {
-				withHandler--
-			}
-			s.handle(w, ev, events, quit)
+			unwatched = remove(unwatched, direct)
+			s.handle(w, windowEvent{e: direct, msg: direct.msg}, events, quit, &pending)
+		case ev := <-evs:
+			pending--
+			s.handle(w, ev, events, quit, &pending)
 		case <-stopCtx.Done():
 			for _, u := range unwatched {
 				go watch(u, u.msg, events, quit)
@@ -173,6 +222,34 @@ func (s *Subscriber) consume(subCtx, stopCtx context.Context, p *partition, out 
 			return
 		}
 	}
+}
+
+// maxUnwatched bounds the messages with the handler that a partition's
+// goroutine looks at itself each time round its loop; the older ones get a
+// goroutine each.
+const maxUnwatched = 8
+
+// isClosed says whether ch, an ack or nack channel, is closed. It never
+// waits.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// remove removes e from es, keeping the order.
+func remove(es []*entry, e *entry) []*entry {
+	for i, x := range es {
+		if x == e {
+			copy(es[i:], es[i+1:])
+			es[len(es)-1] = nil
+			return es[:len(es)-1]
+		}
+	}
+	return es
 }
 
 // windowEvent says that the delivery msg of e was acked or nacked, or (msg
@@ -185,10 +262,11 @@ type windowEvent struct {
 
 // prepare makes e's next delivery, its context carrying the record's
 // coordinates (dedupe.SourceFromContext) and the record as it arrived.
-func (s *Subscriber) prepare(subCtx context.Context, e *entry) {
+// base is the subscription's context without its cancellation.
+func (s *Subscriber) prepare(base context.Context, e *entry) {
 	r := e.km
 	msg := toWatermill(r)
-	ctx, cancel := context.WithCancel(context.WithoutCancel(subCtx))
+	ctx, cancel := context.WithCancel(base)
 	ctx = withArrived(ctx, r)
 	msg.SetContext(dedupe.ContextWithSource(ctx, dedupe.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}))
 	e.msg, e.cancel = msg, cancel
@@ -211,8 +289,9 @@ func watch(e *entry, msg *message.Message, events chan<- windowEvent, quit <-cha
 	}
 }
 
-// handle applies an event to w while the partition runs.
-func (s *Subscriber) handle(w *window, ev windowEvent, events chan<- windowEvent, quit <-chan struct{}) {
+// handle applies an event to w while the partition runs; pending counts
+// the events to come, a back-off timer's included.
+func (s *Subscriber) handle(w *window, ev windowEvent, events chan<- windowEvent, quit <-chan struct{}, pending *int) {
 	e := ev.e
 	if ev.msg == nil {
 		e.retry = nil
@@ -226,6 +305,7 @@ func (s *Subscriber) handle(w *window, ev windowEvent, events chan<- windowEvent
 		return
 	}
 	w.nacked(e)
+	*pending++
 	e.retry = time.AfterFunc(e.backoff, func() {
 		select {
 		case events <- windowEvent{e: e}:

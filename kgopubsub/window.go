@@ -43,7 +43,7 @@ func keyOf(km *kgo.Record) recordKey {
 // entry is one record of a window.
 type entry struct {
 	km      *kgo.Record
-	key     recordKey
+	key     recordKey // with keyed only
 	state   entryState
 	backoff time.Duration // the next nack's pause
 	// msg is the current delivery of the record (nil between deliveries),
@@ -66,7 +66,12 @@ type window struct {
 	// nacks counts the entries nacked and not yet delivered again
 	// (backingOff or ready).
 	nacks int
-	busy  map[recordKey]bool
+	busy  map[recordKey]bool // with keyed: the keys in flight
+	// slab is where the next entries are taken from, a block at a time;
+	// store is the array entries lies in, which add reuses from its start
+	// once acked entries have left room there.
+	slab  []entry
+	store []*entry
 	// firstWaiting is the index of the first waiting entry, or len(entries):
 	// no entry below it is waiting.
 	firstWaiting int
@@ -82,9 +87,30 @@ func newWindow(maxInFlight int, keyed bool, pos int64) *window {
 // full says whether the window takes no more records.
 func (w *window) full() bool { return len(w.entries) >= w.lookahead }
 
+// slabSize is how many entries a window allocates at once.
+const slabSize = 64
+
 // add takes in the next fetched record.
 func (w *window) add(km *kgo.Record, backoff time.Duration) {
-	w.entries = append(w.entries, &entry{km: km, key: keyOf(km), backoff: backoff})
+	if len(w.slab) == 0 {
+		w.slab = make([]entry, min(slabSize, w.lookahead))
+	}
+	e := &w.slab[0]
+	w.slab = w.slab[1:]
+	*e = entry{km: km, backoff: backoff}
+	if w.keyed {
+		e.key = keyOf(km)
+	}
+	if len(w.entries) == cap(w.entries) {
+		n := len(w.entries)
+		if n >= cap(w.store)/2 {
+			w.store = make([]*entry, max(16, 2*n))
+		}
+		copy(w.store, w.entries)
+		clear(w.store[n:])
+		w.entries = w.store[:n]
+	}
+	w.entries = append(w.entries, e)
 	w.base = max(w.base, km.Offset+1)
 }
 
@@ -134,6 +160,21 @@ func (w *window) next() *entry {
 	return nil
 }
 
+// upcoming returns the waiting record next returns once a slot is free,
+// or nil: the lowest waiting record (with keyed, the lowest whose key has
+// nothing in flight) while no nacked record goes before it.
+func (w *window) upcoming() *entry {
+	if !w.keyed && w.nacks > 0 {
+		return nil
+	}
+	for _, e := range w.entries[w.firstWaiting:] {
+		if e.state == waiting && (!w.keyed || !w.busy[e.key]) {
+			return e
+		}
+	}
+	return nil
+}
+
 // nacked puts e in its back-off; it keeps its slot and its key.
 func (w *window) nacked(e *entry) {
 	e.state = backingOff
@@ -153,7 +194,9 @@ func (w *window) sent(e *entry) {
 	switch e.state {
 	case waiting:
 		w.inFlight++
-		w.busy[e.key] = true
+		if w.keyed {
+			w.busy[e.key] = true
+		}
 	case ready:
 		w.ready--
 		w.nacks--
@@ -168,7 +211,9 @@ func (w *window) sent(e *entry) {
 func (w *window) acked(e *entry) {
 	e.state = done
 	w.inFlight--
-	delete(w.busy, e.key)
+	if w.keyed {
+		delete(w.busy, e.key)
+	}
 	n := 0
 	for n < len(w.entries) && w.entries[n].state == done {
 		n++
