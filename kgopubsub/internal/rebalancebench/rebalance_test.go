@@ -26,7 +26,8 @@ import (
 //
 //	TEST_KAFKA_BROKERS=127.0.0.1:9092 go test -run '^$' -bench Rebalance -benchtime 1x -timeout 60m ./internal/rebalancebench
 //
-// For each mode (eager, cooperative, static, kip848) and scenario, on a new
+// For each mode (eager, cooperative, static, kip848, static-kip848) and
+// scenario, on a new
 // topic of `partitions` partitions that a producer writes a record to, per
 // partition, every `produceEvery`, and in a new group:
 //
@@ -52,6 +53,10 @@ import (
 // workers' joins report it (classic protocol), or the group epoch's as
 // ConsumerGroupDescribe gives it (KIP-848).
 //
+// The workers' logs, each run's event times and (with
+// REBALANCEBENCH_RECEIPTS=1) every receipt go to a directory under
+// os.TempDir that the benchmark logs (-v).
+//
 // The library defaults are used for session timeout, heartbeat and
 // rebalance timeout; KIP-848's session timeout and heartbeat interval are
 // the broker's (group.consumer.*), printed at the start.
@@ -66,7 +71,7 @@ func BenchmarkRebalance(b *testing.B) {
 	}
 	b.Logf("workers' logs in %s", logs)
 	printDefaults(b, brokers)
-	for _, mode := range []string{modeEager, modeCooperative, modeStatic, modeKIP848} {
+	for _, mode := range []string{modeEager, modeCooperative, modeStatic, modeKIP848, modeStatic848} {
 		b.Run(mode, func(b *testing.B) {
 			for _, sc := range []string{"join", "restart", "kill", "kill-restart"} {
 				b.Run(sc, func(b *testing.B) {
@@ -343,7 +348,7 @@ func (r *run) steady(live ...int) (at time.Time, ok bool) {
 // epoch is the group epoch (KIP-848) or the highest generation a worker
 // joined (classic).
 func (r *run) epoch() int32 {
-	if r.mode == modeKIP848 {
+	if r.mode == modeKIP848 || r.mode == modeStatic848 {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		ds, err := r.adm.DescribeConsumerGroups(ctx, r.group)
@@ -379,10 +384,12 @@ func (r *run) event(label string, before, after []int, action func() []int) {
 	time.Sleep(baselineFor)
 	g0 := r.epoch()
 	t0 := time.Now()
+	r.note("event %s start %d", label, t0.UnixNano())
 	if got := action(); got != nil {
 		after = got
 	}
 	tEnd, ok := r.steady(after...)
+	r.note("event %s steady %d", label, tEnd.UnixNano())
 	g1 := r.epoch()
 	st := r.measure(t0, tEnd)
 	st.genBefore, st.genAfter, st.settled, st.steady = g0, g1, tEnd.Sub(t0), ok
@@ -545,7 +552,7 @@ func (r *run) report() {
 // close kills the workers left, stops the producer, checks the group's
 // protocol (KIP-848) and deletes the topic.
 func (r *run) close() {
-	if r.mode == modeKIP848 {
+	if r.mode == modeKIP848 || r.mode == modeStatic848 {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		ds, err := r.adm.DescribeConsumerGroups(ctx, r.group)
 		cancel()
@@ -563,6 +570,7 @@ func (r *run) close() {
 		_ = p.cmd.Process.Kill()
 		<-p.exited
 	}
+	r.writeReceipts()
 	produced, failed := r.stopProduce()
 	if failed > 0 {
 		r.b.Logf("%s %s: %d records produced, %d failed", r.mode, r.sc, produced, failed)
@@ -571,4 +579,36 @@ func (r *run) close() {
 	defer cancel()
 	_, _ = r.adm.DeleteTopics(ctx, r.topic)
 	r.admCl.Close()
+}
+
+// note appends a line to the run's events file.
+func (r *run) note(format string, args ...any) {
+	f, err := os.OpenFile(filepath.Join(r.logs, "events"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, format+"\n", args...)
+}
+
+// writeReceipts writes every receipt (partition, offset, unix nanoseconds,
+// worker process) to the run's logs when REBALANCEBENCH_RECEIPTS is set.
+func (r *run) writeReceipts() {
+	if os.Getenv("REBALANCEBENCH_RECEIPTS") == "" {
+		return
+	}
+	f, err := os.Create(filepath.Join(r.logs, "receipts"))
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	w := bufio.NewWriter(f)
+	defer w.Flush()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for p := range partitions {
+		for _, c := range r.parts[p] {
+			fmt.Fprintf(w, "%d %d %d %s.%d\n", p, c.offset, c.at, r.procs[c.proc].name, c.proc)
+		}
+	}
 }
