@@ -43,6 +43,12 @@ type SubscriberConfig struct {
 	// the same one fence each other. Defaults to "": a dynamic member.
 	InstanceID string
 	// GroupProtocol is ProtocolClassic (the default) or ProtocolConsumer.
+	// Under ProtocolConsumer the broker sets the session timeout and the
+	// heartbeat interval (group.consumer.session.timeout.ms, 45s, and
+	// group.consumer.heartbeat.interval.ms, 5s, by default):
+	// SessionTimeout and HeartbeatInterval do not apply, and a crashed
+	// member's partitions wait the broker's session timeout. InstanceID is
+	// refused with it.
 	GroupProtocol GroupProtocol
 	// Options are further franz-go options, applied after the Subscriber's
 	// own (a SASL mechanism of franz-go's, a dialer, a logger of kgo's).
@@ -70,6 +76,16 @@ func (c *SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 	case ProtocolClassic, ProtocolConsumer:
 	default:
 		return o, fmt.Errorf("kgopubsub: SubscriberConfig.GroupProtocol is %q: use %q or %q", o.GroupProtocol, ProtocolClassic, ProtocolConsumer)
+	}
+	if o.InstanceID != "" && o.GroupProtocol == ProtocolConsumer {
+		// franz-go (v1.22) leaves a KIP-848 group without the instance ID,
+		// which the broker refuses: the member stays in the group, and its
+		// restart is refused (UNRELEASED_INSTANCE_ID) until the broker's
+		// session timeout (45s by default) drops it, its partitions
+		// consuming nothing all that time.
+		return o, fmt.Errorf("kgopubsub: SubscriberConfig.InstanceID is set with GroupProtocol %q: a static member's restart under the KIP-848 protocol "+
+			"waits out the broker's session timeout (45s by default) instead of moving nothing, as franz-go's leave omits the instance ID; "+
+			"use %q for static members, or leave InstanceID empty", ProtocolConsumer, ProtocolClassic)
 	}
 	if o.StartOffset == 0 {
 		o.StartOffset = kafkapubsub.StartFirst

@@ -344,6 +344,13 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 		}
 	}
 	defer ws.stopAll()
+	if o.transport == "franz-go" {
+		// The workers are franz-go's: cooperative-sticky members, static
+		// with CHAOS_STATIC.
+		if err := waitMembers(ctx, brokers, sc.workers, o.static, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var firstLow time.Time
 	if partitioned {
 		// The UUIDv7s are minted as the workload is generated: once the

@@ -114,6 +114,33 @@ func waitConsuming(ctx context.Context, brokers []string, workers int, d time.Du
 	return nil
 }
 
+// waitMembers waits until the workers' group is stable with every worker
+// a member, then checks that they are franz-go's cooperative-sticky
+// members, each static when static is set.
+func waitMembers(ctx context.Context, brokers []string, workers int, static bool, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		g, err := describeGroup(ctx, brokers)
+		if err == nil && g.stable && g.members == workers {
+			if g.protocol != "cooperative-sticky" {
+				return fmt.Errorf("chaos: the workers' group assigns with %q, want franz-go's cooperative-sticky", g.protocol)
+			}
+			if static && g.static != workers {
+				return fmt.Errorf("chaos: %d of the group's %d members are static, want all", g.static, workers)
+			}
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("chaos: the group did not have its %d workers within %v (%+v, %v)", workers, d, g, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond): // polling the group
+		}
+	}
+}
+
 // readKeys2 reads the keys of the partitioned layout into st: each row's
 // ID written back from its kid and kind, as pgstore stores it.
 func readKeys2(ctx context.Context, pool *pgxpool.Pool, st *dbState) error {

@@ -417,6 +417,8 @@ func (r *topoRun) waitGroupStable(ctx context.Context, c *chaosRun, d time.Durat
 type groupView struct {
 	stable            bool
 	members, assigned int // assigned: the commands topic's partitions
+	static            int // members with an instance ID
+	protocol          string
 }
 
 // describeGroup describes the workers' group with franz-go's messages,
@@ -443,8 +445,14 @@ func describeGroup(ctx context.Context, brokers []string) (groupView, error) {
 	if err := kerr.ErrorForCode(g.ErrorCode); err != nil {
 		return groupView{}, err
 	}
-	v := groupView{stable: g.State == "Stable", members: len(g.Members)}
+	v := groupView{stable: g.State == "Stable", members: len(g.Members), protocol: g.Protocol}
 	for _, m := range g.Members {
+		if m.InstanceID != nil {
+			v.static++
+		}
+		if len(m.MemberAssignment) == 0 {
+			continue // a member the leader gave nothing (more members than partitions)
+		}
 		var a kmsg.ConsumerMemberAssignment
 		if err := a.ReadFrom(m.MemberAssignment); err != nil {
 			return groupView{}, fmt.Errorf("chaos: member %s's assignment: %w", m.MemberID, err)

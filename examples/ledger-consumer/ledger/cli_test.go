@@ -94,7 +94,8 @@ func TestWorkerKeyFlags(t *testing.T) {
 // without franz-go, as usage errors, before it reaches for any server.
 func TestWorkerTransportFlags(t *testing.T) {
 	for _, args := range [][]string{{"--transport", "sarama"}, {"--transport", ""}, {"--group-protocol", "consumer"},
-		{"--instance-id", "pod-1"}, {"--transport", "franz-go", "--group-protocol", "eager"}} {
+		{"--instance-id", "pod-1"}, {"--transport", "franz-go", "--group-protocol", "eager"},
+		{"--transport", "franz-go", "--group-protocol", "consumer", "--instance-id", "pod-1"}} {
 		code, out, errs := runCLI(context.Background(), append([]string{"worker", "--brokers", "127.0.0.1:1", "--database-url", "postgres://127.0.0.1:1/x"}, args...)...)
 		if code != 2 || out != "" || !strings.Contains(errs, "--"+strings.TrimLeft(args[len(args)-2], "-")) {
 			t.Errorf("worker %v: exit %d, stdout %q, stderr %q", args, code, out, errs)

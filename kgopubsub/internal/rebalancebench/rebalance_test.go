@@ -26,8 +26,8 @@ import (
 //
 //	TEST_KAFKA_BROKERS=127.0.0.1:9092 go test -run '^$' -bench Rebalance -benchtime 1x -timeout 60m ./internal/rebalancebench
 //
-// For each mode (eager, cooperative, static, kip848, static-kip848) and
-// scenario, on a new
+// For each mode (eager, cooperative, static, kip848; kgopubsub refuses a
+// static member on KIP-848's protocol) and scenario, on a new
 // topic of `partitions` partitions that a producer writes a record to, per
 // partition, every `produceEvery`, and in a new group:
 //
@@ -71,7 +71,7 @@ func BenchmarkRebalance(b *testing.B) {
 	}
 	b.Logf("workers' logs in %s", logs)
 	printDefaults(b, brokers)
-	for _, mode := range []string{modeEager, modeCooperative, modeStatic, modeKIP848, modeStatic848} {
+	for _, mode := range []string{modeEager, modeCooperative, modeStatic, modeKIP848} {
 		b.Run(mode, func(b *testing.B) {
 			for _, sc := range []string{"join", "restart", "kill", "kill-restart"} {
 				b.Run(sc, func(b *testing.B) {
@@ -348,7 +348,7 @@ func (r *run) steady(live ...int) (at time.Time, ok bool) {
 // epoch is the group epoch (KIP-848) or the highest generation a worker
 // joined (classic).
 func (r *run) epoch() int32 {
-	if r.mode == modeKIP848 || r.mode == modeStatic848 {
+	if r.mode == modeKIP848 {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		ds, err := r.adm.DescribeConsumerGroups(ctx, r.group)
@@ -552,7 +552,7 @@ func (r *run) report() {
 // close kills the workers left, stops the producer, checks the group's
 // protocol (KIP-848) and deletes the topic.
 func (r *run) close() {
-	if r.mode == modeKIP848 || r.mode == modeStatic848 {
+	if r.mode == modeKIP848 {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		ds, err := r.adm.DescribeConsumerGroups(ctx, r.group)
 		cancel()

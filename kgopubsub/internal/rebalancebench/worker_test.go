@@ -31,11 +31,10 @@ const (
 
 // The modes: the Subscriber a worker consumes with.
 const (
-	modeEager       = "eager"         // kafkapubsub: kafka-go's eager group
-	modeCooperative = "cooperative"   // kgopubsub's defaults: classic, cooperative-sticky
-	modeStatic      = "static"        // kgopubsub, classic, with InstanceID
-	modeKIP848      = "kip848"        // kgopubsub with ProtocolConsumer
-	modeStatic848   = "static-kip848" // kgopubsub with ProtocolConsumer and InstanceID
+	modeEager       = "eager"       // kafkapubsub: kafka-go's eager group
+	modeCooperative = "cooperative" // kgopubsub's defaults: classic, cooperative-sticky
+	modeStatic      = "static"      // kgopubsub, classic, with InstanceID
+	modeKIP848      = "kip848"      // kgopubsub with ProtocolConsumer
 )
 
 func TestMain(m *testing.M) {
@@ -72,12 +71,12 @@ func worker() int {
 	switch mode := os.Getenv(modeEnv); mode {
 	case modeEager:
 		sub, err = kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: brokers, ConsumerGroup: group, Logger: logger})
-	case modeCooperative, modeStatic, modeKIP848, modeStatic848:
+	case modeCooperative, modeStatic, modeKIP848:
 		cfg := kgopubsub.SubscriberConfig{SubscriberConfig: kafkapubsub.SubscriberConfig{Brokers: brokers, ConsumerGroup: group, Logger: logger}}
-		if mode == modeStatic || mode == modeStatic848 {
+		if mode == modeStatic {
 			cfg.InstanceID = os.Getenv(instanceEnv)
 		}
-		if mode == modeKIP848 || mode == modeStatic848 {
+		if mode == modeKIP848 {
 			cfg.GroupProtocol = kgopubsub.ProtocolConsumer
 		}
 		sub, err = kgopubsub.NewSubscriber(&cfg)
