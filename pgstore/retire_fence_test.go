@@ -11,6 +11,7 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/dedupe/dedupetest"
+	"github.com/exactly-go/exactly/internal/testkit/pgtest"
 	"github.com/exactly-go/exactly/pgstore"
 )
 
@@ -64,13 +65,7 @@ func takeoverAfterRetire(t *testing.T, iso pgx.TxIsoLevel) {
 		t.Fatal(err)
 	}
 	time.Sleep(req.TTL + 200*time.Millisecond)
-	if _, err := s.Cleanup(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
-	var probed bool
-	if err := db.Pool.QueryRow(ctx, "SELECT legacy IS NOT NULL FROM "+db.Table("exactly_keys2_state")).Scan(&probed); err != nil || probed {
-		t.Fatalf("the clean-up did not retire the single table (probed %v, %v)", probed, err)
-	}
+	retireSingleTable(t, s, db)
 	applied := 0
 	c, err := other.ClaimTx(ctx, tx, req)
 	if err == nil && c.Decision != dedupe.DecisionDuplicate {
@@ -124,13 +119,7 @@ func TestSingleTableCompleteAfterRetire(t *testing.T) {
 		t.Fatalf("takeover: %v %v", c.Decision, err)
 	}
 	time.Sleep(req.TTL + 200*time.Millisecond)
-	if _, err := s.Cleanup(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
-	var probed bool
-	if err := db.Pool.QueryRow(ctx, "SELECT legacy IS NOT NULL FROM "+db.Table("exactly_keys2_state")).Scan(&probed); err != nil || probed {
-		t.Fatalf("the clean-up did not retire the single table (probed %v, %v)", probed, err)
-	}
+	retireSingleTable(t, s, db)
 	if err := other.Complete(ctx, c, nil); !errors.Is(err, dedupe.ErrLeaseLost) {
 		t.Fatalf("a completion after the retire: %v, want ErrLeaseLost", err)
 	}
@@ -154,18 +143,25 @@ func TestSingleTableStoreCompleteAfterRetire(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(req.TTL + 200*time.Millisecond)
-	if _, err := s.Cleanup(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
-	var probed bool
-	if err := db.Pool.QueryRow(ctx, "SELECT legacy IS NOT NULL FROM "+db.Table("exactly_keys2_state")).Scan(&probed); err != nil || probed {
-		t.Fatalf("the clean-up did not retire the single table (probed %v, %v)", probed, err)
-	}
+	retireSingleTable(t, s, db)
 	if err := single.Complete(ctx, c, nil); !errors.Is(err, dedupe.ErrLeaseLost) {
 		t.Fatalf("a completion after the retire: %v, want ErrLeaseLost", err)
 	}
 	var status string
 	if err := db.Pool.QueryRow(ctx, "SELECT status FROM "+db.Table("exactly_keys")+" WHERE key = $1", req.Key.ID).Scan(&status); err != nil || status != "PROCESSING" {
 		t.Fatalf("the retired table's row: %q %v, want it untouched", status, err)
+	}
+}
+
+// retireSingleTable runs the clean-up, which must retire the single table.
+func retireSingleTable(t *testing.T, s *pgstore.Store, db *pgtest.DB) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := s.Cleanup(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	var probed bool
+	if err := db.Pool.QueryRow(ctx, "SELECT legacy IS NOT NULL FROM "+db.Table("exactly_keys2_state")).Scan(&probed); err != nil || probed {
+		t.Fatalf("the clean-up did not retire the single table (probed %v, %v)", probed, err)
 	}
 }
