@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -275,11 +276,25 @@ func (m *member) run(ctx context.Context) bool {
 			cl.AllowRebalance()
 			break
 		}
+		replaced := false
 		fs.EachError(func(t string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) {
+			switch {
+			case errors.Is(err, kerr.FencedInstanceID):
+				replaced = true
+			case !errors.Is(err, context.Canceled):
 				s.log().Warn("kgopubsub: fetch failed; retrying", "group", s.cfg.ConsumerGroup, "topic", t, "partition", p, "err", err)
 			}
 		})
+		if replaced {
+			// Another member joined with this member's InstanceID: the
+			// broker refuses every join and commit of this one from now on,
+			// so it stops rather than idle (its subscription ends).
+			s.log().Error("kgopubsub: another member joined the group with this member's InstanceID, and the broker fenced this one: "+
+				"it stops consuming; give every running member an InstanceID of its own", "group", s.cfg.ConsumerGroup, "topic", m.topic,
+				"instance_id", s.cfg.InstanceID)
+			cl.AllowRebalance()
+			break
+		}
 		m.mu.Lock()
 		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
 			if p, ok := m.parts[fp.Partition]; ok && fp.Topic == m.topic {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,6 +125,101 @@ func TestWorkerOnFranzGo(t *testing.T) {
 			})
 			if ev := kafkatest.EndOffsets(t, events, 3); ev[0]+ev[1]+ev[2] != n {
 				t.Fatalf("%v outputs, want %d: one per command", ev, n)
+			}
+		})
+	}
+}
+
+// Two workers given one InstanceID (the same pod name in every replica):
+// the first, fenced by the broker when the second joins, stops with an
+// error instead of running on as healthy while consuming nothing, in
+// per-message and in batch mode; the second applies every command.
+func TestWorkerFencedByItsInstanceIDStops(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"per-message", "batch"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			kafkatest.RequireReal(t)
+			db := pgtest.New(t)
+			ctx := context.Background()
+			brokers := kafkatest.Brokers(t)
+			commands, dlq, group := kafkatest.Topic(t, 3), kafkatest.Topic(t, 1), kafkatest.Name("g")
+			applied := db.Table("applied")
+			if _, err := db.Pool.Exec(ctx, "CREATE TABLE "+applied+" (id text PRIMARY KEY)"); err != nil {
+				t.Fatal(err)
+			}
+			apply := func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
+				_, err := tx.Exec(ctx, "INSERT INTO "+applied+" VALUES ($1)", msg.UUID)
+				return nil, err
+			}
+			newWorker := func() *worker.Worker {
+				cfg := &worker.Config{Scope: "test", Schema: db.Schema, Brokers: brokers, Topic: commands, DeadLetterTopic: dlq, Group: group, Handler: apply,
+					Tables: []string{"applied"}, Logger: quietLogger(), StartupBackoff: 200 * time.Millisecond,
+					Transport: kgopubsub.Transport{InstanceID: "pod"}}
+				if mode == "batch" {
+					cfg.Handler, cfg.BatchSize = nil, 20
+					cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
+						for _, m := range msgs {
+							if _, err := apply(ctx, tx, m); err != nil {
+								return nil, err
+							}
+						}
+						return make([][]*message.Message, len(msgs)), nil
+					}
+				}
+				wk, err := worker.New(db.Pool, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return wk
+			}
+			pub, err := kgopubsub.NewPublisher(&kgopubsub.PublisherConfig{PublisherConfig: kafkapubsub.PublisherConfig{Brokers: brokers}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pub.Close()
+			produce := func() {
+				msgs := make([]*message.Message, 60)
+				for i := range msgs {
+					msgs[i] = message.NewMessage(uuid.NewString(), []byte(fmt.Sprintf(`{"n": %d}`, i)))
+				}
+				if err := pub.Publish(commands, msgs...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			produce()
+			wctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			first, second := newWorker(), newWorker()
+			firstDone, secondDone := make(chan error, 1), make(chan error, 1)
+			go func() { firstDone <- first.Run(wctx) }()
+			select {
+			case <-first.Running():
+			case err := <-firstDone:
+				t.Fatalf("the first worker's Run: %v", err)
+			case <-time.After(time.Minute):
+				t.Fatal("the first worker did not start consuming within a minute")
+			}
+			go func() { secondDone <- second.Run(wctx) }()
+			select {
+			case err := <-firstDone:
+				if err == nil || !strings.Contains(err.Error(), "the subscription ended") {
+					t.Fatalf("the fenced worker's Run: %v, want the subscription ended", err)
+				}
+			case <-time.After(time.Minute):
+				t.Fatal("the fenced worker still runs a minute after the second joined with its InstanceID")
+			}
+			produce()
+			var n int
+			testenv.WaitFor(t, time.Minute, "the second worker to apply every command", func() bool {
+				if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+applied).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n == 120
+			})
+			cancel()
+			if err := <-secondDone; err != nil {
+				t.Errorf("the second worker's Run: %v", err)
 			}
 		})
 	}

@@ -177,6 +177,13 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	} else {
 		err = w.runRouter(ctx, sub, pub)
 	}
+	if err == nil && ctx.Err() == nil {
+		// The Subscriber closed its channel on its own (a static member
+		// fenced by another with its InstanceID, for one): the worker
+		// consumes nothing more, so it stops instead of idling as healthy.
+		err = errSubscriptionEnded
+		w.cfg.Logger.Error("worker: stopping", "topic", w.cfg.Topic, "err", err)
+	}
 	stopBackground()
 	wg.Wait()
 	if relay != nil {
@@ -184,6 +191,12 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	}
 	return err
 }
+
+// errSubscriptionEnded is Run's error when the subscription ends before
+// Run's context.
+var errSubscriptionEnded = errors.New("worker: the subscription ended while the worker ran: its Subscriber stopped " +
+	"consuming (its log says why, e.g. another member joined the group with this member's InstanceID); start the worker " +
+	"again once that is fixed")
 
 // errPoolClosed is Run's error when the pool is closed while it runs.
 var errPoolClosed = errors.New("worker: the pgx pool was closed while the worker ran, so no message can be applied " +
