@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -203,7 +202,7 @@ func TestWorkerFencedByItsInstanceIDStops(t *testing.T) {
 			go func() { secondDone <- second.Run(wctx) }()
 			select {
 			case err := <-firstDone:
-				if err == nil || !strings.Contains(err.Error(), "the subscription ended") {
+				if !errors.Is(err, worker.ErrSubscriptionEnded) {
 					t.Fatalf("the fenced worker's Run: %v, want the subscription ended", err)
 				}
 			case <-time.After(time.Minute):

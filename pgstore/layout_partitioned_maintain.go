@@ -207,10 +207,11 @@ func (p *partitioned) retirePartition(ctx context.Context, conn *pgxpool.Conn, l
 // no store of the single table claims a key there (migration 00008), so
 // nothing it holds matters any more; before the start, stores of the
 // single table may still be claiming, and the table is left alone. The
-// retire enables the table's update guard (migration 00009), whose lock
-// waits for the transactions that wrote there and does not conflict with
-// the probes of claims in flight; from then on a write there is refused
-// (EXK02), whatever the writer's snapshot. The table is dropped later
+// retire locks the table in SHARE ROW EXCLUSIVE mode, which waits for the
+// transactions that wrote there and does not conflict with the probes of
+// claims in flight, and creates its update guard (migration 00009): from
+// then on a write there is refused (EXK02), whatever the writer's
+// snapshot. The table is dropped later
 // (dropRetired), once no store reads it.
 func (p *partitioned) retireLegacy(ctx context.Context, conn *pgxpool.Conn, legacy string) error {
 	var exists bool
@@ -224,13 +225,16 @@ func (p *partitioned) retireLegacy(ctx context.Context, conn *pgxpool.Conn, lega
 			return classify("retire "+legacy, err)
 		}
 	}
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+	// READ COMMITTED whatever the session's default: the function's check
+	// must see what the writers it waits for committed.
+	err := pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+maintenanceLockTimeout+"'"); err != nil {
 			return err
 		}
-		// Enables the table's update guard (waiting for its writers),
-		// checks again that no key is live there, and clears the state's
-		// legacy (migration 00009); false when it kept the table.
+		// Locks the table (waiting for its writers), checks again that no
+		// key is live there, creates the table's update guard and clears
+		// the state's legacy (migration 00009); false when it kept the
+		// table.
 		var retired bool
 		if err := tx.QueryRow(ctx, "SELECT "+pgx.Identifier{p.schema, "exactly_keys2_retire"}.Sanitize()+"()").Scan(&retired); err != nil {
 			return err

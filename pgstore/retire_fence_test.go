@@ -3,11 +3,13 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/dedupe/dedupetest"
@@ -163,5 +165,60 @@ func retireSingleTable(t *testing.T, s *pgstore.Store, db *pgtest.DB) {
 	var probed bool
 	if err := db.Pool.QueryRow(ctx, "SELECT legacy IS NOT NULL FROM "+db.Table("exactly_keys2_state")).Scan(&probed); err != nil || probed {
 		t.Fatalf("the clean-up did not retire the single table (probed %v, %v)", probed, err)
+	}
+}
+
+// The retire's check reads what the writers it waited for committed, so it
+// runs at READ COMMITTED whatever the session's default (a role whose
+// default is REPEATABLE READ would take its snapshot before the wait), and
+// the function refuses any other level. The single table has no update
+// guard before the retire (a row trigger, even disabled, costs each update
+// a row lock), and an enabled one after it.
+func TestSingleTableRetireIsolationAndGuard(t *testing.T) {
+	t.Parallel()
+	_, _, db := newPartitioned(t, nil, "")
+	ctx := context.Background()
+	guard := func() (exists, enabled bool) {
+		t.Helper()
+		err := db.Pool.QueryRow(ctx, `SELECT count(*) > 0, coalesce(bool_or(tgenabled <> 'D'), false) FROM pg_trigger
+WHERE tgrelid = $1::regclass AND tgname = 'exactly_keys_retired_guard'`, db.Table("exactly_keys")).Scan(&exists, &enabled)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return exists, enabled
+	}
+	if exists, _ := guard(); exists {
+		t.Fatal("the single table has its update guard before the retire")
+	}
+	// A store whose every transaction defaults to REPEATABLE READ.
+	cfg := db.Pool.Config()
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+	rr, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rr.Close()
+	tx, err := rr.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = tx.Exec(ctx, "SELECT "+db.Table("exactly_keys2_retire")+"()")
+	_ = tx.Rollback(ctx)
+	if err == nil || !strings.Contains(err.Error(), "READ COMMITTED") {
+		t.Fatalf("the retire in a REPEATABLE READ transaction: %v, want it refused", err)
+	}
+	s, err := pgstore.New(rr, &pgstore.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx); err != nil { // starts the layout and runs the clean-up, which retires the empty table
+		t.Fatal(err)
+	}
+	var probed bool
+	if err := db.Pool.QueryRow(ctx, "SELECT legacy IS NOT NULL FROM "+db.Table("exactly_keys2_state")).Scan(&probed); err != nil || probed {
+		t.Fatalf("a store on REPEATABLE READ sessions did not retire the single table (probed %v, %v)", probed, err)
+	}
+	if exists, enabled := guard(); !exists || !enabled {
+		t.Fatalf("after the retire the update guard exists %v, enabled %v", exists, enabled)
 	}
 }

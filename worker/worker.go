@@ -181,7 +181,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		// The Subscriber closed its channel on its own (a static member
 		// fenced by another with its InstanceID, for one): the worker
 		// consumes nothing more, so it stops instead of idling as healthy.
-		err = errSubscriptionEnded
+		err = ErrSubscriptionEnded
 		w.cfg.Logger.Error("worker: stopping", "topic", w.cfg.Topic, "err", err)
 	}
 	stopBackground()
@@ -192,9 +192,12 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	return err
 }
 
-// errSubscriptionEnded is Run's error when the subscription ends before
-// Run's context.
-var errSubscriptionEnded = errors.New("worker: the subscription ended while the worker ran: its Subscriber stopped " +
+// ErrSubscriptionEnded is Run's error when the Subscriber ends the
+// subscription on its own, before Run's context ends: the worker would
+// consume nothing more. A supervisor restarts the worker once the cause,
+// in the Subscriber's log, is fixed (two static members with one
+// InstanceID, for one: see kgopubsub).
+var ErrSubscriptionEnded = errors.New("worker: the subscription ended while the worker ran: its Subscriber stopped " +
 	"consuming (its log says why, e.g. another member joined the group with this member's InstanceID); start the worker " +
 	"again once that is fixed")
 
