@@ -116,14 +116,22 @@ type kcluster struct {
 func startCluster(root, base string, n int, proxied bool) (*kcluster, error) {
 	c := &kcluster{script: filepath.Join(root, "scripts", "kafka.sh"), n: n}
 	var ports, cports, aports, qports []string
+	// FreePort's ports are free when it returns, not reserved: two of its
+	// calls can give the same one, which a node refuses for two listeners.
+	taken := map[int]bool{}
 	for i := 0; i < n; i++ {
 		var ps [4]int
 		for j := range ps {
-			p, err := pgcluster.FreePort()
-			if err != nil {
-				return nil, err
+			for {
+				p, err := pgcluster.FreePort()
+				if err != nil {
+					return nil, err
+				}
+				if !taken[p] {
+					taken[p], ps[j] = true, p
+					break
+				}
 			}
-			ps[j] = p
 		}
 		c.ports = append(c.ports, ps[0])
 		ports, cports = append(ports, strconv.Itoa(ps[0])), append(cports, strconv.Itoa(ps[1]))
