@@ -42,11 +42,16 @@ BEGIN
         RAISE EXCEPTION 'exactly: exactly_keys2_retire() runs in a READ COMMITTED transaction, not %%', current_setting('transaction_isolation')
             USING ERRCODE = '25001';
     END IF;
+    -- exactly_keys is locked before the state is read: the order of
+    -- every other statement that takes both (a TRUNCATE of the schema's
+    -- tables, for one), so that none deadlocks with the retire.
+    IF to_regclass(%2$L) IS NOT NULL THEN
+        LOCK TABLE %1$I.exactly_keys IN SHARE ROW EXCLUSIVE MODE;
+    END IF;
     IF NOT EXISTS (SELECT FROM %1$I.exactly_keys2_state s WHERE s.started_at IS NOT NULL AND s.legacy IS NOT NULL) THEN
         RETURN false;
     END IF;
     IF to_regclass(%2$L) IS NOT NULL THEN
-        LOCK TABLE %1$I.exactly_keys IN SHARE ROW EXCLUSIVE MODE;
         IF EXISTS (SELECT FROM %1$I.exactly_keys o
                    WHERE o.expires_at OPERATOR(pg_catalog.>=) now()
                       OR (o.status OPERATOR(pg_catalog.=) 'PROCESSING' AND o.locked_until OPERATOR(pg_catalog.>=) now())) THEN

@@ -2,10 +2,13 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -65,6 +68,21 @@ func restoreLedger(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
+	// The killed workers' backends may still be running a statement, each
+	// holding locks of its transaction until it notices its client gone;
+	// the TRUNCATE of every table can deadlock with one of them, and is
+	// run again then.
+	for try := 1; ; try++ {
+		err := restoreOnce(ctx, pool, tables)
+		var pgErr *pgconn.PgError
+		if err == nil || try == 5 || !errors.As(err, &pgErr) || pgErr.Code != "40P01" {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond) // the other side of the deadlock rolls back
+	}
+}
+
+func restoreOnce(ctx context.Context, pool *pgxpool.Pool, tables []string) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		names := make([]string, len(tables))
 		for i, t := range tables {
