@@ -31,6 +31,10 @@ const maxTracked = 10000
 // identity names a message for the failure counts: its key and where it
 // came from, which its redeliveries share.
 func identity(msg *message.Message, ev *Event) string {
+	if _, ok := dedupe.DeliveriesFromContext(msg.Context()); ok {
+		// A share group's record: its copies have offsets of their own.
+		return fmt.Sprintf("%s/%s %s/%d %s", ev.Scope, ev.Key, ev.Topic, ev.Partition, msg.UUID)
+	}
 	return fmt.Sprintf("%s/%s %s/%d/%d %s", ev.Scope, ev.Key, ev.Topic, ev.Partition, ev.Offset, msg.UUID)
 }
 
@@ -146,6 +150,11 @@ func (m *Middleware) failed(msg *message.Message, ev *Event, err error, ownErr b
 	st.failures++
 	n := st.failures
 	m.mu.Unlock()
+	if d, ok := dedupe.DeliveriesFromContext(msg.Context()); ok && d > n {
+		// Its earlier deliveries failed in other members, or before a
+		// copy.
+		n = d
+	}
 	if n < m.cfg.MaxAttempts {
 		return err
 	}

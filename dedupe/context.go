@@ -19,6 +19,25 @@ func SourceFromContext(ctx context.Context) (src Source, ok bool) {
 	return src, ok
 }
 
+type deliveriesKey struct{}
+
+// ContextWithDeliveries returns a copy of ctx that carries n, how many
+// times the message being handled has been delivered so far, this time
+// included, by every member. A Subscriber whose records move between
+// members and offsets sets it (a share group's: kgopubsub.ShareSubscriber);
+// the middleware then counts a message's failed attempts towards
+// MaxAttempts by its key and n, not by its offset in one process.
+func ContextWithDeliveries(ctx context.Context, n int) context.Context {
+	return context.WithValue(ctx, deliveriesKey{}, n)
+}
+
+// DeliveriesFromContext returns the count that [ContextWithDeliveries] put
+// in ctx; ok is false when there is none.
+func DeliveriesFromContext(ctx context.Context) (n int, ok bool) {
+	n, ok = ctx.Value(deliveriesKey{}).(int)
+	return n, ok
+}
+
 type batchClaimsKey struct{}
 
 // ContextWithBatchClaims returns a copy of ctx that carries a batch's
