@@ -74,6 +74,8 @@ func (c *SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 	case "":
 		o.GroupProtocol = ProtocolClassic
 	case ProtocolClassic, ProtocolConsumer:
+	case ProtocolShare:
+		return o, errors.New("kgopubsub: SubscriberConfig.GroupProtocol is \"share\": a share group is consumed by a ShareSubscriber; use NewShareSubscriber, or Transport with GroupProtocol ProtocolShare")
 	default:
 		return o, fmt.Errorf("kgopubsub: SubscriberConfig.GroupProtocol is %q: use %q or %q", o.GroupProtocol, ProtocolClassic, ProtocolConsumer)
 	}

@@ -58,4 +58,20 @@
 // The Publisher batches up to franz-go's default batch size (about 1 MB),
 // which also bounds one record; BatchSize does not apply. A Subscriber
 // started before its topic exists waits for it without a WARN of its own.
+//
+// # Share groups (Kafka's queues)
+//
+// ShareSubscriber (NewShareSubscriber, or Transport with GroupProtocol
+// ProtocolShare for the worker) consumes a share group (KIP-932, Kafka 4.2
+// and later): the broker hands records out one by one to any member, each
+// locked to that member until it is acknowledged or its lock times out.
+// Copies of a command, held by two members at once, are the normal path
+// there; the dedupe store makes each safe. Ack accepts a record, an Ack
+// after a dead letter rejects it, a Nack hands it to the handler again
+// while its lock lasts and then releases it. There is no per-key order
+// (KeyOrdered is refused) and no committed offset (Positions is refused,
+// and the worker keeps none). A record on the group's last delivery
+// (share.delivery.count.limit) is first copied to the end of its
+// partition, so that the broker's archive never drops a command: see
+// ShareSubscriber.
 package kgopubsub

@@ -20,6 +20,8 @@ import (
 // do not have.
 type Transport struct {
 	// InstanceID, GroupProtocol and Options are SubscriberConfig's.
+	// GroupProtocol ProtocolShare makes ShareSubscribers: the commands
+	// are consumed from a share group (see ShareSubscriber).
 	InstanceID    string
 	GroupProtocol GroupProtocol
 	Options       []kgo.Opt
@@ -33,8 +35,24 @@ func (t Transport) NewSubscriber(c *kafkapubsub.SubscriberConfig) (message.Subsc
 	if c != nil {
 		cfg.SubscriberConfig = *c
 	}
-	return NewSubscriber(&cfg)
+	if t.GroupProtocol == ProtocolShare {
+		s, err := NewShareSubscriber(&cfg)
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+	s, err := NewSubscriber(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
 }
+
+// SharedGroup reports whether t's Subscribers consume a share group
+// (GroupProtocol ProtocolShare): the worker then keeps no positions, and
+// refuses KeyOrdered.
+func (t Transport) SharedGroup() bool { return t.GroupProtocol == ProtocolShare }
 
 // NewPublisher returns a kgopubsub Publisher with c and t's settings.
 func (t Transport) NewPublisher(c *kafkapubsub.PublisherConfig) (message.Publisher, error) {

@@ -73,7 +73,12 @@ type Config struct {
 	// github.com/exactly-go/exactly/kgopubsub) is franz-go's: rebalances
 	// that stop only the partitions that move (cooperative-sticky, or
 	// KIP-848), static members, and an idempotent producer for the relay
-	// and the dead letters. Not with Subscriber or Publisher.
+	// and the dead letters. Not with Subscriber or Publisher. With
+	// kgopubsub.Transport{GroupProtocol: kgopubsub.ProtocolShare} the
+	// commands are consumed from a share group (Kafka's queues, KIP-932):
+	// Group is the share group, records come in no order (KeyOrdered is
+	// refused), and there are no positions to keep (NoPositions is implied;
+	// Offsets does not apply).
 	Transport Transport
 	// MaxInFlight and KeyOrdered open a window of several messages per
 	// partition in per-message mode (kafkapubsub.SubscriberConfig); in
@@ -220,6 +225,8 @@ func withDefaults(cfg *Config) (Config, error) {
 		return c, fmt.Errorf("worker: Config.MaxInFlight is %d: set it to 1 or more", c.MaxInFlight)
 	case c.KeyOrdered && c.BatchHandler != nil:
 		return c, errors.New("worker: Config.KeyOrdered is for Handler: a batch reads each partition in offset order")
+	case c.KeyOrdered && sharedGroup(&c):
+		return c, errors.New("worker: Config.KeyOrdered is set with a share group: a share group hands records out one by one to any member, so there is no per-key order to keep; leave it false")
 	case c.OutputTopic != "" && c.OutputTopic == c.Topic:
 		return c, fmt.Errorf("worker: Config.OutputTopic is the commands topic %q: the worker would consume its own outputs", c.Topic)
 	}
@@ -231,6 +238,11 @@ func withDefaults(cfg *Config) (Config, error) {
 	}
 	if c.Group == "" {
 		c.Group = c.Scope
+	}
+	if sharedGroup(&c) {
+		// The broker keeps each record's state, not a committed offset:
+		// there is no position to keep.
+		c.NoPositions = true
 	}
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = 1
@@ -275,6 +287,20 @@ func withDefaults(cfg *Config) (Config, error) {
 type Transport interface {
 	NewSubscriber(cfg *kafkapubsub.SubscriberConfig) (message.Subscriber, error)
 	NewPublisher(cfg *kafkapubsub.PublisherConfig) (message.Publisher, error)
+}
+
+// sharedGroup says whether c's Subscriber consumes a share group
+// (KIP-932), as a Transport or a Subscriber with a SharedGroup method
+// returning true reports (kgopubsub.Transport with GroupProtocol
+// ProtocolShare, kgopubsub.ShareSubscriber): records
+// are handed out one by one, with no order and no committed offsets.
+func sharedGroup(c *Config) bool {
+	for _, v := range []any{c.Transport, c.Subscriber} {
+		if s, ok := v.(interface{ SharedGroup() bool }); ok && s.SharedGroup() {
+			return true
+		}
+	}
+	return false
 }
 
 // kafkaGo is the default Transport: kafkapubsub, on kafka-go.

@@ -35,6 +35,9 @@ func (w *Worker) Offsets(ctx context.Context) ([]PartitionOffsets, error) {
 	if len(w.cfg.Brokers) == 0 {
 		return nil, errors.New("worker: Offsets needs Config.Brokers")
 	}
+	if sharedGroup(&w.cfg) {
+		return nil, errors.New("worker: Offsets is for consumer groups: a share group keeps each record's state, not a committed offset (kafka-share-groups.sh --describe shows its start offset and lag)")
+	}
 	c, done := w.kafkaClient()
 	defer done()
 	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{w.cfg.Topic}})

@@ -165,7 +165,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		go func() { defer wg.Done(); _ = w.store.RunCleanup(bgCtx, w.cfg.CleanupInterval, nil) }()
 	}
 	running := Running{Store: w.store, Relay: relay, Config: w.cfg}
-	if len(w.cfg.Brokers) > 0 {
+	if len(w.cfg.Brokers) > 0 && !sharedGroup(&w.cfg) {
 		running.Offsets = w.Offsets
 	}
 	for _, p := range plugins[WatchPlugin](w.cfg.Plugins) {

@@ -1,0 +1,556 @@
+package kgopubsub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/kafkapubsub"
+)
+
+// ProtocolShare consumes as a member of a share group (KIP-932, Kafka's
+// queues; Kafka 4.2 and later): the broker hands records out one by one to
+// the group's members, each locked to one member until it is acknowledged
+// or its lock times out. See ShareSubscriber.
+const ProtocolShare GroupProtocol = "share"
+
+// MetadataDeliveryCount is the metadata key of the delivery count of a
+// message a ShareSubscriber delivers: 1 the first time the share group
+// hands the record out, more after its lock timed out or it was released,
+// its copies' deliveries included (the message's context carries it too:
+// dedupe.DeliveriesFromContext, which the consumer's MaxAttempts counts).
+const MetadataDeliveryCount = "kafka_delivery_count"
+
+// ShareSubscriber is a Watermill subscriber on a share group (KIP-932).
+// The share group is ConsumerGroup; the broker, not the members, decides
+// who gets which record, so any member may get any record of any
+// partition, and two members may hold copies of one command at once (a
+// lock that timed out, a record copied ahead, a producer's retry): the
+// dedupe store makes each of them safe.
+//
+// What a share group does not give, and what the ShareSubscriber does
+// about it:
+//   - No order: records of one key may be applied in any order, by any
+//     member. KeyOrdered is refused; a handler whose commands depend on
+//     each other returns a retryable error for a command that comes too
+//     early, and it is delivered again.
+//   - No positions: the broker keeps each record's state, not a committed
+//     offset, so Positions is refused (a database restored to an earlier
+//     point gets no records again; reset the share group's start offset to
+//     before that point, and the dedupe store skips what survived).
+//   - A limit on deliveries (the group's share.delivery.count.limit, 5 by
+//     default): the broker archives a record delivered that many times
+//     without success. The ShareSubscriber keeps that from losing a
+//     command: a record handed out for the last time is first copied to the end of its partition, unchanged but for a
+//     header (exactly_share_deliveries) that carries the count of its
+//     deliveries on; the copy is one more delivery of the same message ID,
+//     which the dedupe store skips once the command is applied. This needs
+//     the Write right on the topic. A command whose delivery fails on and
+//     on is dead-lettered after the consumer's MaxAttempts deliveries, its
+//     copies' included.
+//
+// A message's Ack accepts its record, and the broker never hands it out
+// again. An Ack after the message was dead-lettered (it carries a new
+// "reason_poisoned" metadata value, as middleware.PoisonQueue sets) rejects
+// it: the broker archives it as rejected. A Nack hands the same record to
+// the handler again after NackBackoff while its lock lasts, and releases
+// it to the group (delivery count + 1) when it does not. Keep the handler's
+// bound (worker.Config.Timeout, 30s by default) below the group's lock
+// (share.record.lock.duration.ms, 30s by default): an Ack that comes after
+// the lock ran out is refused, and the record is delivered again (a
+// duplicate, which the dedupe store skips; a dead letter's Reject is made
+// again at once by the member that made it).
+//
+// At Subscribe, the ShareSubscriber sets the group's
+// share.auto.offset.reset (from StartOffset: StartFirst is "earliest", so
+// that records produced before the group's first member are consumed) and
+// share.isolation.level (from Isolation) where they differ: the role needs
+// the DescribeConfigs and AlterConfigs rights on the group.
+type ShareSubscriber struct {
+	cfg     SubscriberConfig
+	closing chan struct{}
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	closed  bool
+}
+
+var _ message.Subscriber = (*ShareSubscriber)(nil)
+
+// NewShareSubscriber returns a ShareSubscriber. cfg needs Brokers and
+// ConsumerGroup (the share group). MaxInFlight is how many records the
+// subscription holds and hands out at once (default 1). KeyOrdered,
+// Positions and InstanceID are refused; the group timeouts, CommitInterval
+// and MaxBytes do not apply.
+func NewShareSubscriber(cfg *SubscriberConfig) (*ShareSubscriber, error) {
+	var in SubscriberConfig
+	if cfg != nil {
+		in = *cfg
+	}
+	switch {
+	case in.GroupProtocol != "" && in.GroupProtocol != ProtocolShare:
+		return nil, fmt.Errorf("kgopubsub: NewShareSubscriber with GroupProtocol %q: a share group is ProtocolShare; use NewSubscriber for a consumer group", in.GroupProtocol)
+	case in.ConsumerGroup == "":
+		return nil, errors.New("kgopubsub: SubscriberConfig.ConsumerGroup is empty: a ShareSubscriber needs the share group's name")
+	case in.KeyOrdered:
+		return nil, errors.New("kgopubsub: SubscriberConfig.KeyOrdered is set with a share group: the broker hands records out one by one to any member, so there is no per-key order to keep; leave it false")
+	case in.Positions != nil:
+		return nil, errors.New("kgopubsub: SubscriberConfig.Positions is set with a share group: the broker keeps each record's state, not a committed offset; leave it nil")
+	case in.InstanceID != "":
+		return nil, errors.New("kgopubsub: SubscriberConfig.InstanceID is set with a share group: share groups have no static members; leave it empty")
+	}
+	in.GroupProtocol = ""
+	c, err := in.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	c.GroupProtocol = ProtocolShare
+	return &ShareSubscriber{cfg: c, closing: make(chan struct{})}, nil
+}
+
+// Subscribe checks that the brokers serve share groups, sets the group's
+// configuration, and starts consuming topic as a member of the share group
+// of its own (one per call). The channel closes when ctx is done or the
+// ShareSubscriber is closed, after in-flight messages have drained (up to
+// DrainTimeout; those not done by then are released to the group).
+func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if topic == "" {
+		return nil, errors.New("kgopubsub: Subscribe: topic is empty")
+	}
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(s.cfg.Brokers...),
+		kgo.ConsumeTopics(topic),
+		kgo.ShareGroup(s.cfg.ConsumerGroup),
+		// The broker hands out at most MaxInFlight records at a time: a
+		// record acquired is locked to this member, and one waiting in a
+		// buffer would see its lock run out.
+		kgo.ShareMaxRecords(int32(s.cfg.MaxInFlight)),
+		kgo.ShareMaxRecordsStrict(),
+		kgo.FetchMaxWait(s.cfg.MaxWait),
+		kgo.WithLogger(kgoLogger{s.cfg.Logger}),
+		kgo.MetadataMaxAge(partitionWatch),
+		// The client produces only the copies of records on their last
+		// delivery, each to the partition it came from.
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		// An acknowledgement the broker refused leaves its record to be
+		// delivered again once its lock runs out: logged, not fatal.
+		kgo.ShareAckCallback(func(_ *kgo.Client, rs kgo.ShareAckResults) {
+			for _, r := range rs {
+				if r.Err != nil {
+					s.cfg.Logger.Warn("kgopubsub: the broker refused acknowledgements; their records are delivered again", "group", s.cfg.ConsumerGroup, "topic", r.Topic, "partition", r.Partition, "err", r.Err)
+				}
+			}
+		}),
+	}
+	opts = append(opts, securityOpts(s.cfg.Security)...)
+	cl, err := kgo.NewClient(append(opts, s.cfg.Options...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kgopubsub: %w", err)
+	}
+	conf, err := s.prepareGroup(ctx, cl)
+	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		cl.Close()
+		return nil, ErrSubscriberClosed
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	sub := &shareSub{s: s, cl: cl, topic: topic, out: make(chan *message.Message), ctx: ctx, dead: map[string]struct{}{}}
+	sub.setGroupConf(conf)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer close(sub.out)
+		defer cancel()
+		go func() {
+			select {
+			case <-s.closing:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		sub.run()
+	}()
+	return sub.out, nil
+}
+
+// Close stops every subscription, waits for in-flight messages to drain (up
+// to DrainTimeout), sends the last acknowledgements and leaves the group.
+// It is idempotent.
+func (s *ShareSubscriber) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.closing)
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
+}
+
+// SharedGroup reports that the ShareSubscriber consumes a share group:
+// the worker keeps no positions for it.
+func (s *ShareSubscriber) SharedGroup() bool { return true }
+
+// Share group configuration keys.
+const (
+	shareAutoOffsetReset = "share.auto.offset.reset"
+	shareIsolationLevel  = "share.isolation.level"
+	shareDeliveryLimit   = "share.delivery.count.limit"
+	defaultDeliveryLimit = 5
+	deliveryLimitRefresh = 30 * time.Second
+	shareVersionFeature  = "share.version"
+)
+
+// ErrNoShareGroups is Subscribe's error when the brokers do not serve
+// share groups.
+var ErrNoShareGroups = errors.New("kgopubsub: the brokers do not serve share groups (KIP-932): they need Kafka 4.2 or later, " +
+	"with share groups enabled (the share.version feature at 1 or more: kafka-features.sh upgrade --feature share.version=1)")
+
+// prepareGroup checks that the brokers serve share groups, sets the
+// group's start and isolation where they differ from the configuration's,
+// and returns its configuration.
+func (s *ShareSubscriber) prepareGroup(ctx context.Context, cl *kgo.Client) (map[string]string, error) {
+	av, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
+	if err != nil {
+		return nil, fmt.Errorf("kgopubsub: Kafka at %s: %w", strings.Join(s.cfg.Brokers, ","), err)
+	}
+	served := false
+	for _, k := range av.ApiKeys {
+		served = served || k.ApiKey == kmsg.ShareGroupHeartbeat.Int16()
+	}
+	for _, f := range av.FinalizedFeatures {
+		if f.Name == shareVersionFeature && f.MaxVersionLevel < 1 {
+			served = false
+		}
+	}
+	if !served {
+		return nil, ErrNoShareGroups
+	}
+	current, err := s.describeGroup(ctx, cl)
+	if err != nil {
+		return nil, err
+	}
+	want := map[string]string{shareAutoOffsetReset: "earliest", shareIsolationLevel: "read_committed"}
+	if s.cfg.StartOffset == kafkapubsub.StartLast {
+		want[shareAutoOffsetReset] = "latest"
+	}
+	if s.cfg.Isolation == kafkapubsub.ReadUncommitted {
+		want[shareIsolationLevel] = "read_uncommitted"
+	}
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, s.cfg.ConsumerGroup
+	for _, name := range []string{shareAutoOffsetReset, shareIsolationLevel} {
+		if current[name] == want[name] {
+			continue
+		}
+		c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+		c.Name, c.Value = name, kmsg.StringPtr(want[name])
+		res.Configs = append(res.Configs, c)
+	}
+	if len(res.Configs) > 0 {
+		req.Resources = append(req.Resources, res)
+		resp, err := req.RequestWith(ctx, cl)
+		if err == nil && len(resp.Resources) == 1 {
+			err = kerr.ErrorForCode(resp.Resources[0].ErrorCode)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("kgopubsub: set the share group %s's %s and %s: %w (the role needs the AlterConfigs right on the group, or set them beforehand: kafka-configs.sh --alter --entity-type groups --entity-name %s --add-config %s=%s,%s=%s)",
+				s.cfg.ConsumerGroup, shareAutoOffsetReset, shareIsolationLevel, err, s.cfg.ConsumerGroup,
+				shareAutoOffsetReset, want[shareAutoOffsetReset], shareIsolationLevel, want[shareIsolationLevel])
+		}
+	}
+	return current, nil
+}
+
+// describeGroup returns the share group's configuration.
+func (s *ShareSubscriber) describeGroup(ctx context.Context, cl *kgo.Client) (map[string]string, error) {
+	req := kmsg.NewPtrDescribeConfigsRequest()
+	res := kmsg.NewDescribeConfigsRequestResource()
+	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, s.cfg.ConsumerGroup
+	req.Resources = append(req.Resources, res)
+	resp, err := req.RequestWith(ctx, cl)
+	if err == nil && len(resp.Resources) != 1 {
+		err = errors.New("no answer for the group")
+	}
+	if err == nil {
+		err = kerr.ErrorForCode(resp.Resources[0].ErrorCode)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kgopubsub: read the share group %s's configuration: %w (the role needs the DescribeConfigs right on the group)", s.cfg.ConsumerGroup, err)
+	}
+	out := map[string]string{}
+	for _, c := range resp.Resources[0].Configs {
+		if c.Value != nil {
+			out[c.Name] = *c.Value
+		}
+	}
+	return out, nil
+}
+
+// setGroupConf keeps the group's delivery limit.
+func (sub *shareSub) setGroupConf(conf map[string]string) {
+	n, err := strconv.Atoi(conf[shareDeliveryLimit])
+	if err != nil || n < 1 {
+		n = defaultDeliveryLimit
+	}
+	sub.limit.Store(int32(n))
+}
+
+// shareSub is one subscription of a ShareSubscriber.
+type shareSub struct {
+	s     *ShareSubscriber
+	cl    *kgo.Client
+	topic string
+	out   chan *message.Message
+	ctx   context.Context
+	// limit is the group's delivery limit, read by the records'
+	// goroutines and refreshed by the poll loop.
+	limit atomic.Int32
+
+	mu sync.Mutex
+	// dead holds the IDs of the messages this subscription dead-lettered
+	// (up to maxDead), so that one whose Reject came too late is rejected
+	// again at once instead of being handled, and dead-lettered, again.
+	dead map[string]struct{}
+}
+
+// maxDead bounds the dead-lettered IDs a subscription remembers.
+const maxDead = 10000
+
+// reject rejects r, dead-lettered, and remembers its ID.
+func (sub *shareSub) reject(r *kgo.Record) {
+	if id := arrivedUUID(r); id != "" {
+		sub.mu.Lock()
+		if len(sub.dead) >= maxDead {
+			clear(sub.dead)
+		}
+		sub.dead[id] = struct{}{}
+		sub.mu.Unlock()
+	}
+	r.Ack(kgo.AckReject)
+}
+
+// rejected says whether r's message was dead-lettered here before.
+func (sub *shareSub) rejected(r *kgo.Record) bool {
+	id := arrivedUUID(r)
+	if id == "" {
+		return false
+	}
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	_, ok := sub.dead[id]
+	return ok
+}
+
+// run polls at most MaxInFlight records, hands each to the handler until
+// it is acknowledged, and polls again once every one of them is: franz-go
+// accepts at the next poll whatever the last one returned and was not
+// acknowledged, which would accept a record still being applied.
+func (sub *shareSub) run() {
+	s := sub.s
+	defer func() {
+		fctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
+		defer cancel()
+		if err := sub.cl.FlushAcks(fctx); err != nil {
+			s.cfg.Logger.Warn("kgopubsub: the share group's last acknowledgements were not sent; their records are delivered again once their locks run out", "group", s.cfg.ConsumerGroup, "err", err)
+		}
+		sub.cl.Close()
+	}()
+	refreshed := time.Now()
+	for sub.ctx.Err() == nil {
+		fs := sub.cl.PollRecords(sub.ctx, s.cfg.MaxInFlight)
+		if sub.ctx.Err() == nil {
+			fs.EachError(func(t string, p int32, err error) {
+				s.cfg.Logger.Warn("kgopubsub: share group fetch failed; retrying", "group", s.cfg.ConsumerGroup, "topic", t, "partition", p, "err", err)
+			})
+		}
+		// After the subscription ended, deliver copies what must be copied
+		// and releases the rest.
+		var wg sync.WaitGroup
+		fs.EachRecord(func(r *kgo.Record) {
+			wg.Add(1)
+			go func() { defer wg.Done(); sub.deliver(r) }()
+		})
+		wg.Wait()
+		if time.Since(refreshed) > deliveryLimitRefresh {
+			refreshed = time.Now()
+			if conf, err := s.describeGroup(sub.ctx, sub.cl); err == nil {
+				sub.setGroupConf(conf)
+			}
+		}
+	}
+}
+
+// lockMargin is how much of a record's lock must be left for the handler
+// to get it again after a Nack; with less, the record is released to the
+// group.
+const lockMargin = time.Second
+
+// copyTimeout bounds the copy of a record on its last delivery.
+const copyTimeout = 30 * time.Second
+
+// deliver hands r to the handler until it is acknowledged, or released.
+func (sub *shareSub) deliver(r *kgo.Record) {
+	s := sub.s
+	deliveries := priorDeliveries(r) + int(r.DeliveryCount())
+	if r.DeliveryCount() >= sub.limit.Load() {
+		sub.copyAhead(r, deliveries)
+	}
+	if sub.rejected(r) {
+		// Dead-lettered in an earlier delivery whose Reject came after its
+		// lock ran out.
+		r.Ack(kgo.AckReject)
+		return
+	}
+	backoff := s.cfg.NackBackoff
+	for {
+		msg := toWatermill(r)
+		msg.Metadata[MetadataDeliveryCount] = strconv.Itoa(deliveries)
+		mctx, cancel := context.WithCancel(context.WithoutCancel(sub.ctx))
+		mctx = dedupe.ContextWithDeliveries(withArrived(mctx, r), deliveries)
+		msg.SetContext(dedupe.ContextWithSource(mctx, dedupe.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}))
+		select {
+		case sub.out <- msg:
+		case <-sub.ctx.Done():
+			cancel()
+			r.Ack(kgo.AckRelease)
+			return
+		}
+		acked, done := sub.await(msg)
+		cancel()
+		switch {
+		case !done:
+			r.Ack(kgo.AckRelease)
+			return
+		case acked && deadLettered(msg, r):
+			sub.reject(r)
+			return
+		case acked:
+			r.Ack(kgo.AckAccept)
+			return
+		}
+		if sub.ctx.Err() != nil || time.Until(r.AcquisitionDeadline()) < backoff+lockMargin {
+			r.Ack(kgo.AckRelease)
+			return
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-sub.ctx.Done():
+			t.Stop()
+			r.Ack(kgo.AckRelease)
+			return
+		}
+		backoff = min(2*backoff, s.cfg.MaxNackBackoff)
+	}
+}
+
+// await waits for msg's Ack or Nack; after the subscription ends, for up
+// to DrainTimeout. done is false when neither came.
+func (sub *shareSub) await(msg *message.Message) (acked, done bool) {
+	select {
+	case <-msg.Acked():
+		return true, true
+	case <-msg.Nacked():
+		return false, true
+	case <-sub.ctx.Done():
+	}
+	t := time.NewTimer(sub.s.cfg.DrainTimeout)
+	defer t.Stop()
+	select {
+	case <-msg.Acked():
+		return true, true
+	case <-msg.Nacked():
+		return false, true
+	case <-t.C:
+		return false, false
+	}
+}
+
+// deadLettered says whether msg was dead-lettered while it was delivered:
+// middleware.PoisonQueue set a reason the record did not arrive with.
+func deadLettered(msg *message.Message, r *kgo.Record) bool {
+	reason := msg.Metadata.Get(middleware.ReasonForPoisonedKey)
+	if reason == "" {
+		return false
+	}
+	for _, h := range r.Headers {
+		if h.Key == middleware.ReasonForPoisonedKey && string(h.Value) == reason {
+			return false
+		}
+	}
+	return true
+}
+
+// copyAhead copies r, unchanged but for its count of deliveries, to the
+// end of its partition, before its last delivery: the broker archives a
+// record whose last delivery fails (a crash, a lock that runs out, a
+// release), and the copy carries the command on. A process killed between
+// the fetch of a last delivery and its copy (a few milliseconds) leaves
+// the record to the archive. It tries for up to copyTimeout, even past r's lock (the copy matters,
+// not the delivery) and after Close.
+func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int) {
+	headers := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
+	for _, h := range r.Headers {
+		if h.Key != headerDeliveries {
+			headers = append(headers, h)
+		}
+	}
+	headers = append(headers, kgo.RecordHeader{Key: headerDeliveries, Value: []byte(strconv.Itoa(deliveries))})
+	// The copy gets the time of its append: a topic whose brokers refuse
+	// old timestamps would refuse the record's own.
+	cp := &kgo.Record{Topic: r.Topic, Partition: r.Partition, Key: r.Key, Value: r.Value, Headers: headers}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(sub.ctx), copyTimeout)
+	defer cancel()
+	for {
+		err := sub.cl.ProduceSync(ctx, cp).FirstErr()
+		if err == nil {
+			sub.s.cfg.Logger.Info("kgopubsub: a record on its last delivery was copied to the end of its partition", "group", sub.s.cfg.ConsumerGroup,
+				"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "delivery", r.DeliveryCount())
+			return
+		}
+		if ctx.Err() != nil {
+			sub.s.cfg.Logger.Error("kgopubsub: a record on its last delivery could not be copied (the role needs the Write right on the topic): if its last delivery fails too, the broker archives it",
+				"group", sub.s.cfg.ConsumerGroup, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
+			return
+		}
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+		}
+	}
+}
+
+// headerDeliveries is the header of a copy that counts the deliveries of
+// the records it copies.
+const headerDeliveries = "exactly_share_deliveries"
+
+// priorDeliveries is how many times the records r copies were delivered.
+func priorDeliveries(r *kgo.Record) int {
+	for _, h := range r.Headers {
+		if h.Key == headerDeliveries {
+			n, _ := strconv.Atoi(string(h.Value))
+			return max(n, 0)
+		}
+	}
+	return 0
+}

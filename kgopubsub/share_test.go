@@ -1,0 +1,482 @@
+package kgopubsub_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
+	"github.com/exactly-go/exactly/internal/testkit/pgtest"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
+	"github.com/exactly-go/exactly/kafkapubsub"
+	"github.com/exactly-go/exactly/kgopubsub"
+	"github.com/exactly-go/exactly/worker"
+)
+
+// shareTransport is the worker's Transport on a share group.
+var shareTransport = kgopubsub.Transport{GroupProtocol: kgopubsub.ProtocolShare}
+
+// requireShareGroups skips t on brokers without share groups (Kafka 3.9
+// in the version matrix), where TestShareSubscriberWithoutShareGroups
+// checks the error instead.
+func requireShareGroups(t *testing.T) {
+	t.Helper()
+	kafkatest.RequireReal(t)
+	if !shareGroupsServed(t) {
+		t.Skip("the broker does not serve share groups; TestShareSubscriberWithoutShareGroups checks the error")
+	}
+}
+
+func shareGroupsServed(t *testing.T) bool {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafkatest.Brokers(t)...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(context.Background(), cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range resp.ApiKeys {
+		if k.ApiKey == kmsg.ShareGroupHeartbeat.Int16() {
+			return true
+		}
+	}
+	return false
+}
+
+// On a broker without share groups, Subscribe fails at once with
+// ErrNoShareGroups.
+func TestShareSubscriberWithoutShareGroups(t *testing.T) {
+	t.Parallel()
+	kafkatest.RequireReal(t)
+	if shareGroupsServed(t) {
+		t.Skip("the broker serves share groups (Kafka 3.9 in the version matrix runs this test)")
+	}
+	sub, err := kgopubsub.NewShareSubscriber(&kgopubsub.SubscriberConfig{SubscriberConfig: kafkapubsub.SubscriberConfig{
+		Brokers: kafkatest.Brokers(t), ConsumerGroup: kafkatest.Name("sg"), Logger: quietLogger()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	if _, err := sub.Subscribe(context.Background(), kafkatest.Topic(t, 1)); !errors.Is(err, kgopubsub.ErrNoShareGroups) {
+		t.Fatalf("Subscribe: %v, want ErrNoShareGroups", err)
+	}
+}
+
+// setShareGroup sets configurations of the share group before its first
+// member joins (the lock duration, the delivery limit).
+func setShareGroup(t *testing.T, group string, conf map[string]string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafkatest.Brokers(t)...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
+	for k, v := range conf {
+		c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+		c.Name, c.Value = k, kmsg.StringPtr(v)
+		res.Configs = append(res.Configs, c)
+	}
+	req.Resources = append(req.Resources, res)
+	resp, err := req.RequestWith(context.Background(), cl)
+	if err == nil {
+		err = kerr.ErrorForCode(resp.Resources[0].ErrorCode)
+	}
+	if err != nil {
+		t.Fatalf("set the share group %s's %v: %v", group, conf, err)
+	}
+}
+
+// shareGroupDone says whether the share group has acknowledged (or
+// archived) every record of topic: the broker counts none left on any
+// partition (its start offset is persisted later, in steps).
+func shareGroupDone(t *testing.T, group, topic string, partitions int) bool {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafkatest.Brokers(t)...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrDescribeShareGroupOffsetsRequest()
+	g := kmsg.NewDescribeShareGroupOffsetsRequestGroup()
+	g.GroupID = group
+	gt := kmsg.NewDescribeShareGroupOffsetsRequestGroupTopic()
+	gt.Topic = topic
+	for p := range partitions {
+		gt.Partitions = append(gt.Partitions, int32(p))
+	}
+	g.Topics = append(g.Topics, gt)
+	req.Groups = append(req.Groups, g)
+	resp, err := req.RequestWith(context.Background(), cl)
+	if err != nil || len(resp.Groups) != 1 || len(resp.Groups[0].Topics) != 1 {
+		return false
+	}
+	for _, p := range resp.Groups[0].Topics[0].Partitions {
+		if p.ErrorCode != 0 || p.StartOffset < 0 || p.Lag != 0 {
+			return false
+		}
+	}
+	return len(resp.Groups[0].Topics[0].Partitions) == partitions
+}
+
+// appliedTable creates the table the tests' handlers count their
+// applications in, and returns its name.
+func appliedTable(t *testing.T, db *pgtest.DB) string {
+	t.Helper()
+	applied := db.Table("applied")
+	if _, err := db.Pool.Exec(context.Background(), "CREATE TABLE "+applied+" (id text PRIMARY KEY, n int NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	return applied
+}
+
+// applyOnce counts msg's application in the applied table, in tx.
+func applyOnce(ctx context.Context, tx pgx.Tx, applied string, msg *message.Message) error {
+	_, err := tx.Exec(ctx, "INSERT INTO "+applied+" VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET n = applied.n + 1", msg.UUID)
+	return err
+}
+
+// waitAppliedOnce waits until n commands are applied and the share group
+// is done with topic, then checks that each was applied exactly once.
+func waitAppliedOnce(t *testing.T, db *pgtest.DB, applied, group, topic string, partitions, n int, d time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	testenv.WaitFor(t, d, "every command applied and every record acknowledged", func() bool {
+		var got int
+		if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+applied).Scan(&got); err != nil || got < n {
+			return false
+		}
+		return shareGroupDone(t, group, topic, partitions)
+	})
+	var once, twice int
+	if err := db.Pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE n = 1), count(*) FILTER (WHERE n > 1) FROM "+applied).
+		Scan(&once, &twice); err != nil || once != n || twice != 0 {
+		t.Fatalf("applied once %d, more than once %d (%v); want %d and 0", once, twice, err, n)
+	}
+}
+
+// shareWorkers runs n workers of cfg on the share group at once, until the
+// test ends.
+func shareWorkers(t *testing.T, db *pgtest.DB, n int, cfg func(i int) *worker.Config) {
+	t.Helper()
+	for i := range n {
+		c := cfg(i)
+		c.Transport = shareTransport
+		wk, err := worker.New(db.Pool, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- wk.Run(ctx) }()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("worker %d: Run: %v", i, err)
+			}
+		})
+	}
+}
+
+// Two workers on one share group: every command, each sent twice and the
+// copies spread over partitions (so that both workers may hold one at
+// once), is applied once; the outputs go out once; a command that fails
+// for good is dead-lettered with its reason and not delivered again; the
+// group acknowledges every record. Per-message and batch mode.
+func TestShareWorkersApplyOnce(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"per-message", "batch"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			requireShareGroups(t)
+			db := pgtest.New(t)
+			commands, events, dlq := kafkatest.Topic(t, 3), kafkatest.Topic(t, 3), kafkatest.Topic(t, 1)
+			group := kafkatest.Name("sg")
+			applied := appliedTable(t, db)
+			var poisoned atomic.Int32
+			apply := func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
+				if string(msg.Payload) == "poison" {
+					if msg.Metadata.Get(kgopubsub.MetadataDeliveryCount) != "1" {
+						poisoned.Add(1)
+					}
+					return nil, dedupe.Permanent(errors.New("not a command"))
+				}
+				if err := applyOnce(ctx, tx, applied, msg); err != nil {
+					return nil, err
+				}
+				return []*message.Message{message.NewMessage("out-"+msg.UUID, msg.Payload)}, nil
+			}
+			shareWorkers(t, db, 2, func(int) *worker.Config {
+				cfg := &worker.Config{Scope: "test", Schema: db.Schema, Brokers: kafkatest.Brokers(t), Topic: commands, OutputTopic: events,
+					DeadLetterTopic: dlq, Group: group, Handler: apply, Tables: []string{"applied"}, MaxInFlight: 4,
+					Logger: quietLogger(), StartupBackoff: 200 * time.Millisecond}
+				if mode == "batch" {
+					cfg.Handler, cfg.BatchSize, cfg.MaxInFlight = nil, 20, 0
+					cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
+						outs := make([][]*message.Message, len(msgs))
+						for i, m := range msgs {
+							o, err := apply(ctx, tx, m)
+							if err != nil {
+								return nil, err
+							}
+							outs[i] = o
+						}
+						return outs, nil
+					}
+				}
+				return cfg
+			})
+			const n = 60
+			var msgs []*message.Message
+			for i := range n {
+				m := message.NewMessage(uuid.NewString(), []byte(fmt.Sprintf(`{"n": %d}`, i)))
+				msgs = append(msgs, m, m.Copy())
+			}
+			msgs = append(msgs, message.NewMessage(uuid.NewString(), []byte("poison")))
+			pub, err := kgopubsub.NewPublisher(&kgopubsub.PublisherConfig{PublisherConfig: kafkapubsub.PublisherConfig{Brokers: kafkatest.Brokers(t)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := pub.Publish(commands, msgs...); err != nil {
+				t.Fatal(err)
+			}
+			if err := pub.Close(); err != nil {
+				t.Fatal(err)
+			}
+			waitAppliedOnce(t, db, applied, group, commands, 3, n, 2*time.Minute)
+			testenv.WaitFor(t, time.Minute, "the outputs and the dead letter published", func() bool {
+				ev := kafkatest.EndOffsets(t, events, 3)
+				return ev[0]+ev[1]+ev[2] >= n && kafkatest.EndOffsets(t, dlq, 1)[0] >= 1
+			})
+			if ev := kafkatest.EndOffsets(t, events, 3); ev[0]+ev[1]+ev[2] != n {
+				t.Fatalf("%v outputs, want %d: one per command", ev, n)
+			}
+			dead := kafkatest.ReadAll(t, dlq, 1, 10*time.Second)
+			if len(dead) != 1 || string(dead[0].Value) != "poison" || !hasHeader(dead[0].Headers, middleware.ReasonForPoisonedKey, "not a command") {
+				t.Fatalf("dead letters %v, want the poison with its reason", dead)
+			}
+			if got := poisoned.Load(); got != 0 {
+				t.Fatalf("the poison was delivered again %d times: rejected, it should not be", got)
+			}
+		})
+	}
+}
+
+func hasHeader(hs []kafka.Header, key, contains string) bool {
+	for _, h := range hs {
+		if h.Key == key && strings.Contains(string(h.Value), contains) {
+			return true
+		}
+	}
+	return false
+}
+
+// A handler slower than the record's lock: the broker hands the record to
+// the other worker while the first still applies it. The two copies run at
+// once, and the command is applied once.
+func TestShareLockTimeoutAppliesOnce(t *testing.T) {
+	t.Parallel()
+	requireShareGroups(t)
+	db := pgtest.New(t)
+	commands, dlq := kafkatest.Topic(t, 2), kafkatest.Topic(t, 1)
+	group := kafkatest.Name("sg")
+	setShareGroup(t, group, map[string]string{"share.record.lock.duration.ms": "1000"})
+	applied := appliedTable(t, db)
+	var slowed sync.Map
+	var redelivered atomic.Int32
+	apply := func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
+		if err := applyOnce(ctx, tx, applied, msg); err != nil {
+			return nil, err
+		}
+		if _, loaded := slowed.LoadOrStore(msg.UUID, true); !loaded {
+			// Past the lock's end, with the command applied in the open
+			// transaction.
+			time.Sleep(2500 * time.Millisecond)
+		}
+		return nil, nil
+	}
+	shareWorkers(t, db, 2, func(int) *worker.Config {
+		return &worker.Config{Scope: "test", Schema: db.Schema, Brokers: kafkatest.Brokers(t), Topic: commands, Group: group, DeadLetterTopic: dlq,
+			Handler: apply, Tables: []string{"applied"}, MaxInFlight: 2, Timeout: 20 * time.Second,
+			Plugins: []worker.Plugin{countRedeliveries{&redelivered}},
+			Logger:  quietLogger(), StartupBackoff: 200 * time.Millisecond}
+	})
+	const n = 6
+	pub, err := kgopubsub.NewPublisher(&kgopubsub.PublisherConfig{PublisherConfig: kafkapubsub.PublisherConfig{Brokers: kafkatest.Brokers(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if err := pub.Publish(commands, message.NewMessage(uuid.NewString(), []byte(strconv.Itoa(i)))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = pub.Close()
+	waitAppliedOnce(t, db, applied, group, commands, 2, n, 2*time.Minute)
+	if redelivered.Load() == 0 {
+		t.Fatal("no record was delivered again after its lock ran out: the test did not run two copies at once")
+	}
+}
+
+// countRedeliveries counts the deliveries after the first, duplicates
+// included (the dedupe middleware does not call the handler for those).
+type countRedeliveries struct{ n *atomic.Int32 }
+
+func (c countRedeliveries) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		if d, _ := strconv.Atoi(msg.Metadata.Get(kgopubsub.MetadataDeliveryCount)); d > 1 {
+			c.n.Add(1)
+		}
+		return h(msg)
+	}
+}
+
+// A record that fails on every delivery up to the group's limit is not
+// lost to the broker's archive: before its last delivery it is copied,
+// unchanged, to the end of its partition, and the copy is delivered.
+func TestShareLastDeliveryCopied(t *testing.T) {
+	t.Parallel()
+	requireShareGroups(t)
+	topic := kafkatest.Topic(t, 1)
+	group := kafkatest.Name("sg")
+	setShareGroup(t, group, map[string]string{"share.record.lock.duration.ms": "1000", "share.delivery.count.limit": "2"})
+	sub, err := kgopubsub.NewShareSubscriber(&kgopubsub.SubscriberConfig{SubscriberConfig: kafkapubsub.SubscriberConfig{
+		Brokers: kafkatest.Brokers(t), ConsumerGroup: group, Logger: quietLogger(), NackBackoff: 300 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := uuid.NewString()
+	pub, err := kgopubsub.NewPublisher(&kgopubsub.PublisherConfig{PublisherConfig: kafkapubsub.PublisherConfig{Brokers: kafkatest.Brokers(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(topic, message.NewMessage(id, []byte("command"))); err != nil {
+		t.Fatal(err)
+	}
+	_ = pub.Close()
+	var seen []string
+	for msg := range ch {
+		seen = append(seen, msg.Metadata.Get(kafkapubsub.MetadataOffset)+"/"+msg.Metadata.Get(kgopubsub.MetadataDeliveryCount))
+		if msg.UUID != id || string(msg.Payload) != "command" {
+			t.Fatalf("got %q %q, want the command", msg.UUID, msg.Payload)
+		}
+		if msg.Metadata.Get(kafkapubsub.MetadataOffset) == "0" {
+			msg.Nack() // fails on every delivery of the record
+			continue
+		}
+		msg.Ack()
+		cancel()
+	}
+	if ctx.Err() != context.Canceled {
+		t.Fatalf("the command never came back after its last delivery failed (deliveries: offset/count %v)", seen)
+	}
+	if end := kafkatest.EndOffsets(t, topic, 1)[0]; end != 2 {
+		t.Fatalf("the topic's end is %d, want 2: the record and one copy (deliveries %v)", end, seen)
+	}
+	testenv.WaitFor(t, time.Minute, "the share group done with both", func() bool { return shareGroupDone(t, group, topic, 1) })
+}
+
+// Misconfigurations of a share group are refused when they are made.
+func TestShareConfigRefusals(t *testing.T) {
+	t.Parallel()
+	base := kafkapubsub.SubscriberConfig{Brokers: []string{"127.0.0.1:1"}, ConsumerGroup: "g"}
+	for name, c := range map[string]kgopubsub.SubscriberConfig{
+		"no group":    {SubscriberConfig: kafkapubsub.SubscriberConfig{Brokers: base.Brokers}},
+		"key-ordered": {SubscriberConfig: func() kafkapubsub.SubscriberConfig { b := base; b.KeyOrdered = true; return b }()},
+		"instance":    {SubscriberConfig: base, InstanceID: "pod-0"},
+		"protocol":    {SubscriberConfig: base, GroupProtocol: kgopubsub.ProtocolConsumer},
+	} {
+		if _, err := kgopubsub.NewShareSubscriber(&c); err == nil {
+			t.Errorf("%s: NewShareSubscriber accepted it", name)
+		}
+	}
+	if _, err := kgopubsub.NewSubscriber(&kgopubsub.SubscriberConfig{SubscriberConfig: base, GroupProtocol: kgopubsub.ProtocolShare}); err == nil ||
+		!strings.Contains(err.Error(), "NewShareSubscriber") {
+		t.Errorf("NewSubscriber with ProtocolShare: %v, want a pointer to NewShareSubscriber", err)
+	}
+	pool, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	_, err = worker.New(pool, &worker.Config{Scope: "s", Topic: "t", Brokers: base.Brokers, KeyOrdered: true, Transport: shareTransport,
+		Handler: func(context.Context, pgx.Tx, *message.Message) ([]*message.Message, error) { return nil, nil }})
+	if err == nil || !strings.Contains(err.Error(), "KeyOrdered") {
+		t.Errorf("worker with KeyOrdered on a share group: %v, want it refused", err)
+	}
+}
+
+// A command whose every delivery fails (a handler that hangs past the
+// worker's Timeout, which is longer than the record's lock, so that the
+// lock runs out each time) is dead-lettered once, after MaxAttempts
+// deliveries, its copies' included, instead of going round the group for
+// ever.
+func TestShareFailingCommandDeadLettered(t *testing.T) {
+	t.Parallel()
+	requireShareGroups(t)
+	db := pgtest.New(t)
+	commands, dlq := kafkatest.Topic(t, 1), kafkatest.Topic(t, 1)
+	group := kafkatest.Name("sg")
+	setShareGroup(t, group, map[string]string{"share.record.lock.duration.ms": "1000", "share.delivery.count.limit": "2"})
+	var handled atomic.Int32
+	hang := func(ctx context.Context, _ pgx.Tx, _ *message.Message) ([]*message.Message, error) {
+		handled.Add(1)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	const maxAttempts = 4
+	shareWorkers(t, db, 1, func(int) *worker.Config {
+		return &worker.Config{Scope: "test", Schema: db.Schema, Brokers: kafkatest.Brokers(t), Topic: commands, Group: group, DeadLetterTopic: dlq,
+			Handler: hang, Timeout: 1500 * time.Millisecond, MaxAttempts: maxAttempts, Logger: quietLogger(), StartupBackoff: 200 * time.Millisecond}
+	})
+	pub, err := kgopubsub.NewPublisher(&kgopubsub.PublisherConfig{PublisherConfig: kafkapubsub.PublisherConfig{Brokers: kafkatest.Brokers(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(commands, message.NewMessage(uuid.NewString(), []byte("hangs"))); err != nil {
+		t.Fatal(err)
+	}
+	_ = pub.Close()
+	testenv.WaitFor(t, 2*time.Minute, "the command dead-lettered", func() bool { return kafkatest.EndOffsets(t, dlq, 1)[0] >= 1 })
+	dead := kafkatest.ReadAll(t, dlq, 1, 10*time.Second)
+	if len(dead) != 1 || string(dead[0].Value) != "hangs" || !hasHeader(dead[0].Headers, middleware.ReasonForPoisonedKey, "attempts") {
+		t.Fatalf("dead letters %v, want the command with its reason", dead)
+	}
+	testenv.WaitFor(t, time.Minute, "the share group done with it", func() bool { return shareGroupDone(t, group, commands, 1) })
+	time.Sleep(2 * time.Second)
+	if n, end := handled.Load(), kafkatest.EndOffsets(t, commands, 1)[0]; n != maxAttempts || end > maxAttempts/2+1 {
+		t.Fatalf("handled %d times over %d records, want %d times (MaxAttempts) over at most %d (the record and its copies, one made before the last delivery)", n, end, maxAttempts, maxAttempts/2+1)
+	}
+	if d := kafkatest.EndOffsets(t, dlq, 1)[0]; d != 1 {
+		t.Fatalf("%d dead letters, want 1", d)
+	}
+}
