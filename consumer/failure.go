@@ -150,11 +150,7 @@ func (m *Middleware) failed(msg *message.Message, ev *Event, err error, ownErr b
 	st.failures++
 	n := st.failures
 	m.mu.Unlock()
-	if d, ok := dedupe.DeliveriesFromContext(msg.Context()); ok && d > n {
-		// Its earlier deliveries failed in other members, or before a
-		// copy.
-		n = d
-	}
+
 	if n < m.cfg.MaxAttempts {
 		return err
 	}

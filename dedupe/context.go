@@ -26,7 +26,10 @@ type deliveriesKey struct{}
 // included, by every member. A Subscriber whose records move between
 // members and offsets sets it (a share group's: kgopubsub.ShareSubscriber);
 // the middleware then counts a message's failed attempts towards
-// MaxAttempts by its key and n, not by its offset in one process.
+// MaxAttempts by its key and ID, not by its offset, so that the copies of
+// one record add up. Only its own failures count, in each process: a
+// delivery that ended in a crash, a lock that ran out, or an outage does
+// not.
 func ContextWithDeliveries(ctx context.Context, n int) context.Context {
 	return context.WithValue(ctx, deliveriesKey{}, n)
 }

@@ -72,6 +72,6 @@
 // (KeyOrdered is refused) and no committed offset (Positions is refused,
 // and the worker keeps none). A record on the group's last delivery
 // (share.delivery.count.limit) is first copied to the end of its
-// partition, so that the broker's archive never drops a command: see
-// ShareSubscriber.
+// partition, so that the broker's archive does not drop the command; the
+// cases this does not cover are in ShareSubscriber's documentation.
 package kgopubsub

@@ -17,7 +17,7 @@ import (
 func reserved(k string) bool {
 	switch k {
 	case kafkapubsub.UUIDHeader, kafkapubsub.MetadataTopic, kafkapubsub.MetadataPartition, kafkapubsub.MetadataOffset,
-		kafkapubsub.MetadataKafkaKey, kafkapubsub.MetadataTimestamp:
+		kafkapubsub.MetadataKafkaKey, kafkapubsub.MetadataTimestamp, MetadataDeliveryCount:
 		return true
 	}
 	return false

@@ -29,8 +29,9 @@ const ProtocolShare GroupProtocol = "share"
 // MetadataDeliveryCount is the metadata key of the delivery count of a
 // message a ShareSubscriber delivers: 1 the first time the share group
 // hands the record out, more after its lock timed out or it was released,
-// its copies' deliveries included (the message's context carries it too:
-// dedupe.DeliveriesFromContext, which the consumer's MaxAttempts counts).
+// its copies' deliveries included (the message's context carries it too,
+// dedupe.DeliveriesFromContext: the consumer then counts the failures of
+// a record and its copies together towards MaxAttempts).
 const MetadataDeliveryCount = "kafka_delivery_count"
 
 // ShareSubscriber is a Watermill subscriber on a share group (KIP-932).
@@ -57,9 +58,14 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 //     header (exactly_share_deliveries) that carries the count of its
 //     deliveries on; the copy is one more delivery of the same message ID,
 //     which the dedupe store skips once the command is applied. This needs
-//     the Write right on the topic. A command whose delivery fails on and
-//     on is dead-lettered after the consumer's MaxAttempts deliveries, its
-//     copies' included.
+//     the Write right on the topic. A command whose handler fails on and
+//     on is dead-lettered after MaxAttempts failures in one member, its
+//     copies' included. What this does not cover: a process killed in the
+//     milliseconds between fetching a record's last delivery and copying
+//     it, a copy the brokers refuse for 30s, records fetched but not yet
+//     handed out when the subscription closes, and a limit lowered less
+//     than 30s ago: such a record, if that delivery was its last, is
+//     archived by the broker.
 //
 // A message's Ack accepts its record, and the broker never hands it out
 // again. An Ack after the message was dead-lettered (it carries a new
@@ -71,7 +77,9 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 // (share.record.lock.duration.ms, 30s by default): an Ack that comes after
 // the lock ran out is refused, and the record is delivered again (a
 // duplicate, which the dedupe store skips; a dead letter's Reject is made
-// again at once by the member that made it).
+// again at once when the record comes back to the member that made it,
+// while another member handles it again). The worker's Timeout defaults to
+// 20s on a share group for this.
 //
 // At Subscribe, the ShareSubscriber sets the group's
 // share.auto.offset.reset (from StartOffset: StartFirst is "earliest", so
@@ -411,15 +419,15 @@ const copyTimeout = 30 * time.Second
 // deliver hands r to the handler until it is acknowledged, or released.
 func (sub *shareSub) deliver(r *kgo.Record) {
 	s := sub.s
-	deliveries := priorDeliveries(r) + int(r.DeliveryCount())
-	if r.DeliveryCount() >= sub.limit.Load() {
-		sub.copyAhead(r, deliveries)
-	}
 	if sub.rejected(r) {
 		// Dead-lettered in an earlier delivery whose Reject came after its
 		// lock ran out.
 		r.Ack(kgo.AckReject)
 		return
+	}
+	deliveries := priorDeliveries(r) + int(r.DeliveryCount())
+	if r.DeliveryCount() >= sub.limit.Load() {
+		sub.copyAhead(r, deliveries)
 	}
 	backoff := s.cfg.NackBackoff
 	for {

@@ -438,7 +438,7 @@ func TestShareConfigRefusals(t *testing.T) {
 // A command whose every delivery fails (a handler that hangs past the
 // worker's Timeout, which is longer than the record's lock, so that the
 // lock runs out each time) is dead-lettered once, after MaxAttempts
-// deliveries, its copies' included, instead of going round the group for
+// failures, its copies' included, instead of going round the group for
 // ever.
 func TestShareFailingCommandDeadLettered(t *testing.T) {
 	t.Parallel()

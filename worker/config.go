@@ -151,7 +151,8 @@ type Config struct {
 	// its handler waited for the database (a lock, the disk) never counts
 	// against its command; one cut while the handler ran the command's own
 	// work counts towards MaxAttempts (the consumer package doc's "Poison
-	// messages and outages"). Defaults to 30s.
+	// messages and outages"). Defaults to 30s; 20s on a share group, below
+	// its record lock (share.record.lock.duration.ms, 30s by default).
 	Timeout time.Duration
 
 	// BatchSize bounds a batch's messages in batch mode. Defaults to 100.
@@ -249,6 +250,11 @@ func withDefaults(cfg *Config) (Config, error) {
 	}
 	if c.Timeout <= 0 {
 		c.Timeout = 30 * time.Second
+		if sharedGroup(&c) {
+			// Below a share group's default lock (30s): an Ack after the
+			// lock ran out is refused, and the record delivered again.
+			c.Timeout = 20 * time.Second
+		}
 	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = 100
