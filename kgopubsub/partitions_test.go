@@ -2,6 +2,7 @@ package kgopubsub_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,8 +68,19 @@ func newPartitionsConsumed(t *testing.T, protocol kgopubsub.GroupProtocol, insta
 	}
 	defer pcl.Close()
 	for p := int32(2); p < 4; p++ {
-		if err := pcl.ProduceSync(ctx, &kgo.Record{Partition: p, Value: []byte("new")}).FirstErr(); err != nil {
-			t.Fatal(err)
+		// The producer may not know of the new partitions yet: its
+		// metadata is refreshed until it does.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			err := pcl.ProduceSync(ctx, &kgo.Record{Partition: p, Value: []byte("new")}).FirstErr()
+			if err == nil {
+				break
+			}
+			if !strings.Contains(err.Error(), "invalid record partitioning choice") || time.Now().After(deadline) {
+				t.Fatal(err)
+			}
+			pcl.ForceMetadataRefresh()
+			time.Sleep(200 * time.Millisecond)
 		}
 	}
 	waitCommitted(t, group, topic, 4, time.Minute)
