@@ -70,7 +70,7 @@
 // after a dead letter rejects it, a Nack hands it to the handler again
 // while its lock lasts and then releases it. There is no per-key order
 // (KeyOrdered is refused) and no committed offset (Positions is refused,
-// and the worker keeps none). A record on the group's last delivery
+// and the worker keeps none). A record on one of its last two deliveries
 // (share.delivery.count.limit) is first copied to the end of its
 // partition, so that the broker's archive does not drop the command; the
 // cases this does not cover are in ShareSubscriber's documentation.

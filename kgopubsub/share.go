@@ -54,18 +54,21 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 //   - A limit on deliveries (the group's share.delivery.count.limit, 5 by
 //     default): the broker archives a record delivered that many times
 //     without success. The ShareSubscriber keeps that from losing a
-//     command: a record handed out for the last time is first copied to the end of its partition, unchanged but for a
-//     header (exactly_share_deliveries) that carries the count of its
-//     deliveries on; the copy is one more delivery of the same message ID,
-//     which the dedupe store skips once the command is applied. This needs
-//     the Write right on the topic. A command whose handler fails on and
-//     on is dead-lettered after MaxAttempts failures in one member, its
-//     copies' included. What this does not cover: a process killed in the
-//     milliseconds between fetching a record's last delivery and copying
-//     it, a copy the brokers refuse for 30s, records fetched but not yet
-//     handed out when the subscription closes, and a limit lowered less
-//     than 30s ago: such a record, if that delivery was its last, is
-//     archived by the broker.
+//     command: a record handed out for one of its last two times (the
+//     last one only, with a limit of 2; never the first time) is first
+//     copied to the end of its partition, unchanged but for a header
+//     (exactly_share_deliveries) that carries the count of its deliveries
+//     on; the copy is one more delivery of the same message ID, which the
+//     dedupe store skips once the command is applied. This needs the Write
+//     right on the topic. A command whose handler fails on and on is
+//     dead-lettered after MaxAttempts failures in one member, its copies'
+//     included. What this does not cover: a record whose members die, on
+//     both of its last two deliveries (on the last, with a limit of 2),
+//     in the millisecond or two between fetching it and copying it; a copy
+//     the brokers refuse for 30s; records fetched but not yet handed out
+//     when the subscription closes; and a limit lowered less than 30s
+//     ago: such a record, if that delivery was its last, is archived by
+//     the broker.
 //
 // A message's Ack accepts its record, and the broker never hands it out
 // again. An Ack after the message was dead-lettered (it carries a new
@@ -148,9 +151,11 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		kgo.FetchMaxWait(s.cfg.MaxWait),
 		kgo.WithLogger(kgoLogger{s.cfg.Logger}),
 		kgo.MetadataMaxAge(partitionWatch),
-		// The client produces only the copies of records on their last
-		// delivery, each to the partition it came from.
+		// The client produces only the copies of records near their last
+		// delivery, each to the partition it came from, at once: a copy
+		// that lingers is a longer window in which a kill loses one.
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerLinger(0),
 		// An acknowledgement the broker refused leaves its record to be
 		// delivered again once its lock runs out: logged, not fatal.
 		kgo.ShareAckCallback(func(_ *kgo.Client, rs kgo.ShareAckResults) {
@@ -170,6 +175,13 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	if err != nil {
 		cl.Close()
 		return nil, err
+	}
+	// The producer ID of the copies, loaded before the first record is
+	// fetched rather than between the fetch and the copy.
+	if _, _, err := cl.ProducerID(ctx); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("kgopubsub: the share group's member copies records near their last delivery with an idempotent producer, which Kafka at %s refused: %w (the role needs the Write right on the topic)",
+			strings.Join(s.cfg.Brokers, ","), err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -408,12 +420,18 @@ func (sub *shareSub) run() {
 	}
 }
 
+// copyFrom is the delivery from which a record is copied before it is
+// handed out, for a group whose delivery limit is limit: its last two
+// deliveries (but never its first), so that a record is archived only if
+// the members holding both of them die before copying it.
+func copyFrom(limit int32) int32 { return max(2, limit-1) }
+
 // lockMargin is how much of a record's lock must be left for the handler
 // to get it again after a Nack; with less, the record is released to the
 // group.
 const lockMargin = time.Second
 
-// copyTimeout bounds the copy of a record on its last delivery.
+// copyTimeout bounds the copy of a record near its last delivery.
 const copyTimeout = 30 * time.Second
 
 // deliver hands r to the handler until it is acknowledged, or released.
@@ -426,7 +444,7 @@ func (sub *shareSub) deliver(r *kgo.Record) {
 		return
 	}
 	deliveries := priorDeliveries(r) + int(r.DeliveryCount())
-	if r.DeliveryCount() >= sub.limit.Load() {
+	if copyFrom(sub.limit.Load()) <= r.DeliveryCount() {
 		sub.copyAhead(r, deliveries)
 	}
 	backoff := s.cfg.NackBackoff
@@ -510,12 +528,13 @@ func deadLettered(msg *message.Message, r *kgo.Record) bool {
 }
 
 // copyAhead copies r, unchanged but for its count of deliveries, to the
-// end of its partition, before its last delivery: the broker archives a
-// record whose last delivery fails (a crash, a lock that runs out, a
-// release), and the copy carries the command on. A process killed between
-// the fetch of a last delivery and its copy (a few milliseconds) leaves
-// the record to the archive. It tries for up to copyTimeout, even past r's lock (the copy matters,
-// not the delivery) and after Close.
+// end of its partition, before one of its last deliveries: the broker
+// archives a record whose last delivery fails (a crash, a lock that runs
+// out, a release), and the copy carries the command on. A process killed
+// between the fetch and the copy (a produce's round trip) leaves the
+// record to its next delivery, which copies it if there is one. It tries
+// for up to copyTimeout, even past r's lock (the copy matters, not the
+// delivery) and after Close.
 func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int) {
 	headers := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
 	for _, h := range r.Headers {
@@ -529,15 +548,16 @@ func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int) {
 	cp := &kgo.Record{Topic: r.Topic, Partition: r.Partition, Key: r.Key, Value: r.Value, Headers: headers}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(sub.ctx), copyTimeout)
 	defer cancel()
+	start := time.Now()
 	for {
 		err := sub.cl.ProduceSync(ctx, cp).FirstErr()
 		if err == nil {
-			sub.s.cfg.Logger.Info("kgopubsub: a record on its last delivery was copied to the end of its partition", "group", sub.s.cfg.ConsumerGroup,
-				"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "delivery", r.DeliveryCount())
+			sub.s.cfg.Logger.Info("kgopubsub: a record near its last delivery was copied to the end of its partition", "group", sub.s.cfg.ConsumerGroup,
+				"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "delivery", r.DeliveryCount(), "took", time.Since(start))
 			return
 		}
 		if ctx.Err() != nil {
-			sub.s.cfg.Logger.Error("kgopubsub: a record on its last delivery could not be copied (the role needs the Write right on the topic): if its last delivery fails too, the broker archives it",
+			sub.s.cfg.Logger.Error("kgopubsub: a record near its last delivery could not be copied (the role needs the Write right on the topic): if its last delivery fails too, the broker archives it",
 				"group", sub.s.cfg.ConsumerGroup, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
 			return
 		}

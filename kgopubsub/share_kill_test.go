@@ -30,9 +30,10 @@ const shareWorkerEnv = "KGOPUBSUB_SHARE_WORKER"
 
 // Workers on one share group killed with SIGKILL, again and again, while
 // they hold records' locks (in the middle of a handler's transaction, with
-// a record's lock of 1s and the group's delivery limit at 2, so that
-// records reach their last delivery): every command is applied exactly
-// once, none is lost. Per-message and batch mode.
+// a record's lock of 1s and the group's delivery limit at 3, so that
+// records reach their last two deliveries, which are copied): every
+// command is applied exactly once, none is lost. Per-message and batch
+// mode.
 func TestShareKilledWorkers(t *testing.T) {
 	if spec := os.Getenv(shareWorkerEnv); spec != "" {
 		runShareWorkerProcess(t, spec)
@@ -52,7 +53,7 @@ func testKilledShareWorkers(t *testing.T, mode string) {
 	db := pgtest.New(t)
 	commands, dlq := kafkatest.Topic(t, 3), kafkatest.Topic(t, 1)
 	group := kafkatest.Name("sg")
-	setShareGroup(t, group, map[string]string{"share.record.lock.duration.ms": "1000", "share.delivery.count.limit": "2",
+	setShareGroup(t, group, map[string]string{"share.record.lock.duration.ms": "1000", "share.delivery.count.limit": "3",
 		"share.session.timeout.ms": "6000", "share.heartbeat.interval.ms": "1000"})
 	applied := appliedTable(t, db)
 	url, err := pgtest.URL()
@@ -110,7 +111,7 @@ func testKilledShareWorkers(t *testing.T, mode string) {
 		t.Fatalf("%d dead letters, want none", d)
 	}
 	end := kafkatest.EndOffsets(t, commands, 3)
-	t.Logf("%d kills; %d records for %d commands (copies of records on their last delivery)", kills, end[0]+end[1]+end[2], n)
+	t.Logf("%d kills; %d records for %d commands (copies of records near their last delivery)", kills, end[0]+end[1]+end[2], n)
 }
 
 // runShareWorkerProcess is a worker process of TestShareKilledWorkers: it

@@ -116,8 +116,9 @@ func setShareGroup(t *testing.T, group string, conf map[string]string) {
 
 // shareGroupDone says whether the share group has acknowledged (or
 // archived) every record of topic: the broker counts none left on any
-// partition (its start offset is persisted later, in steps).
-func shareGroupDone(t *testing.T, group, topic string, partitions int) bool {
+// partition (its start offset is persisted later, in steps). It also says
+// what the broker answered, for a test that gives up.
+func shareGroupDone(t *testing.T, group, topic string, partitions int) (bool, string) {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(kafkatest.Brokers(t)...))
 	if err != nil {
@@ -136,14 +137,16 @@ func shareGroupDone(t *testing.T, group, topic string, partitions int) bool {
 	req.Groups = append(req.Groups, g)
 	resp, err := req.RequestWith(context.Background(), cl)
 	if err != nil || len(resp.Groups) != 1 || len(resp.Groups[0].Topics) != 1 {
-		return false
+		return false, fmt.Sprintf("DescribeShareGroupOffsets: %v", err)
 	}
+	done, parts := len(resp.Groups[0].Topics[0].Partitions) == partitions, []string{}
 	for _, p := range resp.Groups[0].Topics[0].Partitions {
 		if p.ErrorCode != 0 || p.StartOffset < 0 || p.Lag != 0 {
-			return false
+			done = false
 		}
+		parts = append(parts, fmt.Sprintf("%d: start %d lag %d error %d", p.Partition, p.StartOffset, p.Lag, p.ErrorCode))
 	}
-	return len(resp.Groups[0].Topics[0].Partitions) == partitions
+	return done, strings.Join(parts, "; ")
 }
 
 // appliedTable creates the table the tests' handlers count their
@@ -168,13 +171,21 @@ func applyOnce(ctx context.Context, tx pgx.Tx, applied string, msg *message.Mess
 func waitAppliedOnce(t *testing.T, db *pgtest.DB, applied, group, topic string, partitions, n int, d time.Duration) {
 	t.Helper()
 	ctx := context.Background()
-	testenv.WaitFor(t, d, "every command applied and every record acknowledged", func() bool {
+	for deadline := time.Now().Add(d); ; time.Sleep(200 * time.Millisecond) {
 		var got int
-		if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+applied).Scan(&got); err != nil || got < n {
-			return false
+		if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+applied).Scan(&got); err != nil {
+			t.Fatal(err)
 		}
-		return shareGroupDone(t, group, topic, partitions)
-	})
+		done, offsets := shareGroupDone(t, group, topic, partitions)
+		if got >= n && done {
+			break
+		}
+		if time.Now().After(deadline) {
+			end := kafkatest.EndOffsets(t, topic, partitions)
+			t.Fatalf("gave up after %v waiting for every command applied and every record acknowledged: %d of %d applied; "+
+				"the group's partitions: %s; the end offsets: %v", d, got, n, offsets, end)
+		}
+	}
 	var once, twice int
 	if err := db.Pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE n = 1), count(*) FILTER (WHERE n > 1) FROM "+applied).
 		Scan(&once, &twice); err != nil || once != n || twice != 0 {
@@ -407,7 +418,7 @@ func TestShareLastDeliveryCopied(t *testing.T) {
 	if end := kafkatest.EndOffsets(t, topic, 1)[0]; end != 2 {
 		t.Fatalf("the topic's end is %d, want 2: the record and one copy (deliveries %v)", end, seen)
 	}
-	testenv.WaitFor(t, time.Minute, "the share group done with both", func() bool { return shareGroupDone(t, group, topic, 1) })
+	testenv.WaitFor(t, time.Minute, "the share group done with both", func() bool { done, _ := shareGroupDone(t, group, topic, 1); return done })
 }
 
 // Misconfigurations of a share group are refused when they are made.
@@ -476,7 +487,7 @@ func TestShareFailingCommandDeadLettered(t *testing.T) {
 	if len(dead) != 1 || string(dead[0].Value) != "hangs" || !hasHeader(dead[0].Headers, middleware.ReasonForPoisonedKey, "attempts") {
 		t.Fatalf("dead letters %v, want the command with its reason", dead)
 	}
-	testenv.WaitFor(t, time.Minute, "the share group done with it", func() bool { return shareGroupDone(t, group, commands, 1) })
+	testenv.WaitFor(t, time.Minute, "the share group done with it", func() bool { done, _ := shareGroupDone(t, group, commands, 1); return done })
 	time.Sleep(2 * time.Second)
 	if n, end := handled.Load(), kafkatest.EndOffsets(t, commands, 1)[0]; n != maxAttempts || end > maxAttempts/2+1 {
 		t.Fatalf("handled %d times over %d records, want %d times (MaxAttempts) over at most %d (the record and its copies, one made before the last delivery)", n, end, maxAttempts, maxAttempts/2+1)
