@@ -59,13 +59,20 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 //     copied to the end of its partition, unchanged but for a header
 //     (exactly_share_deliveries) that carries the count of its deliveries
 //     on; the copy is one more delivery of the same message ID, which the
-//     dedupe store skips once the command is applied. This needs the Write
-//     right on the topic. A command whose handler fails on and on is
+//     dedupe store skips once the command is applied. Once copied, a
+//     delivery that does not succeed (a Nack as the lock runs out, a
+//     release at Close) accepts the record instead of releasing it: the
+//     copy carries the command on, so a record is copied a second time
+//     only when the member holding it dies. This needs the Write right on
+//     the topic (Subscribe loads the copies' producer ID, and fails
+//     without it). A command whose handler fails on and on is
 //     dead-lettered after MaxAttempts failures in one member, its copies'
 //     included. What this does not cover: a record whose members die, on
 //     both of its last two deliveries (on the last, with a limit of 2),
-//     in the millisecond or two between fetching it and copying it; a copy
-//     the brokers refuse for 30s; records fetched but not yet handed out
+//     between the broker handing it out and the copy's acknowledgement (a
+//     produce's round trip: 2ms at the median, 11 to 17ms at the 99th
+//     percentile in TestShareKilledWorkers, on one broker on loopback); copies the brokers refuse
+//     for 30s on both; records fetched but not yet handed out
 //     when the subscription closes; and a limit lowered less than 30s
 //     ago: such a record, if that delivery was its last, is archived by
 //     the broker.
@@ -90,11 +97,8 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 // share.isolation.level (from Isolation) where they differ: the role needs
 // the DescribeConfigs and AlterConfigs rights on the group.
 type ShareSubscriber struct {
-	cfg     SubscriberConfig
-	closing chan struct{}
-	wg      sync.WaitGroup
-	mu      sync.Mutex
-	closed  bool
+	cfg  SubscriberConfig
+	subs subscriptions
 }
 
 var _ message.Subscriber = (*ShareSubscriber)(nil)
@@ -127,11 +131,12 @@ func NewShareSubscriber(cfg *SubscriberConfig) (*ShareSubscriber, error) {
 		return nil, err
 	}
 	c.GroupProtocol = ProtocolShare
-	return &ShareSubscriber{cfg: c, closing: make(chan struct{})}, nil
+	return &ShareSubscriber{cfg: c, subs: newSubscriptions()}, nil
 }
 
 // Subscribe checks that the brokers serve share groups, sets the group's
-// configuration, and starts consuming topic as a member of the share group
+// configuration, loads the producer ID of the copies (the role needs the
+// Write right on the topic, or IdempotentWrite on the cluster), and starts consuming topic as a member of the share group
 // of its own (one per call). The channel closes when ctx is done or the
 // ShareSubscriber is closed, after in-flight messages have drained (up to
 // DrainTimeout; those not done by then are released to the group).
@@ -166,7 +171,7 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 			}
 		}),
 	}
-	opts = append(opts, securityOpts(s.cfg.Security)...)
+	opts = append(opts, SecurityOptions(s.cfg.Security)...)
 	cl, err := kgo.NewClient(append(opts, s.cfg.Options...)...)
 	if err != nil {
 		return nil, fmt.Errorf("kgopubsub: %w", err)
@@ -180,32 +185,15 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	// fetched rather than between the fetch and the copy.
 	if _, _, err := cl.ProducerID(ctx); err != nil {
 		cl.Close()
-		return nil, fmt.Errorf("kgopubsub: the share group's member copies records near their last delivery with an idempotent producer, which Kafka at %s refused: %w (the role needs the Write right on the topic)",
+		return nil, fmt.Errorf("kgopubsub: the share group's member copies records near their last delivery with an idempotent producer, whose producer ID Kafka at %s did not give: %w (the role needs the Write right on the topic, or IdempotentWrite on the cluster)",
 			strings.Join(s.cfg.Brokers, ","), err)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		cl.Close()
-		return nil, ErrSubscriberClosed
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	sub := &shareSub{s: s, cl: cl, topic: topic, out: make(chan *message.Message), ctx: ctx, dead: map[string]struct{}{}}
+	sub := &shareSub{s: s, cl: cl, topic: topic, out: make(chan *message.Message), dead: map[string]struct{}{}}
 	sub.setGroupConf(conf)
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		defer close(sub.out)
-		defer cancel()
-		go func() {
-			select {
-			case <-s.closing:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
-		sub.run()
-	}()
+	if err := s.subs.start(ctx, sub.out, sub.run); err != nil {
+		cl.Close()
+		return nil, err
+	}
 	return sub.out, nil
 }
 
@@ -213,15 +201,7 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 // to DrainTimeout), sends the last acknowledgements and leaves the group.
 // It is idempotent.
 func (s *ShareSubscriber) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	close(s.closing)
-	s.mu.Unlock()
-	s.wg.Wait()
+	s.subs.close()
 	return nil
 }
 
@@ -275,30 +255,42 @@ func (s *ShareSubscriber) prepareGroup(ctx context.Context, cl *kgo.Client) (map
 	if s.cfg.Isolation == kafkapubsub.ReadUncommitted {
 		want[shareIsolationLevel] = "read_uncommitted"
 	}
-	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
-	res := kmsg.NewIncrementalAlterConfigsRequestResource()
-	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, s.cfg.ConsumerGroup
+	set := map[string]string{}
 	for _, name := range []string{shareAutoOffsetReset, shareIsolationLevel} {
-		if current[name] == want[name] {
-			continue
+		if current[name] != want[name] {
+			set[name] = want[name]
 		}
-		c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
-		c.Name, c.Value = name, kmsg.StringPtr(want[name])
-		res.Configs = append(res.Configs, c)
 	}
-	if len(res.Configs) > 0 {
-		req.Resources = append(req.Resources, res)
-		resp, err := req.RequestWith(ctx, cl)
-		if err == nil && len(resp.Resources) == 1 {
-			err = kerr.ErrorForCode(resp.Resources[0].ErrorCode)
-		}
-		if err != nil {
+	if len(set) > 0 {
+		if err := alterGroupConfig(ctx, cl, s.cfg.ConsumerGroup, set); err != nil {
 			return nil, fmt.Errorf("kgopubsub: set the share group %s's %s and %s: %w (the role needs the AlterConfigs right on the group, or set them beforehand: kafka-configs.sh --alter --entity-type groups --entity-name %s --add-config %s=%s,%s=%s)",
 				s.cfg.ConsumerGroup, shareAutoOffsetReset, shareIsolationLevel, err, s.cfg.ConsumerGroup,
 				shareAutoOffsetReset, want[shareAutoOffsetReset], shareIsolationLevel, want[shareIsolationLevel])
 		}
 	}
 	return current, nil
+}
+
+// alterGroupConfig sets the configurations set of group, and leaves its
+// others as they are.
+func alterGroupConfig(ctx context.Context, cl *kgo.Client, group string, set map[string]string) error {
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
+	for name, v := range set {
+		c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+		c.Name, c.Value = name, kmsg.StringPtr(v)
+		res.Configs = append(res.Configs, c)
+	}
+	req.Resources = append(req.Resources, res)
+	resp, err := req.RequestWith(ctx, cl)
+	if err == nil && len(resp.Resources) != 1 {
+		err = errors.New("no answer for the group")
+	}
+	if err == nil {
+		err = kerr.ErrorForCode(resp.Resources[0].ErrorCode)
+	}
+	return err
 }
 
 // describeGroup returns the share group's configuration.
@@ -341,7 +333,8 @@ type shareSub struct {
 	cl    *kgo.Client
 	topic string
 	out   chan *message.Message
-	ctx   context.Context
+	// ctx ends with the subscription; set by run.
+	ctx context.Context
 	// limit is the group's delivery limit, read by the records'
 	// goroutines and refreshed by the poll loop.
 	limit atomic.Int32
@@ -384,8 +377,10 @@ func (sub *shareSub) rejected(r *kgo.Record) bool {
 // run polls at most MaxInFlight records, hands each to the handler until
 // it is acknowledged, and polls again once every one of them is: franz-go
 // accepts at the next poll whatever the last one returned and was not
-// acknowledged, which would accept a record still being applied.
-func (sub *shareSub) run() {
+// acknowledged, which would accept a record still being applied. It
+// returns when ctx, the subscription's, ends.
+func (sub *shareSub) run(ctx context.Context) {
+	sub.ctx = ctx
 	s := sub.s
 	defer func() {
 		fctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
@@ -444,8 +439,12 @@ func (sub *shareSub) deliver(r *kgo.Record) {
 		return
 	}
 	deliveries := priorDeliveries(r) + int(r.DeliveryCount())
-	if copyFrom(sub.limit.Load()) <= r.DeliveryCount() {
-		sub.copyAhead(r, deliveries)
+	// Once r is copied, a delivery that does not succeed accepts it rather
+	// than releasing it: the copy carries the command on, and r is copied
+	// again only when the member holding it dies.
+	letGo := kgo.AckRelease
+	if copyFrom(sub.limit.Load()) <= r.DeliveryCount() && sub.copyAhead(r, deliveries) {
+		letGo = kgo.AckAccept
 	}
 	backoff := s.cfg.NackBackoff
 	for {
@@ -458,14 +457,14 @@ func (sub *shareSub) deliver(r *kgo.Record) {
 		case sub.out <- msg:
 		case <-sub.ctx.Done():
 			cancel()
-			r.Ack(kgo.AckRelease)
+			r.Ack(letGo)
 			return
 		}
 		acked, done := sub.await(msg)
 		cancel()
 		switch {
 		case !done:
-			r.Ack(kgo.AckRelease)
+			r.Ack(letGo)
 			return
 		case acked && deadLettered(msg, r):
 			sub.reject(r)
@@ -475,7 +474,7 @@ func (sub *shareSub) deliver(r *kgo.Record) {
 			return
 		}
 		if sub.ctx.Err() != nil || time.Until(r.AcquisitionDeadline()) < backoff+lockMargin {
-			r.Ack(kgo.AckRelease)
+			r.Ack(letGo)
 			return
 		}
 		t := time.NewTimer(backoff)
@@ -483,7 +482,7 @@ func (sub *shareSub) deliver(r *kgo.Record) {
 		case <-t.C:
 		case <-sub.ctx.Done():
 			t.Stop()
-			r.Ack(kgo.AckRelease)
+			r.Ack(letGo)
 			return
 		}
 		backoff = min(2*backoff, s.cfg.MaxNackBackoff)
@@ -534,8 +533,8 @@ func deadLettered(msg *message.Message, r *kgo.Record) bool {
 // between the fetch and the copy (a produce's round trip) leaves the
 // record to its next delivery, which copies it if there is one. It tries
 // for up to copyTimeout, even past r's lock (the copy matters, not the
-// delivery) and after Close.
-func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int) {
+// delivery) and after Close. It says whether the copy was made.
+func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int) bool {
 	headers := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
 	for _, h := range r.Headers {
 		if h.Key != headerDeliveries {
@@ -554,12 +553,12 @@ func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int) {
 		if err == nil {
 			sub.s.cfg.Logger.Info("kgopubsub: a record near its last delivery was copied to the end of its partition", "group", sub.s.cfg.ConsumerGroup,
 				"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "delivery", r.DeliveryCount(), "took", time.Since(start))
-			return
+			return true
 		}
 		if ctx.Err() != nil {
 			sub.s.cfg.Logger.Error("kgopubsub: a record near its last delivery could not be copied (the role needs the Write right on the topic): if its last delivery fails too, the broker archives it",
 				"group", sub.s.cfg.ConsumerGroup, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
-			return
+			return false
 		}
 		select {
 		case <-time.After(100 * time.Millisecond):
