@@ -143,8 +143,11 @@ func (c *SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 	return o, nil
 }
 
-// securityOpts turns sec into franz-go options.
-func securityOpts(sec kafkapubsub.Security) []kgo.Opt {
+// SecurityOptions turns sec, the TLS and SASL of kafkapubsub's
+// configurations, into franz-go options: those of the Subscriber and the
+// Publisher, for a kgo.Client of one's own beside them (an admin client,
+// say).
+func SecurityOptions(sec kafkapubsub.Security) []kgo.Opt {
 	var opts []kgo.Opt
 	if sec.TLS != nil {
 		opts = append(opts, kgo.DialTLSConfig(sec.TLS.Clone()))

@@ -1,5 +1,17 @@
 package kgopubsub
 
+import (
+	"context"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// AlterGroupConfig sets the configurations set of the share group, as a
+// ShareSubscriber sets those it owns.
+func AlterGroupConfig(ctx context.Context, cl *kgo.Client, group string, set map[string]string) error {
+	return alterGroupConfig(ctx, cl, group, set)
+}
+
 // GroupGeneration returns the generation (or, under ProtocolConsumer, the
 // member epoch) and member ID of s's member of the group for topic, as
 // franz-go holds them; ok is false before the member's client exists.

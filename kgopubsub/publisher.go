@@ -130,7 +130,7 @@ func NewPublisher(cfg *PublisherConfig) (*Publisher, error) {
 	if c.Logger != nil {
 		opts = append(opts, kgo.WithLogger(kgoLogger{c.Logger}))
 	}
-	opts = append(opts, securityOpts(c.Security)...)
+	opts = append(opts, SecurityOptions(c.Security)...)
 	cl, err := kgo.NewClient(append(opts, c.Options...)...)
 	if err != nil {
 		return nil, fmt.Errorf("kgopubsub: new publisher: %w", err)

@@ -19,11 +19,9 @@ import (
 // Subscriber is a Watermill subscriber on franz-go (kgo) with the contract
 // of kafkapubsub's: see the package documentation.
 type Subscriber struct {
-	cfg     SubscriberConfig
-	closing chan struct{}
-	wg      sync.WaitGroup
-	mu      sync.Mutex
-	closed  bool
+	cfg  SubscriberConfig
+	subs subscriptions
+	mu   sync.Mutex
 	// members holds each subscription's current group member, by topic.
 	members map[string]*member
 }
@@ -36,7 +34,7 @@ func NewSubscriber(cfg *SubscriberConfig) (*Subscriber, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Subscriber{cfg: c, closing: make(chan struct{}), members: map[string]*member{}}, nil
+	return &Subscriber{cfg: c, subs: newSubscriptions(), members: map[string]*member{}}, nil
 }
 
 // ErrSubscriberClosed is returned by Subscribe after Close.
@@ -50,25 +48,8 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if topic == "" {
 		return nil, errors.New("kgopubsub: Subscribe: topic is empty")
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, ErrSubscriberClosed
-	}
-	ctx, cancel := context.WithCancel(ctx)
 	out := make(chan *message.Message)
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		defer close(out)
-		defer cancel()
-		go func() {
-			select {
-			case <-s.closing:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
+	err := s.subs.start(ctx, out, func(ctx context.Context) {
 		if s.cfg.ConsumerGroup == "" {
 			s.runDirect(ctx, topic, out)
 			return
@@ -83,7 +64,10 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 				return
 			}
 		}
-	}()
+	})
+	if err != nil {
+		return nil, err
+	}
 	return out, nil
 }
 
@@ -91,16 +75,60 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 // to DrainTimeout), commits and leaves the group (a static member, with
 // InstanceID, does not leave). It is idempotent.
 func (s *Subscriber) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	close(s.closing)
-	s.mu.Unlock()
-	s.wg.Wait()
+	s.subs.close()
 	return nil
+}
+
+// subscriptions runs a subscriber's subscriptions, each in a goroutine of
+// its own, until Close.
+type subscriptions struct {
+	closing chan struct{}
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	closed  bool
+}
+
+func newSubscriptions() subscriptions { return subscriptions{closing: make(chan struct{})} }
+
+// start runs run in a goroutine of its own, with a context that ends with
+// ctx or at close, and closes out once run returns. After close it
+// returns ErrSubscriberClosed.
+func (ss *subscriptions) start(ctx context.Context, out chan *message.Message, run func(ctx context.Context)) error {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed {
+		return ErrSubscriberClosed
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	ss.wg.Add(1)
+	go func() {
+		defer ss.wg.Done()
+		defer close(out)
+		defer cancel()
+		go func() {
+			select {
+			case <-ss.closing:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		run(ctx)
+	}()
+	return nil
+}
+
+// close ends every subscription and waits for their goroutines to return.
+// It is idempotent.
+func (ss *subscriptions) close() {
+	ss.mu.Lock()
+	if ss.closed {
+		ss.mu.Unlock()
+		return
+	}
+	ss.closed = true
+	close(ss.closing)
+	ss.mu.Unlock()
+	ss.wg.Wait()
 }
 
 func (s *Subscriber) log() *slog.Logger { return s.cfg.Logger }
@@ -137,7 +165,7 @@ func (s *Subscriber) clientOpts(topic string) []kgo.Opt {
 	} else {
 		opts = append(opts, kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	}
-	return append(opts, securityOpts(s.cfg.Security)...)
+	return append(opts, SecurityOptions(s.cfg.Security)...)
 }
 
 // runDirect reads every partition of topic from StartOffset and commits

@@ -199,6 +199,15 @@ func TestWorkerFencedByItsInstanceIDStops(t *testing.T) {
 			case <-time.After(time.Minute):
 				t.Fatal("the first worker did not start consuming within a minute")
 			}
+			// The first has applied commands (it holds its partitions, as a
+			// running replica does) before the second joins: a second
+			// join that came while the first's was still settling was
+			// fenced only after a minute once, on a loaded machine.
+			testenv.WaitFor(t, time.Minute, "the first worker to apply the first commands", func() bool {
+				var n int
+				err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+applied).Scan(&n)
+				return err == nil && n == 60
+			})
 			go func() { secondDone <- second.Run(wctx) }()
 			select {
 			case err := <-firstDone:
