@@ -6,6 +6,7 @@ require (
 	github.com/exactly-go/exactly v0.1.0-rc.1
 	github.com/exactly-go/exactly/cmd/replay v0.1.0-rc.1
 	github.com/exactly-go/exactly/examples/ledger-consumer v0.1.0-rc.1
+	github.com/exactly-go/exactly/kgopubsub v0.1.0-rc.1
 	github.com/jackc/pgx/v5 v5.12.0
 )
 
@@ -34,9 +35,9 @@ require (
 	github.com/segmentio/kafka-go v0.4.51 // indirect
 	github.com/sethvargo/go-retry v0.5.0 // indirect
 	github.com/sony/gobreaker v1.0.0 // indirect
-	github.com/twmb/franz-go v1.21.7 // indirect
+	github.com/twmb/franz-go v1.22.3 // indirect
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260804154521-adb3a18abe14 // indirect
-	github.com/twmb/franz-go/pkg/kmsg v1.14.0 // indirect
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
 	github.com/ulikunitz/xz v0.5.15 // indirect
 	github.com/xdg-go/pbkdf2 v1.0.0 // indirect
 	github.com/xdg-go/scram v1.1.2 // indirect

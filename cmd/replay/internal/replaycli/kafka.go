@@ -4,14 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol/describegroups"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/exactly-go/exactly/internal/kafkaadmin"
 	"github.com/exactly-go/exactly/kafkapubsub"
+	"github.com/exactly-go/exactly/kgopubsub"
 )
 
 // Range selects records per partition: [From, To) offsets, or times.
@@ -236,19 +242,92 @@ func (k *kafkaClient) groupState(ctx context.Context, group string) (state strin
 	return d.state, d.members, err
 }
 
+// groupStateOnce describes the group: a classic group (kafka-go's, or
+// franz-go's classic protocol) with DescribeGroups, a consumer group of
+// the KIP-848 protocol with ConsumerGroupDescribe. The members' metadata is
+// not decoded: only their count matters here, and clients write versions of
+// it that kafka-go does not read (franz-go's cooperative-sticky members).
+// A group that neither knows is "Dead".
 func (k *kafkaClient) groupStateOnce(ctx context.Context, group string) (state string, members int, err error) {
-	res, err := k.c.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
+	rctx, cancel := context.WithTimeout(ctx, k.c.Timeout)
+	defer cancel()
+	tr := k.c.Transport
+	if tr == nil {
+		tr = kafka.DefaultTransport
+	}
+	m, err := tr.RoundTrip(rctx, k.c.Addr, &describegroups.Request{Groups: []string{group}})
 	if err != nil {
 		return "", 0, fmt.Errorf("describe group %s: %w", group, err)
 	}
-	if len(res.Groups) != 1 {
+	res, ok := m.(*describegroups.Response)
+	if !ok || len(res.Groups) != 1 {
 		return "", 0, fmt.Errorf("%w %q", errUnknownGroup, group)
 	}
 	g := res.Groups[0]
-	if g.Error != nil {
-		return "", 0, fmt.Errorf("describe group %s: %w", group, g.Error)
+	switch code := g.ErrorCode; {
+	case code == 0 && g.GroupState != "Dead":
+		return g.GroupState, len(g.Members), nil
+	case code != 0 && kafka.Error(code) != kafka.GroupIdNotFound:
+		return "", 0, fmt.Errorf("describe group %s: %w", group, kafka.Error(code))
 	}
-	return g.GroupState, len(g.Members), nil
+	return k.consumerGroupState(ctx, group)
+}
+
+// consumerGroupState describes a group that is not a classic one: a
+// consumer group of the KIP-848 protocol, or none ("Dead"). kafka-go does
+// not speak ConsumerGroupDescribe; franz-go does. Each seed broker is asked
+// in turn, so that one that is down does not fail the call; a broker's
+// error is a kafka.Error, which kafkaadmin.Transient knows.
+func (k *kafkaClient) consumerGroupState(ctx context.Context, group string) (state string, members int, err error) {
+	for _, seed := range k.brokers {
+		state, members, err = k.consumerGroupStateAt(ctx, seed, group)
+		var ke *kerr.Error
+		switch {
+		case errors.As(err, &ke):
+			return "", 0, fmt.Errorf("describe group %s: %w", group, kafka.Error(ke.Code))
+		case err == nil || ctx.Err() != nil:
+			return state, members, err
+		}
+	}
+	return "", 0, fmt.Errorf("describe group %s: %w", group, err)
+}
+
+func (k *kafkaClient) consumerGroupStateAt(ctx context.Context, seed, group string) (state string, members int, err error) {
+	cl, err := kgo.NewClient(append(kgopubsub.SecurityOptions(k.sec), kgo.SeedBrokers(seed), kgo.RequestRetries(2))...)
+	if err != nil {
+		return "", 0, err
+	}
+	defer cl.Close()
+	rctx, cancel := context.WithTimeout(ctx, k.c.Timeout)
+	defer cancel()
+	av, err := kmsg.NewPtrApiVersionsRequest().RequestWith(rctx, cl)
+	if err != nil {
+		return "", 0, err
+	}
+	if !slices.ContainsFunc(av.ApiKeys, func(k kmsg.ApiVersionsResponseApiKey) bool {
+		return k.ApiKey == kmsg.ConsumerGroupDescribe.Int16()
+	}) {
+		return "Dead", 0, nil // brokers before KIP-848: no such group
+	}
+	req := kmsg.NewPtrConsumerGroupDescribeRequest()
+	req.Groups = []string{group}
+	res, err := req.RequestWith(rctx, cl)
+	if err != nil {
+		return "", 0, err
+	}
+	if len(res.Groups) != 1 {
+		return "Dead", 0, nil
+	}
+	g := res.Groups[0]
+	switch code := g.ErrorCode; code {
+	case 0:
+		return g.State, len(g.Members), nil
+	case kerr.GroupIDNotFound.Code, kerr.UnsupportedVersion.Code:
+		// None, or brokers with the KIP-848 protocol off: no such group.
+		return "Dead", 0, nil
+	default:
+		return "", 0, kerr.ErrorForCode(code)
+	}
 }
 
 // committed returns the group's committed offsets on topic (-1: none).
