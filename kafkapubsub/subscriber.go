@@ -13,6 +13,7 @@ import (
 
 	"github.com/exactly-go/exactly/internal/backoff"
 	"github.com/exactly-go/exactly/internal/clock"
+	"github.com/exactly-go/exactly/internal/subscriptions"
 )
 
 // Subscriber is a Watermill subscriber on segmentio/kafka-go.
@@ -40,10 +41,8 @@ type Subscriber struct {
 	// transports holds one kafka-go Transport per topic, whose metadata
 	// covers that topic alone (a cluster's full metadata can be large).
 	transports map[string]*kafka.Transport
-	closing    chan struct{}
-	wg         sync.WaitGroup
 	mu         sync.Mutex
-	closed     bool
+	subs       *subscriptions.Set
 }
 
 var _ message.Subscriber = (*Subscriber)(nil)
@@ -54,7 +53,7 @@ func NewSubscriber(cfg *SubscriberConfig) (*Subscriber, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Subscriber{cfg: c, transports: map[string]*kafka.Transport{}, closing: make(chan struct{})}, nil
+	return &Subscriber{cfg: c, transports: map[string]*kafka.Transport{}, subs: subscriptions.New()}, nil
 }
 
 // ErrSubscriberClosed is returned by Subscribe after Close.
@@ -66,46 +65,23 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if topic == "" {
 		return nil, errors.New("kafkapubsub: Subscribe: topic is empty")
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, ErrSubscriberClosed
-	}
-	ctx, cancel := context.WithCancel(ctx)
 	out := make(chan *message.Message)
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		defer close(out)
-		defer cancel()
-		go func() {
-			select {
-			case <-s.closing:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
+	if !s.subs.Start(ctx, out, func(ctx context.Context) {
 		if s.cfg.ConsumerGroup != "" {
 			s.runGroup(ctx, topic, out)
 		} else {
 			s.runWithoutGroup(ctx, topic, out)
 		}
-	}()
+	}) {
+		return nil, ErrSubscriberClosed
+	}
 	return out, nil
 }
 
 // Close stops every subscription, waits for in-flight messages to drain
 // (up to DrainTimeout), commits and leaves the group. It is idempotent.
 func (s *Subscriber) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	close(s.closing)
-	s.mu.Unlock()
-	s.wg.Wait()
+	s.subs.Close()
 	s.mu.Lock()
 	for _, t := range s.transports {
 		t.CloseIdleConnections()

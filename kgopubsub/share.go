@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/subscriptions"
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
@@ -98,7 +99,7 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 // the DescribeConfigs and AlterConfigs rights on the group.
 type ShareSubscriber struct {
 	cfg  SubscriberConfig
-	subs subscriptions
+	subs *subscriptions.Set
 }
 
 var _ message.Subscriber = (*ShareSubscriber)(nil)
@@ -131,7 +132,7 @@ func NewShareSubscriber(cfg *SubscriberConfig) (*ShareSubscriber, error) {
 		return nil, err
 	}
 	c.GroupProtocol = ProtocolShare
-	return &ShareSubscriber{cfg: c, subs: newSubscriptions()}, nil
+	return &ShareSubscriber{cfg: c, subs: subscriptions.New()}, nil
 }
 
 // Subscribe checks that the brokers serve share groups, sets the group's
@@ -190,9 +191,9 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	}
 	sub := &shareSub{s: s, cl: cl, topic: topic, out: make(chan *message.Message), dead: map[string]struct{}{}}
 	sub.setGroupConf(conf)
-	if err := s.subs.start(ctx, sub.out, sub.run); err != nil {
+	if !s.subs.Start(ctx, sub.out, sub.run) {
 		cl.Close()
-		return nil, err
+		return nil, ErrSubscriberClosed
 	}
 	return sub.out, nil
 }
@@ -201,7 +202,7 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 // to DrainTimeout), sends the last acknowledgements and leaves the group.
 // It is idempotent.
 func (s *ShareSubscriber) Close() error {
-	s.subs.close()
+	s.subs.Close()
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/exactly-go/exactly/internal/subscriptions"
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
@@ -20,7 +21,7 @@ import (
 // of kafkapubsub's: see the package documentation.
 type Subscriber struct {
 	cfg  SubscriberConfig
-	subs subscriptions
+	subs *subscriptions.Set
 	mu   sync.Mutex
 	// members holds each subscription's current group member, by topic.
 	members map[string]*member
@@ -34,7 +35,7 @@ func NewSubscriber(cfg *SubscriberConfig) (*Subscriber, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Subscriber{cfg: c, subs: newSubscriptions(), members: map[string]*member{}}, nil
+	return &Subscriber{cfg: c, subs: subscriptions.New(), members: map[string]*member{}}, nil
 }
 
 // ErrSubscriberClosed is returned by Subscribe after Close.
@@ -49,7 +50,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, errors.New("kgopubsub: Subscribe: topic is empty")
 	}
 	out := make(chan *message.Message)
-	err := s.subs.start(ctx, out, func(ctx context.Context) {
+	started := s.subs.Start(ctx, out, func(ctx context.Context) {
 		if s.cfg.ConsumerGroup == "" {
 			s.runDirect(ctx, topic, out)
 			return
@@ -65,8 +66,8 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			}
 		}
 	})
-	if err != nil {
-		return nil, err
+	if !started {
+		return nil, ErrSubscriberClosed
 	}
 	return out, nil
 }
@@ -75,60 +76,8 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 // to DrainTimeout), commits and leaves the group (a static member, with
 // InstanceID, does not leave). It is idempotent.
 func (s *Subscriber) Close() error {
-	s.subs.close()
+	s.subs.Close()
 	return nil
-}
-
-// subscriptions runs a subscriber's subscriptions, each in a goroutine of
-// its own, until Close.
-type subscriptions struct {
-	closing chan struct{}
-	wg      sync.WaitGroup
-	mu      sync.Mutex
-	closed  bool
-}
-
-func newSubscriptions() subscriptions { return subscriptions{closing: make(chan struct{})} }
-
-// start runs run in a goroutine of its own, with a context that ends with
-// ctx or at close, and closes out once run returns. After close it
-// returns ErrSubscriberClosed.
-func (ss *subscriptions) start(ctx context.Context, out chan *message.Message, run func(ctx context.Context)) error {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.closed {
-		return ErrSubscriberClosed
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	ss.wg.Add(1)
-	go func() {
-		defer ss.wg.Done()
-		defer close(out)
-		defer cancel()
-		go func() {
-			select {
-			case <-ss.closing:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
-		run(ctx)
-	}()
-	return nil
-}
-
-// close ends every subscription and waits for their goroutines to return.
-// It is idempotent.
-func (ss *subscriptions) close() {
-	ss.mu.Lock()
-	if ss.closed {
-		ss.mu.Unlock()
-		return
-	}
-	ss.closed = true
-	close(ss.closing)
-	ss.mu.Unlock()
-	ss.wg.Wait()
 }
 
 func (s *Subscriber) log() *slog.Logger { return s.cfg.Logger }
