@@ -12,9 +12,10 @@ import (
 
 // An attempt cut by its deadline (a middleware.Timeout, BatchConfig.Timeout)
 // while its handler ran is judged by what the handler's session was doing
-// just before the deadline, read from pg_stat_activity on a connection of
-// its own (outside the pool, so that no pool connection is held while
-// another is waited for):
+// just before the deadline (the last of the reads that run from shortly
+// before it), read from pg_stat_activity on a connection of its own
+// (outside the pool, so that no pool connection is held while another is
+// waited for):
 //
 //   - waiting for the database — a lock another session holds, a read or a
 //     write of the disk, a buffer, an internal lock, another backend or a
@@ -37,16 +38,25 @@ const (
 	waitMessage              // running the message's work
 )
 
-// cutLead bounds how long before the deadline the session is read.
-const cutLead = 200 * time.Millisecond
+// cutLead bounds how long before the deadline the session is first read;
+// cutSample is how often it is read again until the deadline.
+const (
+	cutLead   = 200 * time.Millisecond
+	cutSample = 10 * time.Millisecond
+)
 
-// cutWatch reads, shortly before ctx's deadline, what the session of conn
-// is doing, while the attempt still runs.
+// cutWatch reads, from shortly before ctx's deadline until it, what the
+// session of conn is doing, while the attempt still runs; the last read
+// begun before the deadline is the answer (the first read, when none was).
+// A handler that runs its own code and then waits for a lock held
+// elsewhere until the deadline was cut waiting for the database.
 type cutWatch struct {
-	timer *time.Timer
-	done  chan struct{} // closed once got and what are set
-	got   wait
-	what  string
+	timer    *time.Timer
+	deadline time.Time
+	ended    chan struct{} // closed once the attempt ended (stop, result)
+	done     chan struct{} // closed once got and what are set
+	got      wait
+	what     string
 }
 
 // watchCut starts watching the attempt on conn bounded by ctx; stop it
@@ -59,12 +69,43 @@ func watchCut(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn) *cutWatch
 	left := time.Until(dl)
 	lead := min(left/5, cutLead)
 	pid := conn.PgConn().PID()
-	w := &cutWatch{done: make(chan struct{})}
+	w := &cutWatch{deadline: dl, ended: make(chan struct{}), done: make(chan struct{})}
 	w.timer = time.AfterFunc(left-lead, func() {
-		w.got, w.what = readWait(pool, pid)
-		close(w.done)
+		defer close(w.done)
+		w.got, w.what = waitUnknown, ""
+		w.watch(pool, pid)
 	})
 	return w
+}
+
+// watch reads the session pid's state until the deadline passes or the
+// attempt ends, on a connection of its own.
+func (w *cutWatch) watch(pool *pgxpool.Pool, pid uint32) {
+	ctx, cancel := context.WithDeadline(context.Background(), w.deadline.Add(2*time.Second))
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	for first := true; ; first = false {
+		began := time.Now()
+		got, what, err := readWait(ctx, conn, pid)
+		if err != nil {
+			return
+		}
+		if first || began.Before(w.deadline) {
+			w.got, w.what = got, what
+		}
+		if !began.Before(w.deadline) {
+			return
+		}
+		select {
+		case <-w.ended:
+			return
+		case <-time.After(min(cutSample, time.Until(w.deadline)+time.Millisecond)):
+		}
+	}
 }
 
 // result stops the watch and returns what the session was doing, waiting
@@ -73,6 +114,7 @@ func (w *cutWatch) result() (wait, string) {
 	if w == nil {
 		return waitUnknown, ""
 	}
+	close(w.ended)
 	if w.timer.Stop() {
 		return waitUnknown, "" // the attempt ended before the deadline came near
 	}
@@ -80,20 +122,12 @@ func (w *cutWatch) result() (wait, string) {
 	return w.got, w.what
 }
 
-// readWait reads the session pid's state and wait event on a connection
-// of its own.
-func readWait(pool *pgxpool.Pool, pid uint32) (wait, string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
-	if err != nil {
-		return waitUnknown, ""
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
+// readWait reads the session pid's state and wait event on conn.
+func readWait(ctx context.Context, conn *pgx.Conn, pid uint32) (wait, string, error) {
 	var state, typ, event string
 	if err := conn.QueryRow(ctx, `SELECT coalesce(state, ''), coalesce(wait_event_type, ''), coalesce(wait_event, '')
         FROM pg_stat_activity WHERE pid = $1`, int32(pid)).Scan(&state, &typ, &event); err != nil {
-		return waitUnknown, ""
+		return waitUnknown, "", err
 	}
 	what := state
 	if typ != "" {
@@ -103,9 +137,9 @@ func readWait(pool *pgxpool.Pool, pid uint32) (wait, string) {
 	case "Lock", "LWLock", "IO", "BufferPin", "IPC":
 		// IPC: another backend's read of the same page (BufferIO, from
 		// PostgreSQL 14 on), a synchronous standby, a checkpoint.
-		return waitDatabase, what
+		return waitDatabase, what, nil
 	}
-	return waitMessage, what
+	return waitMessage, what, nil
 }
 
 // cutError is an attempt cut by its deadline while its handler ran, with
@@ -146,6 +180,7 @@ func cutBy(ctx context.Context, w *cutWatch, err error) *cutError {
 // stop stops the watch without waiting for a read under way.
 func (w *cutWatch) stop() {
 	if w != nil {
+		close(w.ended)
 		w.timer.Stop()
 	}
 }

@@ -107,6 +107,19 @@ func TestNewBatchConsumerRefusesNegatives(t *testing.T) {
 // dead-lettered or counted towards MaxAttempts, though a ping succeeds.
 func TestBatchTimeoutNacksTheBatchWhole(t *testing.T) {
 	t.Parallel()
+	batchCutWaitingForLock(t, 300*time.Millisecond, 0)
+}
+
+// The same when the handler first runs its own code past the time the
+// session is first read (shortly before the deadline), and only then waits
+// for the lock until the deadline: what counts is what the session did
+// just before the deadline, not at the first read.
+func TestBatchTimeoutJudgedAtItsDeadline(t *testing.T) {
+	t.Parallel()
+	batchCutWaitingForLock(t, time.Second, 900*time.Millisecond)
+}
+
+func batchCutWaitingForLock(t *testing.T, timeout, own time.Duration) {
 	w := newWorld(t, 1)
 	ctx := context.Background()
 	holder, err := w.store.Pool().Acquire(ctx)
@@ -123,6 +136,7 @@ func TestBatchTimeoutNacksTheBatchWhole(t *testing.T) {
 	var calls atomic.Int64
 	stuck := func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
 		calls.Add(1)
+		time.Sleep(own) // its own code, the session idle in its transaction
 		_, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lock)
 		return nil, err
 	}
@@ -132,7 +146,7 @@ func TestBatchTimeoutNacksTheBatchWhole(t *testing.T) {
 		Config:          consumer.Config{Scope: "ledger", MaxAttempts: 1, Hooks: hooks, Logger: quietLogger()},
 		MaxSize:         10,
 		MaxWait:         time.Second,
-		Timeout:         300 * time.Millisecond,
+		Timeout:         timeout,
 		Publisher:       pub,
 		DeadLetterTopic: "dlq",
 	})
