@@ -43,7 +43,7 @@ root=$PWD
 GO=${GO:-go}
 # The packages that talk to Postgres or Kafka, as directories; @pg or
 # @kafka limits one to an axis.
-MATRIX_PKGS=${MATRIX_PKGS:-./pgstore@pg ./migrations@pg ./outbox ./consumer ./kafkapubsub@kafka ./kgopubsub@kafka ./examples/ledger-consumer/ledger}
+MATRIX_PKGS=${MATRIX_PKGS:-./pgstore@pg ./migrations@pg ./outbox ./consumer ./kafkapubsub@kafka ./kgopubsub@kafka ./examples/ledger-consumer/ledger ./cmd/replay/internal/ledgertest@kafka}
 MATRIX_PG=${MATRIX_PG-13.23.0 14.24.0 15.19.0 16.15.0 17.11.0 18.6.0}
 MATRIX_KAFKA=${MATRIX_KAFKA-3.9.2 4.4.0}
 MATRIX_SKIP=${MATRIX_SKIP:-^TestOpenDBStartsThrowawayServer$}
