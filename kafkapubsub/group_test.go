@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
+	"github.com/exactly-go/exactly/internal/testkit/subtest"
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
@@ -48,7 +49,7 @@ func TestGroupJoinsPastABrokerThatResets(t *testing.T) {
 	const partitions, n = 2, 40
 	topic := kafkatest.Topic(t, partitions)
 	group := kafkatest.Name("g")
-	produceKeyed(t, brokers, topic, n, 8)
+	subtest.ProduceKeyed(t, brokers, topic, n, 8)
 	sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{
 		Brokers: append([]string{resettingBroker(t)}, brokers...), ConsumerGroup: group, Logger: quietLogger(),
 	})
@@ -72,5 +73,5 @@ func TestGroupJoinsPastABrokerThatResets(t *testing.T) {
 			t.Fatalf("%d of %d messages consumed in 90s: the group did not join past the broker that resets", got, n)
 		}
 	}
-	waitCommitted(t, group, topic, partitions, time.Minute)
+	subtest.WaitCommitted(t, group, topic, partitions, time.Minute)
 }

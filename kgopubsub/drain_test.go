@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
+	"github.com/exactly-go/exactly/internal/testkit/subtest"
 	"github.com/exactly-go/exactly/internal/testkit/testenv"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/kgopubsub"
@@ -28,7 +29,7 @@ func TestRebalanceDrainsWholeWindow(t *testing.T) {
 	const session = 6 * time.Second
 	topic := kafkatest.Topic(t, partitions)
 	group := kafkatest.Name("g")
-	produceKeyed(t, brokers, topic, n, 10)
+	subtest.ProduceKeyed(t, brokers, topic, n, 10)
 	cfg := kgopubsub.SubscriberConfig{SubscriberConfig: kafkapubsub.SubscriberConfig{
 		Brokers: brokers, ConsumerGroup: group, MaxInFlight: window, SessionTimeout: session,
 		HeartbeatInterval: 500 * time.Millisecond, RebalanceTimeout: time.Minute, DrainTimeout: 40 * time.Second,
@@ -79,7 +80,7 @@ func TestRebalanceDrainsWholeWindow(t *testing.T) {
 		return err == nil && ds[group].State == "PreparingRebalance"
 	})
 	close(release)
-	waitCommitted(t, group, topic, partitions, 2*time.Minute)
+	subtest.WaitCommitted(t, group, topic, partitions, 2*time.Minute)
 	mu.Lock()
 	defer mu.Unlock()
 	if second == 0 {

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
+	"github.com/exactly-go/exactly/internal/testkit/subtest"
 	"github.com/exactly-go/exactly/internal/testkit/testenv"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/kgopubsub"
@@ -145,7 +146,7 @@ func TestStaticMemberRestartDoesNotRebalance(t *testing.T) {
 			const partitions, n = 4, 400
 			topic := kafkatest.Topic(t, partitions)
 			group := kafkatest.Name("g")
-			produceKeyed(t, brokers, topic, n, 40)
+			subtest.ProduceKeyed(t, brokers, topic, n, 40)
 			cfg := func(id string) kgopubsub.SubscriberConfig {
 				c := kgopubsub.SubscriberConfig{SubscriberConfig: kafkapubsub.SubscriberConfig{
 					Brokers: brokers, ConsumerGroup: group, SessionTimeout: 30 * time.Second, HeartbeatInterval: time.Second,
@@ -172,14 +173,14 @@ func TestStaticMemberRestartDoesNotRebalance(t *testing.T) {
 			generation(t, b, topic)
 			a := start("a")
 			settled(t, group, partitions, a, b, topic)
-			waitCommitted(t, group, topic, partitions, time.Minute)
+			subtest.WaitCommitted(t, group, topic, partitions, time.Minute)
 			before := generation(t, b, topic)
 			if err := a.Close(); err != nil {
 				t.Fatal(err)
 			}
 			a = start("a")
-			produceKeyed(t, brokers, topic, n, 40)
-			waitCommitted(t, group, topic, partitions, time.Minute)
+			subtest.ProduceKeyed(t, brokers, topic, n, 40)
+			subtest.WaitCommitted(t, group, topic, partitions, time.Minute)
 			after := generation(t, b, topic)
 			afterA := generation(t, a, topic)
 			if static && (after != before || afterA != before) {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
+	"github.com/exactly-go/exactly/internal/testkit/subtest"
 	"github.com/exactly-go/exactly/internal/testkit/testenv"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/kgopubsub"
@@ -31,15 +32,15 @@ func TestDuplicateInstanceIDEndsTheFencedSubscription(t *testing.T) {
 	}
 	ended := make(chan struct{})
 	go func() { consume(cha, ca, 0); close(ended) }()
-	produceKeyed(t, brokers, topic, 100, 10)
-	waitCommitted(t, group, topic, 4, time.Minute)
+	subtest.ProduceKeyed(t, brokers, topic, 100, 10)
+	subtest.WaitCommitted(t, group, topic, 4, time.Minute)
 	second := subscriber(t, cfg)
 	chb, err := second.Subscribe(ctx, topic)
 	if err != nil {
 		t.Fatal(err)
 	}
 	go consume(chb, cb, 0)
-	produceKeyed(t, brokers, topic, 100, 10)
+	subtest.ProduceKeyed(t, brokers, topic, 100, 10)
 	testenv.WaitFor(t, time.Minute, "the fenced member's subscription to end", func() bool {
 		select {
 		case <-ended:
@@ -48,8 +49,8 @@ func TestDuplicateInstanceIDEndsTheFencedSubscription(t *testing.T) {
 			return false
 		}
 	})
-	produceKeyed(t, brokers, topic, 100, 10)
-	waitCommitted(t, group, topic, 4, time.Minute)
+	subtest.ProduceKeyed(t, brokers, topic, 100, 10)
+	subtest.WaitCommitted(t, group, topic, 4, time.Minute)
 	ca.mu.Lock()
 	cb.mu.Lock()
 	defer ca.mu.Unlock()

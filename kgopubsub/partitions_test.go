@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
+	"github.com/exactly-go/exactly/internal/testkit/subtest"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/kgopubsub"
 )
@@ -51,8 +52,8 @@ func newPartitionsConsumed(t *testing.T, protocol kgopubsub.GroupProtocol, insta
 			m.Ack()
 		}
 	}()
-	produceKeyed(t, brokers, topic, 40, 8)
-	waitCommitted(t, group, topic, 2, time.Minute)
+	subtest.ProduceKeyed(t, brokers, topic, 40, 8)
+	subtest.WaitCommitted(t, group, topic, 2, time.Minute)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		t.Fatal(err)
@@ -83,5 +84,5 @@ func newPartitionsConsumed(t *testing.T, protocol kgopubsub.GroupProtocol, insta
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
-	waitCommitted(t, group, topic, 4, time.Minute)
+	subtest.WaitCommitted(t, group, topic, 4, time.Minute)
 }

@@ -1,8 +1,6 @@
 package kgopubsub_test
 
 import (
-	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
@@ -13,10 +11,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
-	"github.com/exactly-go/exactly/internal/testkit/testenv"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/kgopubsub"
 )
@@ -93,37 +89,6 @@ func TestPubSub(t *testing.T) {
 		},
 		newPubSub,
 	)
-}
-
-// produceKeyed writes n records spread over keys, each record's value its
-// sequence number within its key, hashed to partitions by key.
-func produceKeyed(t testing.TB, brokers []string, topic string, n, keys int) {
-	t.Helper()
-	msgs := make([]kafka.Message, n)
-	for i := range msgs {
-		msgs[i] = kafka.Message{Key: []byte(fmt.Sprintf("k%03d", i%keys)), Value: []byte(strconv.Itoa(i / keys))}
-	}
-	wr := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll,
-		BatchTimeout: time.Millisecond, BatchSize: 1000}
-	defer wr.Close()
-	if err := wr.WriteMessages(context.Background(), msgs...); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// waitCommitted waits until group has committed every record of topic.
-func waitCommitted(t *testing.T, group, topic string, partitions int, d time.Duration) {
-	t.Helper()
-	end := kafkatest.EndOffsets(t, topic, partitions)
-	testenv.WaitFor(t, d, "the group to commit every record", func() bool {
-		c := kafkatest.CommittedOffsets(t, group, topic, partitions)
-		for p, o := range end {
-			if c[p] != o {
-				return false
-			}
-		}
-		return true
-	})
 }
 
 func subscriber(t *testing.T, cfg kgopubsub.SubscriberConfig) *kgopubsub.Subscriber {

@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
+	"github.com/exactly-go/exactly/internal/testkit/subtest"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/kgopubsub"
 )
@@ -46,5 +47,5 @@ func TestSubscribeBeforeTopicExists(t *testing.T) {
 			t.Fatalf("%q not delivered in a minute after the topic was created", want)
 		}
 	}
-	waitCommitted(t, group, topic, 1, time.Minute)
+	subtest.WaitCommitted(t, group, topic, 1, time.Minute)
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
+	"github.com/exactly-go/exactly/internal/testkit/subtest"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/kgopubsub"
 )
@@ -57,5 +58,5 @@ func TestTransport(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("nothing consumed in a minute")
 	}
-	waitCommitted(t, group, topic, 2, time.Minute)
+	subtest.WaitCommitted(t, group, topic, 2, time.Minute)
 }

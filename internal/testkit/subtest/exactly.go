@@ -1,4 +1,4 @@
-package kafkapubsub_test
+package subtest
 
 import (
 	"context"
@@ -30,11 +30,14 @@ import (
 
 // keyedWorkerEnv makes the test binary run a key-ordered worker (keyedRun,
 // from JSON in the variable) instead of the tests, until it is killed.
-const keyedWorkerEnv = "KAFKAPUBSUB_KEYED_WORKER"
+const keyedWorkerEnv = "EXACTLY_SUBTEST_KEYED_WORKER"
 
-func TestMain(m *testing.M) {
+// Main is the TestMain of a transport's tests that run the suite's
+// exactly-once tests: in the worker process those start, it runs the
+// worker on tr instead of the tests.
+func Main(m *testing.M, tr Transport) {
 	if v := os.Getenv(keyedWorkerEnv); v != "" {
-		os.Exit(keyedWorkerMain(v))
+		os.Exit(keyedWorkerMain(tr, v))
 	}
 	os.Exit(m.Run())
 }
@@ -85,25 +88,25 @@ func (h *outcomeCounter) get(o consumer.Outcome) int {
 // middleware's transaction) after a few milliseconds of work (more for slow
 // commands, which hold the watermark while the window goes on above them).
 // running counts handlers at work. It returns a stop function.
-func startKeyed(r keyedRun, pool *pgxpool.Pool, hooks consumer.Hooks, running *atomic.Int64, maxRunning *atomic.Int64) (stop func(), err error) {
+func startKeyed(tr Transport, r keyedRun, pool *pgxpool.Pool, hooks consumer.Hooks, running *atomic.Int64, maxRunning *atomic.Int64) (stop func(), err error) {
 	store, err := pgstore.New(pool, &pgstore.Config{Schema: r.Schema, RetryBackoff: 5 * time.Millisecond})
 	if err != nil {
 		return nil, err
 	}
-	mw, err := consumer.NewMiddleware(store, &consumer.Config{Scope: "keyed", Hooks: hooks, Logger: quietLogger()})
+	mw, err := consumer.NewMiddleware(store, &consumer.Config{Scope: "keyed", Hooks: hooks, Logger: Logger()})
 	if err != nil {
 		return nil, err
 	}
-	sub, err := kafkapubsub.NewSubscriber(&kafkapubsub.SubscriberConfig{
+	sub, err := tr.NewSubscriber(&kafkapubsub.SubscriberConfig{
 		Brokers: r.Brokers, ConsumerGroup: r.Group, MaxInFlight: r.MaxInFlight, KeyOrdered: true,
 		NackBackoff: 20 * time.Millisecond, MaxNackBackoff: 200 * time.Millisecond,
 		SessionTimeout: 6 * time.Second, RebalanceTimeout: 20 * time.Second, DrainTimeout: 10 * time.Second,
-		Logger: quietLogger(),
+		Logger: Logger(),
 	})
 	if err != nil {
 		return nil, err
 	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 20 * time.Second}, watermill.NewSlogLogger(quietLogger()))
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 20 * time.Second}, watermill.NewSlogLogger(Logger()))
 	if err != nil {
 		return nil, err
 	}
@@ -153,7 +156,7 @@ func startKeyed(r keyedRun, pool *pgxpool.Pool, hooks consumer.Hooks, running *a
 }
 
 // keyedWorkerMain is the worker process: it runs until killed.
-func keyedWorkerMain(spec string) int {
+func keyedWorkerMain(tr Transport, spec string) int {
 	var r keyedRun
 	if err := json.Unmarshal([]byte(spec), &r); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -172,7 +175,7 @@ func keyedWorkerMain(spec string) int {
 		return 2
 	}
 	var running, maxRunning atomic.Int64
-	if _, err := startKeyed(r, pool, nil, &running, &maxRunning); err != nil {
+	if _, err := startKeyed(tr, r, pool, nil, &running, &maxRunning); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
@@ -182,13 +185,14 @@ func keyedWorkerMain(spec string) int {
 // keyedWorld is a topic of keyed commands and a schema that logs their
 // applications.
 type keyedWorld struct {
+	tr         Transport
 	run        keyedRun
 	db         *pgtest.DB
 	partitions int
 	n          int
 }
 
-func newKeyedWorld(t *testing.T, partitions, n, keys, maxInFlight int) *keyedWorld {
+func newKeyedWorld(t *testing.T, tr Transport, partitions, n, keys, maxInFlight int) *keyedWorld {
 	t.Helper()
 	kafkatest.RequireReal(t)
 	brokers := kafkatest.Brokers(t)
@@ -197,7 +201,7 @@ func newKeyedWorld(t *testing.T, partitions, n, keys, maxInFlight int) *keyedWor
 		" (id bigserial PRIMARY KEY, uuid text NOT NULL, key text NOT NULL, seq int NOT NULL, part int NOT NULL, off bigint NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
-	w := &keyedWorld{db: db, partitions: partitions, n: n, run: keyedRun{
+	w := &keyedWorld{tr: tr, db: db, partitions: partitions, n: n, run: keyedRun{
 		Brokers: brokers, Topic: kafkatest.Topic(t, partitions), Group: kafkatest.Name("g"), Schema: db.Schema, MaxInFlight: maxInFlight,
 	}}
 	msgs := make([]kafka.Message, n)
@@ -221,7 +225,7 @@ func newKeyedWorld(t *testing.T, partitions, n, keys, maxInFlight int) *keyedWor
 
 func (w *keyedWorld) start(t *testing.T, hooks consumer.Hooks, running, maxRunning *atomic.Int64) func() {
 	t.Helper()
-	stop, err := startKeyed(w.run, w.db.Pool, hooks, running, maxRunning)
+	stop, err := startKeyed(w.tr, w.run, w.db.Pool, hooks, running, maxRunning)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,9 +267,9 @@ func (w *keyedWorld) assertOncePerKeyOrder(t *testing.T) {
 // A second member joins while the first runs 32 keys at a time per
 // partition: the partitions move with their windows drained, every command
 // is applied once, each key in order.
-func TestKeyOrderedRebalanceExactlyOnce(t *testing.T) {
+func KeyOrderedRebalanceExactlyOnce(t *testing.T, tr Transport) {
 	t.Parallel()
-	w := newKeyedWorld(t, 4, 2000, 200, 32)
+	w := newKeyedWorld(t, tr, 4, 2000, 200, 32)
 	var running, maxRunning atomic.Int64
 	hooksA, hooksB := &outcomeCounter{}, &outcomeCounter{}
 	w.start(t, hooksA, &running, &maxRunning)
@@ -274,7 +278,7 @@ func TestKeyOrderedRebalanceExactlyOnce(t *testing.T) {
 		return w.count(t, "SELECT count(*) FROM "+applies) >= 300
 	})
 	w.start(t, hooksB, &running, &maxRunning)
-	waitCommitted(t, w.run.Group, w.run.Topic, w.partitions, 3*time.Minute)
+	WaitCommitted(t, w.run.Group, w.run.Topic, w.partitions, 3*time.Minute)
 	w.assertOncePerKeyOrder(t)
 	if hooksB.get(consumer.OutcomeApplied)+hooksB.get(consumer.OutcomeDuplicate) == 0 {
 		t.Error("the second member handled nothing: no rebalance happened")
@@ -292,9 +296,9 @@ func TestKeyOrderedRebalanceExactlyOnce(t *testing.T) {
 // with SIGKILL, then another starts: every command is applied once, each key
 // in order, and the commands that completed above the committed watermark
 // come back as duplicates, all of them.
-func TestKeyOrderedKillExactlyOnce(t *testing.T) {
+func KeyOrderedKillExactlyOnce(t *testing.T, tr Transport) {
 	t.Parallel()
-	w := newKeyedWorld(t, 2, 3000, 300, 64)
+	w := newKeyedWorld(t, tr, 2, 3000, 300, 64)
 	url, err := pgtest.URL()
 	if err != nil {
 		t.Fatal(err)
@@ -316,7 +320,7 @@ func TestKeyOrderedKillExactlyOnce(t *testing.T) {
 	testenv.WaitFor(t, 2*time.Minute, "the worker to apply 600 commands", func() bool {
 		select {
 		case err := <-exited:
-			t.Fatalf("worker exited: %v\n%s", err, stderr.String())
+			t.Fatalf("worker exited: %v (does the test binary's TestMain call subtest.Main?)\n%s", err, stderr.String())
 		default:
 		}
 		return w.count(t, "SELECT count(*) FROM "+applies) >= 600
@@ -347,7 +351,7 @@ func TestKeyOrderedKillExactlyOnce(t *testing.T) {
 	hooks := &outcomeCounter{}
 	var running, maxRunning atomic.Int64
 	w.start(t, hooks, &running, &maxRunning)
-	waitCommitted(t, run.Group, run.Topic, w.partitions, 3*time.Minute)
+	WaitCommitted(t, run.Group, run.Topic, w.partitions, 3*time.Minute)
 	w.assertOncePerKeyOrder(t)
 	if got := hooks.get(consumer.OutcomeDuplicate); got != above {
 		t.Errorf("%d duplicates after the restart, want the %d commands completed above the committed offsets", got, above)
