@@ -8,57 +8,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
 	"github.com/exactly-go/exactly/internal/testkit/subtest"
 	"github.com/exactly-go/exactly/internal/testkit/testenv"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/kgopubsub"
 )
-
-// Messages of a partition are delivered in offset order, one at a time by
-// default, each carrying its Kafka coordinates in its context (as the
-// dedupe middleware reads them) and in its metadata.
-func TestOrderAndCoordinates(t *testing.T) {
-	kafkatest.RequireReal(t)
-	t.Parallel()
-	brokers := kafkatest.Brokers(t)
-	const partitions, n = 3, 300
-	topic := kafkatest.Topic(t, partitions)
-	group := kafkatest.Name("g")
-	subtest.ProduceKeyed(t, brokers, topic, n, 30)
-	sub := subscriber(t, kgopubsub.SubscriberConfig{SubscriberConfig: kafkapubsub.SubscriberConfig{Brokers: brokers, ConsumerGroup: group}})
-	ch, err := sub.Subscribe(context.Background(), topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	last := map[int]int64{}
-	inFlight := false
-	for got := 0; got < n; got++ {
-		var m *message.Message
-		select {
-		case m = <-ch:
-		case <-time.After(time.Minute):
-			t.Fatalf("%d of %d messages in a minute", got, n)
-		}
-		if inFlight {
-			t.Fatal("two messages delivered at once with MaxInFlight 1")
-		}
-		src, ok := dedupe.SourceFromContext(m.Context())
-		if !ok || src.Topic != topic || int(src.Partition) != partitionOf(m) || src.Offset != offsetOf(m) {
-			t.Fatalf("context source %+v (ok %v), metadata %v", src, ok, m.Metadata)
-		}
-		if l, ok := last[partitionOf(m)]; ok && offsetOf(m) != l+1 {
-			t.Fatalf("partition %d: offset %d after %d", partitionOf(m), offsetOf(m), l)
-		}
-		last[partitionOf(m)] = offsetOf(m)
-		if m.Metadata.Get(kafkapubsub.MetadataKafkaKey) == "" || m.Metadata.Get(kafkapubsub.MetadataTimestamp) == "" {
-			t.Fatalf("metadata %v lacks the key or the timestamp", m.Metadata)
-		}
-		m.Ack()
-	}
-	subtest.WaitCommitted(t, group, topic, partitions, time.Minute)
-}
 
 // counter counts deliveries per partition and offset.
 type counter struct {

@@ -137,11 +137,6 @@ func WatermarkHoldsCommit(t *testing.T, tr Transport) {
 		t.Cleanup(func() { _ = sub.Close() })
 		return sub
 	}
-	offsetOf := func(m *message.Message) int64 {
-		o, _ := strconv.ParseInt(m.Metadata.Get(kafkapubsub.MetadataOffset), 10, 64)
-		return o
-	}
-
 	a := newSub()
 	ch, err := a.Subscribe(context.Background(), topic)
 	if err != nil {

@@ -143,6 +143,7 @@ func Run(t *testing.T, tr Transport) {
 		name string
 		test func(*testing.T, Transport)
 	}{
+		{"OrderAndCoordinates", OrderAndCoordinates},
 		{"Positions", Positions},
 		{"PositionsNeedAGroup", PositionsNeedAGroup},
 		{"PositionsRestoreBeforeFirstSave", PositionsRestoreBeforeFirstSave},

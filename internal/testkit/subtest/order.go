@@ -1,0 +1,72 @@
+package subtest
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
+	"github.com/exactly-go/exactly/kafkapubsub"
+)
+
+// Messages of a partition are delivered in offset order, one at a time by
+// default, each carrying its Kafka coordinates in its context (as the
+// dedupe middleware reads them) and in its metadata.
+func OrderAndCoordinates(t *testing.T, tr Transport) {
+	kafkatest.RequireReal(t)
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	const partitions, n = 3, 300
+	topic := kafkatest.Topic(t, partitions)
+	group := kafkatest.Name("g")
+	ProduceKeyed(t, brokers, topic, n, 30)
+	sub, err := tr.NewSubscriber(&kafkapubsub.SubscriberConfig{Brokers: brokers, ConsumerGroup: group, Logger: Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Close() })
+	ch, err := sub.Subscribe(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := map[int]int64{}
+	inFlight := false
+	for got := 0; got < n; got++ {
+		var m *message.Message
+		select {
+		case m = <-ch:
+		case <-time.After(time.Minute):
+			t.Fatalf("%d of %d messages in a minute", got, n)
+		}
+		if inFlight {
+			t.Fatal("two messages delivered at once with MaxInFlight 1")
+		}
+		src, ok := dedupe.SourceFromContext(m.Context())
+		if !ok || src.Topic != topic || int(src.Partition) != partitionOf(m) || src.Offset != offsetOf(m) {
+			t.Fatalf("context source %+v (ok %v), metadata %v", src, ok, m.Metadata)
+		}
+		if l, ok := last[partitionOf(m)]; ok && offsetOf(m) != l+1 {
+			t.Fatalf("partition %d: offset %d after %d", partitionOf(m), offsetOf(m), l)
+		}
+		last[partitionOf(m)] = offsetOf(m)
+		if m.Metadata.Get(kafkapubsub.MetadataKafkaKey) == "" || m.Metadata.Get(kafkapubsub.MetadataTimestamp) == "" {
+			t.Fatalf("metadata %v lacks the key or the timestamp", m.Metadata)
+		}
+		m.Ack()
+	}
+	WaitCommitted(t, group, topic, partitions, time.Minute)
+}
+
+func offsetOf(m *message.Message) int64 {
+	o, _ := strconv.ParseInt(m.Metadata.Get(kafkapubsub.MetadataOffset), 10, 64)
+	return o
+}
+
+func partitionOf(m *message.Message) int {
+	p, _ := strconv.Atoi(m.Metadata.Get(kafkapubsub.MetadataPartition))
+	return p
+}
