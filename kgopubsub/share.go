@@ -76,7 +76,15 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 //     for 30s on both; records fetched but not yet handed out
 //     when the subscription closes; and a limit lowered less than 30s
 //     ago: such a record, if that delivery was its last, is archived by
-//     the broker.
+//     the broker. On Kafka 4.4 and later, a dead-letter topic set on the
+//     group (errors.deadletterqueue.topic.name, KIP-1191) gets the records
+//     the broker archives, rejected ones included, with their key and
+//     value and their topic, partition and offset in __dlq.errors.*
+//     headers, but not their own headers (the message ID among them):
+//     redeliver the original record those headers point at, never the
+//     dead-letter record, so that the dedupe store knows the command. Do
+//     not add that topic to the group's subscriptions: the broker writes
+//     the records it archives there back to it.
 //
 // A message's Ack accepts its record, and the broker never hands it out
 // again. An Ack after the message was dead-lettered (it carries a new
