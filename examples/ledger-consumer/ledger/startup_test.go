@@ -20,6 +20,7 @@ import (
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
 	"github.com/exactly-go/exactly/internal/testkit/pgtest"
 	"github.com/exactly-go/exactly/internal/testkit/testenv"
+	"github.com/exactly-go/exactly/kgopubsub"
 )
 
 // freeAddr returns a loopback address nothing listens on (yet).
@@ -299,4 +300,14 @@ func TestWorkerMigrateWaitsForPostgres(t *testing.T) {
 		}
 		return kafkatest.CommittedOffsets(t, group, commands, 1)[0] == end[0]
 	})
+}
+
+// A share group hands commands out in no order, which the ledger's
+// commands cannot take: NewWorker refuses it, saying why.
+func TestNewWorkerRefusesAShareGroup(t *testing.T) {
+	_, err := ledger.NewWorker(nil, ledger.Config{Brokers: []string{"127.0.0.1:1"},
+		Transport: kgopubsub.Transport{GroupProtocol: kgopubsub.ProtocolShare}})
+	if err == nil || !strings.Contains(err.Error(), "share group") {
+		t.Fatalf("NewWorker on a share group: %v, want a refusal naming the share group", err)
+	}
 }

@@ -45,7 +45,9 @@ type Config struct {
 	Group string
 	// Transport is the Kafka client the worker consumes and publishes
 	// with (worker.Config.Transport): kgopubsub.Transport{} for franz-go.
-	// Defaults to nil: kafka-go.
+	// Defaults to nil: kafka-go. A share group (kgopubsub.ProtocolShare)
+	// is refused: it hands commands out in no order, and an account's
+	// commands depend on their order (a capture on its hold).
 	Transport worker.Transport
 	// SessionTimeout is how long the group waits for a silent member
 	// before it hands the member's partitions to the others: the time from
@@ -137,6 +139,10 @@ func NewWorker(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 	cfg.defaults()
 	if len(cfg.Brokers) == 0 {
 		return nil, errors.New("ledger: Config.Brokers is empty: set KAFKA_BROKERS")
+	}
+	if s, ok := cfg.Transport.(interface{ SharedGroup() bool }); ok && s.SharedGroup() {
+		return nil, errors.New("ledger: Config.Transport consumes a share group, which hands commands out in no order; " +
+			"an account's commands depend on their order (a capture or a release on its hold, a refund on its capture): use a consumer group (GroupProtocol classic or consumer)")
 	}
 	writer, err := outbox.NewWriter(&outbox.Config{Schema: cfg.Schema})
 	if err != nil {
