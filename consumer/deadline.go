@@ -13,9 +13,9 @@ import (
 // An attempt cut by its deadline (a middleware.Timeout, BatchConfig.Timeout)
 // while its handler ran is judged by what the handler's session was doing
 // just before the deadline (the last of the reads that run from shortly
-// before it), read from pg_stat_activity on a connection of its own
-// (outside the pool, so that no pool connection is held while another is
-// waited for):
+// before it and were done by it), read from pg_stat_activity on a
+// connection of its own (outside the pool, so that no pool connection is
+// held while another is waited for):
 //
 //   - waiting for the database — a lock another session holds, a read or a
 //     write of the disk, a buffer, an internal lock, another backend or a
@@ -27,7 +27,8 @@ import (
 //     the message's, counted towards MaxAttempts like a handler's error.
 //
 // When the session could not be read (no deadline, a store without a pool,
-// the read failed), the cut is taken as the infrastructure's.
+// the read failed, no read done by the deadline), the cut is taken as the
+// infrastructure's.
 
 // wait is what a cut attempt's session was doing before its deadline.
 type wait int
@@ -47,16 +48,19 @@ const (
 
 // cutWatch reads, from shortly before ctx's deadline until it, what the
 // session of conn is doing, while the attempt still runs; the last read
-// begun before the deadline is the answer (the first read, when none was).
-// A handler that runs its own code and then waits for a lock held
-// elsewhere until the deadline was cut waiting for the database.
+// that finished before the deadline is the answer (none: unknown). A read
+// that ends after the deadline does not count, whenever it began: from the
+// deadline on, the attempt's statement is being cancelled, and its session
+// shows that. A handler that runs its own code and then waits for a lock
+// held elsewhere until the deadline was cut waiting for the database.
 type cutWatch struct {
-	timer    *time.Timer
-	deadline time.Time
-	ended    chan struct{} // closed once the attempt ended (stop, result)
-	done     chan struct{} // closed once got and what are set
-	got      wait
-	what     string
+	timer *time.Timer
+	// ctx ends at the deadline, or once the attempt ended (stop, result).
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{} // closed once got and what are set
+	got    wait
+	what   string
 }
 
 // watchCut starts watching the attempt on conn bounded by ctx; stop it
@@ -69,52 +73,52 @@ func watchCut(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn) *cutWatch
 	left := time.Until(dl)
 	lead := min(left/5, cutLead)
 	pid := conn.PgConn().PID()
-	w := &cutWatch{deadline: dl, ended: make(chan struct{}), done: make(chan struct{})}
+	w := &cutWatch{done: make(chan struct{})}
+	w.ctx, w.cancel = context.WithDeadline(context.Background(), dl)
 	w.timer = time.AfterFunc(left-lead, func() {
 		defer close(w.done)
-		w.got, w.what = waitUnknown, ""
 		w.watch(pool, pid)
 	})
 	return w
 }
 
-// watch reads the session pid's state until the deadline passes or the
-// attempt ends, on a connection of its own.
+// watch reads the session pid's state every cutSample, on a connection of
+// its own, until w.ctx ends, keeping the last read that finished before
+// the deadline.
 func (w *cutWatch) watch(pool *pgxpool.Pool, pid uint32) {
-	ctx, cancel := context.WithDeadline(context.Background(), w.deadline.Add(2*time.Second))
-	defer cancel()
-	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	dl, _ := w.ctx.Deadline()
+	conn, err := pgx.ConnectConfig(w.ctx, pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	for first := true; ; first = false {
-		began := time.Now()
-		got, what, err := readWait(ctx, conn, pid)
-		if err != nil {
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(ctx)
+	}()
+	for {
+		got, what, err := readWait(w.ctx, conn, pid)
+		if err != nil || !time.Now().Before(dl) {
 			return
 		}
-		if first || began.Before(w.deadline) {
-			w.got, w.what = got, what
-		}
-		if !began.Before(w.deadline) {
-			return
-		}
+		w.got, w.what = got, what
+		t := time.NewTimer(cutSample)
 		select {
-		case <-w.ended:
+		case <-w.ctx.Done():
+			t.Stop()
 			return
-		case <-time.After(min(cutSample, time.Until(w.deadline)+time.Millisecond)):
+		case <-t.C:
 		}
 	}
 }
 
-// result stops the watch and returns what the session was doing, waiting
-// for a read under way.
+// result stops the watch and returns what the session was doing, once a
+// read under way has been cut short.
 func (w *cutWatch) result() (wait, string) {
 	if w == nil {
 		return waitUnknown, ""
 	}
-	close(w.ended)
+	w.cancel()
 	if w.timer.Stop() {
 		return waitUnknown, "" // the attempt ended before the deadline came near
 	}
@@ -180,8 +184,8 @@ func cutBy(ctx context.Context, w *cutWatch, err error) *cutError {
 // stop stops the watch without waiting for a read under way.
 func (w *cutWatch) stop() {
 	if w != nil {
-		close(w.ended)
 		w.timer.Stop()
+		w.cancel()
 	}
 }
 

@@ -107,7 +107,7 @@ func TestNewBatchConsumerRefusesNegatives(t *testing.T) {
 // dead-lettered or counted towards MaxAttempts, though a ping succeeds.
 func TestBatchTimeoutNacksTheBatchWhole(t *testing.T) {
 	t.Parallel()
-	batchCutWaitingForLock(t, 300*time.Millisecond, 0)
+	batchCutWaitingForLock(t, 300*time.Millisecond, 300*time.Millisecond)
 }
 
 // The same when the handler first runs its own code past the time the
@@ -116,10 +116,12 @@ func TestBatchTimeoutNacksTheBatchWhole(t *testing.T) {
 // just before the deadline, not at the first read.
 func TestBatchTimeoutJudgedAtItsDeadline(t *testing.T) {
 	t.Parallel()
-	batchCutWaitingForLock(t, time.Second, 900*time.Millisecond)
+	batchCutWaitingForLock(t, time.Second, 100*time.Millisecond)
 }
 
-func batchCutWaitingForLock(t *testing.T, timeout, own time.Duration) {
+// batchCutWaitingForLock runs a batch whose handler runs its own code until
+// waiting before its deadline, then waits for a lock held elsewhere.
+func batchCutWaitingForLock(t *testing.T, timeout, waiting time.Duration) {
 	w := newWorld(t, 1)
 	ctx := context.Background()
 	holder, err := w.store.Pool().Acquire(ctx)
@@ -136,7 +138,9 @@ func batchCutWaitingForLock(t *testing.T, timeout, own time.Duration) {
 	var calls atomic.Int64
 	stuck := func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
 		calls.Add(1)
-		time.Sleep(own) // its own code, the session idle in its transaction
+		if dl, ok := ctx.Deadline(); ok {
+			time.Sleep(time.Until(dl.Add(-waiting))) // its own code, the session idle in its transaction
+		}
 		_, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lock)
 		return nil, err
 	}
