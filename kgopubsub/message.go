@@ -12,12 +12,12 @@ import (
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
-// reserved says whether k is a metadata key the Subscriber sets, which the
-// Publisher never writes as a header.
+// reserved says whether k is a metadata key the Subscriber sets, or a
+// share copy's header, which the Publisher never writes as a header.
 func reserved(k string) bool {
 	switch k {
 	case kafkapubsub.UUIDHeader, kafkapubsub.MetadataTopic, kafkapubsub.MetadataPartition, kafkapubsub.MetadataOffset,
-		kafkapubsub.MetadataKafkaKey, kafkapubsub.MetadataTimestamp, MetadataDeliveryCount:
+		kafkapubsub.MetadataKafkaKey, kafkapubsub.MetadataTimestamp, MetadataDeliveryCount, headerDeliveries, headerOrigin:
 		return true
 	}
 	return false
@@ -55,7 +55,9 @@ func toWatermill(r *kgo.Record) *message.Message {
 	md := msg.Metadata
 	at = 0
 	for _, h := range r.Headers {
-		if h.Key != kafkapubsub.UUIDHeader {
+		switch h.Key {
+		case kafkapubsub.UUIDHeader, headerDeliveries, headerOrigin:
+		default:
 			md[h.Key] = all[at : at+len(h.Value)]
 		}
 		at += len(h.Value)

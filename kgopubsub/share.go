@@ -57,10 +57,15 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 //     without success. The ShareSubscriber keeps that from losing a
 //     command: a record handed out for one of its last two times (the
 //     last one only, with a limit of 2; never the first time) is first
-//     copied to the end of its partition, unchanged but for a header
-//     (exactly_share_deliveries) that carries the count of its deliveries
-//     on; the copy is one more delivery of the same message ID, which the
-//     dedupe store skips once the command is applied. Once copied, a
+//     copied to the end of its partition, unchanged but for two headers
+//     that carry the count of its deliveries on
+//     (exactly_share_deliveries) and the offset of the record first
+//     produced (exactly_share_origin); the copy is one more delivery of
+//     the same message ID, which the dedupe store skips once the command
+//     is applied. A copy's context carries its original's coordinates
+//     (dedupe.SourceFromContext), so that keys made of them
+//     (consumer.KeyFromOffset, MissingKey Derive) are the original's
+//     too. Once copied, a
 //     delivery that does not succeed (a Nack as the lock runs out, a
 //     release at Close) accepts the record instead of releasing it: the
 //     copy carries the command on, so a record is copied a second time
@@ -170,6 +175,12 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		// that lingers is a longer window in which a kill loses one.
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.ProducerLinger(0),
+		// The broker ends a member's share session with its connection,
+		// and releases every record the member holds: a connection must
+		// not be closed as idle while handlers run, as franz-go does after
+		// 30s by default. A record is held for its lock at most (60s at
+		// most, by Kafka's default group.share.max.record.lock.duration.ms).
+		kgo.ConnIdleTimeout(shareConnIdle),
 		// An acknowledgement the broker refused leaves its record to be
 		// delivered again once its lock runs out: logged, not fatal.
 		kgo.ShareAckCallback(func(_ *kgo.Client, rs kgo.ShareAckResults) {
@@ -349,37 +360,40 @@ type shareSub struct {
 	limit atomic.Int32
 
 	mu sync.Mutex
-	// dead holds the IDs of the messages this subscription dead-lettered
-	// (up to maxDead), so that one whose Reject came too late is rejected
-	// again at once instead of being handled, and dead-lettered, again.
+	// dead holds the commands this subscription dead-lettered (deadKey,
+	// up to maxDead), so that a record whose Reject came too late, or a
+	// copy of it, is rejected again at once instead of being handled, and
+	// dead-lettered, again.
 	dead map[string]struct{}
 }
 
-// maxDead bounds the dead-lettered IDs a subscription remembers.
+// maxDead bounds the dead-lettered records a subscription remembers.
 const maxDead = 10000
 
-// reject rejects r, dead-lettered, and remembers its ID.
+// deadKey names r's command for the dead map: the partition and offset of
+// the record it was first produced as (a copy's origin), so that a copy
+// made before the dead letter is known too, and a command published again
+// (a new record) is not.
+func deadKey(r *kgo.Record) string {
+	return strconv.Itoa(int(r.Partition)) + "/" + strconv.FormatInt(originOffset(r), 10)
+}
+
+// reject rejects r, dead-lettered, and remembers its command.
 func (sub *shareSub) reject(r *kgo.Record) {
-	if id := arrivedUUID(r); id != "" {
-		sub.mu.Lock()
-		if len(sub.dead) >= maxDead {
-			clear(sub.dead)
-		}
-		sub.dead[id] = struct{}{}
-		sub.mu.Unlock()
+	sub.mu.Lock()
+	if len(sub.dead) >= maxDead {
+		clear(sub.dead)
 	}
+	sub.dead[deadKey(r)] = struct{}{}
+	sub.mu.Unlock()
 	r.Ack(kgo.AckReject)
 }
 
-// rejected says whether r's message was dead-lettered here before.
+// rejected says whether r's command was dead-lettered here before.
 func (sub *shareSub) rejected(r *kgo.Record) bool {
-	id := arrivedUUID(r)
-	if id == "" {
-		return false
-	}
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
-	_, ok := sub.dead[id]
+	_, ok := sub.dead[deadKey(r)]
 	return ok
 }
 
@@ -430,6 +444,10 @@ func (sub *shareSub) run(ctx context.Context) {
 // the members holding both of them die before copying it.
 func copyFrom(limit int32) int32 { return max(2, limit-1) }
 
+// shareConnIdle is how long a share group member's connection may stay
+// idle before it is closed: above any lock a record is held for.
+const shareConnIdle = 5 * time.Minute
+
 // lockMargin is how much of a record's lock must be left for the handler
 // to get it again after a Nack; with less, the record is released to the
 // group.
@@ -461,7 +479,9 @@ func (sub *shareSub) deliver(r *kgo.Record) {
 		msg.Metadata[MetadataDeliveryCount] = strconv.Itoa(deliveries)
 		mctx, cancel := context.WithCancel(context.WithoutCancel(sub.ctx))
 		mctx = dedupe.ContextWithDeliveries(withArrived(mctx, r), deliveries)
-		msg.SetContext(dedupe.ContextWithSource(mctx, dedupe.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}))
+		// A copy carries its original's coordinates: keys made of them
+		// (consumer.KeyFromOffset, MissingKey Derive) are the original's.
+		msg.SetContext(dedupe.ContextWithSource(mctx, dedupe.Source{Topic: r.Topic, Partition: r.Partition, Offset: originOffset(r)}))
 		select {
 		case sub.out <- msg:
 		case <-sub.ctx.Done():
@@ -544,13 +564,15 @@ func deadLettered(msg *message.Message, r *kgo.Record) bool {
 // for up to copyTimeout, even past r's lock (the copy matters, not the
 // delivery) and after Close. It says whether the copy was made.
 func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int) bool {
-	headers := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
+	headers := make([]kgo.RecordHeader, 0, len(r.Headers)+2)
 	for _, h := range r.Headers {
-		if h.Key != headerDeliveries {
+		if h.Key != headerDeliveries && h.Key != headerOrigin {
 			headers = append(headers, h)
 		}
 	}
-	headers = append(headers, kgo.RecordHeader{Key: headerDeliveries, Value: []byte(strconv.Itoa(deliveries))})
+	headers = append(headers,
+		kgo.RecordHeader{Key: headerDeliveries, Value: []byte(strconv.Itoa(deliveries))},
+		kgo.RecordHeader{Key: headerOrigin, Value: []byte(strconv.FormatInt(originOffset(r), 10))})
 	// The copy gets the time of its append: a topic whose brokers refuse
 	// old timestamps would refuse the record's own.
 	cp := &kgo.Record{Topic: r.Topic, Partition: r.Partition, Key: r.Key, Value: r.Value, Headers: headers}
@@ -576,9 +598,25 @@ func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int) bool {
 	}
 }
 
-// headerDeliveries is the header of a copy that counts the deliveries of
-// the records it copies.
-const headerDeliveries = "exactly_share_deliveries"
+// The headers of a copy: the count of the deliveries of the records it
+// copies, and the offset of the record first produced, in the same
+// partition. Neither is a message's metadata, nor written from it.
+const (
+	headerDeliveries = "exactly_share_deliveries"
+	headerOrigin     = "exactly_share_origin"
+)
+
+// originOffset is the offset of the record r copies, or r's own.
+func originOffset(r *kgo.Record) int64 {
+	for _, h := range r.Headers {
+		if h.Key == headerOrigin {
+			if o, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil && o >= 0 && o < r.Offset {
+				return o
+			}
+		}
+	}
+	return r.Offset
+}
 
 // priorDeliveries is how many times the records r copies were delivered.
 func priorDeliveries(r *kgo.Record) int {

@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
 	"github.com/exactly-go/exactly/internal/testkit/pgtest"
@@ -458,6 +459,11 @@ func TestShareConfigRefusals(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "KeyOrdered") {
 		t.Errorf("worker with KeyOrdered on a share group: %v, want it refused", err)
 	}
+	_, err = worker.New(pool, &worker.Config{Scope: "s", Topic: "t", Brokers: base.Brokers, MissingKey: consumer.Skip, Transport: shareTransport,
+		Handler: func(context.Context, pgx.Tx, *message.Message) ([]*message.Message, error) { return nil, nil }})
+	if err == nil || !strings.Contains(err.Error(), "MissingKey") {
+		t.Errorf("worker with MissingKey Skip on a share group: %v, want it refused", err)
+	}
 }
 
 // A command whose every delivery fails (a handler that hangs past the
@@ -503,5 +509,127 @@ func TestShareFailingCommandDeadLettered(t *testing.T) {
 	}
 	if d := kafkatest.EndOffsets(t, dlq, 1)[0]; d != 1 {
 		t.Fatalf("%d dead letters, want 1", d)
+	}
+}
+
+// A command dead-lettered, then published again under its own ID once the
+// handler is fixed (docs/troubleshooting.md), is applied, by the member
+// that dead-lettered it too: what a subscription remembers of its dead
+// letters is the records, not the IDs.
+func TestShareDeadLetterPublishedAgainApplied(t *testing.T) {
+	t.Parallel()
+	requireShareGroups(t)
+	db := pgtest.New(t)
+	commands, dlq := kafkatest.Topic(t, 1), kafkatest.Topic(t, 1)
+	group := kafkatest.Name("sg")
+	applied := appliedTable(t, db)
+	var fixed atomic.Bool
+	shareWorkers(t, db, 1, func(int) *worker.Config {
+		return &worker.Config{Scope: "test", Schema: db.Schema, Brokers: kafkatest.Brokers(t), Topic: commands, Group: group, DeadLetterTopic: dlq,
+			Tables: []string{"applied"}, Logger: quietLogger(), StartupBackoff: 200 * time.Millisecond,
+			Handler: func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
+				if !fixed.Load() {
+					return nil, dedupe.Permanent(errors.New("the handler's bug"))
+				}
+				return nil, applyOnce(ctx, tx, applied, msg)
+			}}
+	})
+	pub, err := kgopubsub.NewPublisher(&kgopubsub.PublisherConfig{PublisherConfig: kafkapubsub.PublisherConfig{Brokers: kafkatest.Brokers(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	cmd := message.NewMessage(uuid.NewString(), []byte("command"))
+	if err := pub.Publish(commands, cmd); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "the command dead-lettered", func() bool { return kafkatest.EndOffsets(t, dlq, 1)[0] >= 1 })
+	fixed.Store(true)
+	if err := pub.Publish(commands, message.NewMessage(cmd.UUID, cmd.Payload)); err != nil {
+		t.Fatal(err)
+	}
+	waitAppliedOnce(t, db, applied, group, commands, 1, 1, time.Minute)
+}
+
+// With keys made of the records' coordinates (consumer.KeyFromOffset; so
+// too MissingKey Derive), a record copied before its last delivery and
+// applied on it is not applied again through its copy: the copy carries
+// its original's coordinates.
+func TestShareCopyKeyedByOffsetAppliedOnce(t *testing.T) {
+	t.Parallel()
+	requireShareGroups(t)
+	db := pgtest.New(t)
+	commands, dlq := kafkatest.Topic(t, 1), kafkatest.Topic(t, 1)
+	group := kafkatest.Name("sg")
+	setShareGroup(t, group, map[string]string{"share.record.lock.duration.ms": "1000", "share.delivery.count.limit": "2"})
+	applied := appliedTable(t, db)
+	var calls atomic.Int32
+	shareWorkers(t, db, 1, func(int) *worker.Config {
+		return &worker.Config{Scope: "test", Schema: db.Schema, Brokers: kafkatest.Brokers(t), Topic: commands, Group: group, DeadLetterTopic: dlq,
+			KeyFunc: consumer.KeyFromOffset, Tables: []string{"applied"}, Timeout: 1500 * time.Millisecond, Logger: quietLogger(),
+			StartupBackoff: 200 * time.Millisecond,
+			Handler: func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
+				if calls.Add(1) == 1 {
+					<-ctx.Done() // past the lock: the record comes back on its last delivery, copied
+					return nil, ctx.Err()
+				}
+				return nil, applyOnce(ctx, tx, applied, msg)
+			}}
+	})
+	pub, err := kgopubsub.NewPublisher(&kgopubsub.PublisherConfig{PublisherConfig: kafkapubsub.PublisherConfig{Brokers: kafkatest.Brokers(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if err := pub.Publish(commands, message.NewMessage(uuid.NewString(), []byte("command"))); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "the record copied", func() bool { return kafkatest.EndOffsets(t, commands, 1)[0] >= 2 })
+	waitAppliedOnce(t, db, applied, group, commands, 1, 1, time.Minute)
+	time.Sleep(2 * time.Second) // the copy's delivery, which must be a duplicate
+	waitAppliedOnce(t, db, applied, group, commands, 1, 1, time.Minute)
+}
+
+// A record whose handler takes longer than franz-go's default idle
+// connection timeout (30s), within a longer lock, is accepted once: the
+// member's connection, whose close would end its share session and release
+// the records it holds, is not closed as idle meanwhile.
+func TestShareLongHandlerAcceptedOnce(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("holds a record for 35s")
+	}
+	requireShareGroups(t)
+	topic := kafkatest.Topic(t, 1)
+	group := kafkatest.Name("sg")
+	setShareGroup(t, group, map[string]string{"share.record.lock.duration.ms": "50000"})
+	sub, err := kgopubsub.NewShareSubscriber(&kgopubsub.SubscriberConfig{SubscriberConfig: kafkapubsub.SubscriberConfig{
+		Brokers: kafkatest.Brokers(t), ConsumerGroup: group, Logger: quietLogger()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := kgopubsub.NewPublisher(&kgopubsub.PublisherConfig{PublisherConfig: kafkapubsub.PublisherConfig{Brokers: kafkatest.Brokers(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(topic, message.NewMessage(uuid.NewString(), []byte("slow"))); err != nil {
+		t.Fatal(err)
+	}
+	_ = pub.Close()
+	msg := <-ch
+	time.Sleep(35 * time.Second) // the handler's work
+	msg.Ack()
+	testenv.WaitFor(t, time.Minute, "the share group done with the record", func() bool { done, _ := shareGroupDone(t, group, topic, 1); return done })
+	select {
+	case again := <-ch:
+		t.Fatalf("the record came back (delivery %s) though it was acked within its lock", again.Metadata.Get(kgopubsub.MetadataDeliveryCount))
+	case <-time.After(2 * time.Second):
 	}
 }

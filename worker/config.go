@@ -136,6 +136,8 @@ type Config struct {
 	// KeyFunc, FingerprintFunc, MissingKey, TTL and MaxAttempts are the
 	// middleware's (consumer.Config). Default to the message UUID, the
 	// SHA-256 of the payload's bytes, Reject, the store's 7 days and 10.
+	// MissingKey Skip is refused on a share group, which delivers records
+	// again as its normal path.
 	KeyFunc         consumer.KeyFunc
 	FingerprintFunc dedupe.FingerprintFunc
 	MissingKey      consumer.MissingKeyPolicy
@@ -228,6 +230,9 @@ func withDefaults(cfg *Config) (Config, error) {
 		return c, errors.New("worker: Config.KeyOrdered is for Handler: a batch reads each partition in offset order")
 	case c.KeyOrdered && sharedGroup(&c):
 		return c, errors.New("worker: Config.KeyOrdered is set with a share group: a share group hands records out one by one to any member, so there is no per-key order to keep; leave it false")
+	case c.MissingKey == consumer.Skip && sharedGroup(&c):
+		return c, errors.New("worker: Config.MissingKey is Skip with a share group: a share group hands a record out again, and to several members at once, as its normal path, " +
+			"and a message without a key would be applied each time; use Reject (the default) or Derive")
 	case c.OutputTopic != "" && c.OutputTopic == c.Topic:
 		return c, fmt.Errorf("worker: Config.OutputTopic is the commands topic %q: the worker would consume its own outputs", c.Topic)
 	}
