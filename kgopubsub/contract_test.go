@@ -25,7 +25,7 @@ type counter struct {
 func (c *counter) add(m *message.Message) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.got[[2]int64{int64(partitionOf(m)), offsetOf(m)}]++
+	c.got[[2]int64{int64(subtest.PartitionOf(m)), subtest.OffsetOf(m)}]++
 	c.n++
 }
 

@@ -41,7 +41,7 @@ func TestRebalanceDrainsWholeWindow(t *testing.T) {
 	consume := func(ch <-chan *message.Message, joined bool) {
 		for m := range ch {
 			go func() {
-				off := [2]int64{int64(partitionOf(m)), offsetOf(m)}
+				off := [2]int64{int64(subtest.PartitionOf(m)), subtest.OffsetOf(m)}
 				mu.Lock()
 				deliveries[off]++
 				if joined {

@@ -3,7 +3,6 @@ package kgopubsub_test
 import (
 	"log/slog"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -104,12 +103,15 @@ func subscriber(t *testing.T, cfg kgopubsub.SubscriberConfig) *kgopubsub.Subscri
 	return sub
 }
 
-func offsetOf(m *message.Message) int64 {
-	o, _ := strconv.ParseInt(m.Metadata.Get(kafkapubsub.MetadataOffset), 10, 64)
-	return o
-}
-
-func partitionOf(m *message.Message) int {
-	p, _ := strconv.Atoi(m.Metadata.Get(kafkapubsub.MetadataPartition))
-	return p
+// publish publishes msgs to topic with a Publisher of its own.
+func publish(t *testing.T, topic string, msgs ...*message.Message) {
+	t.Helper()
+	pub, err := kgopubsub.NewPublisher(&kgopubsub.PublisherConfig{PublisherConfig: kafkapubsub.PublisherConfig{Brokers: kafkatest.Brokers(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if err := pub.Publish(topic, msgs...); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -266,16 +266,7 @@ func TestShareWorkersApplyOnce(t *testing.T) {
 				msgs = append(msgs, m, m.Copy())
 			}
 			msgs = append(msgs, message.NewMessage(uuid.NewString(), []byte("poison")))
-			pub, err := kgopubsub.NewPublisher(&kgopubsub.PublisherConfig{PublisherConfig: kafkapubsub.PublisherConfig{Brokers: kafkatest.Brokers(t)}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := pub.Publish(commands, msgs...); err != nil {
-				t.Fatal(err)
-			}
-			if err := pub.Close(); err != nil {
-				t.Fatal(err)
-			}
+			publish(t, commands, msgs...)
 			waitAppliedOnce(t, db, applied, group, commands, 3, n, 2*time.Minute)
 			testenv.WaitFor(t, time.Minute, "the outputs and the dead letter published", func() bool {
 				ev := kafkatest.EndOffsets(t, events, 3)
@@ -379,32 +370,33 @@ func TestShareLastDeliveryCopied(t *testing.T) {
 	}
 }
 
-func testShareLastDeliveryCopied(t *testing.T, limit string) {
+// shareSubscription subscribes a ShareSubscriber (with nackBackoff, or the
+// default when 0) to a new topic of one partition, as a member of a new
+// share group set to conf, for up to two minutes (ctx; cancel ends it).
+func shareSubscription(t *testing.T, conf map[string]string, nackBackoff time.Duration) (topic, group string, ch <-chan *message.Message, ctx context.Context, cancel context.CancelFunc) {
+	t.Helper()
 	requireShareGroups(t)
-	topic := kafkatest.Topic(t, 1)
-	group := kafkatest.Name("sg")
-	setShareGroup(t, group, map[string]string{"share.record.lock.duration.ms": "1000", "share.delivery.count.limit": limit})
+	topic, group = kafkatest.Topic(t, 1), kafkatest.Name("sg")
+	setShareGroup(t, group, conf)
 	sub, err := kgopubsub.NewShareSubscriber(&kgopubsub.SubscriberConfig{SubscriberConfig: kafkapubsub.SubscriberConfig{
-		Brokers: kafkatest.Brokers(t), ConsumerGroup: group, Logger: quietLogger(), NackBackoff: 300 * time.Millisecond}})
+		Brokers: kafkatest.Brokers(t), ConsumerGroup: group, Logger: quietLogger(), NackBackoff: nackBackoff}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sub.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	ch, err := sub.Subscribe(ctx, topic)
-	if err != nil {
+	t.Cleanup(func() { _ = sub.Close() })
+	ctx, cancel = context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	if ch, err = sub.Subscribe(ctx, topic); err != nil {
 		t.Fatal(err)
 	}
+	return topic, group, ch, ctx, cancel
+}
+
+func testShareLastDeliveryCopied(t *testing.T, limit string) {
+	topic, group, ch, ctx, cancel := shareSubscription(t, map[string]string{"share.record.lock.duration.ms": "1000", "share.delivery.count.limit": limit},
+		300*time.Millisecond)
 	id := uuid.NewString()
-	pub, err := kgopubsub.NewPublisher(&kgopubsub.PublisherConfig{PublisherConfig: kafkapubsub.PublisherConfig{Brokers: kafkatest.Brokers(t)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pub.Publish(topic, message.NewMessage(id, []byte("command"))); err != nil {
-		t.Fatal(err)
-	}
-	_ = pub.Close()
+	publish(t, topic, message.NewMessage(id, []byte("command")))
 	var seen []string
 	for msg := range ch {
 		seen = append(seen, msg.Metadata.Get(kafkapubsub.MetadataOffset)+"/"+msg.Metadata.Get(kgopubsub.MetadataDeliveryCount))
@@ -489,14 +481,7 @@ func TestShareFailingCommandDeadLettered(t *testing.T) {
 		return &worker.Config{Scope: "test", Schema: db.Schema, Brokers: kafkatest.Brokers(t), Topic: commands, Group: group, DeadLetterTopic: dlq,
 			Handler: hang, Timeout: 1500 * time.Millisecond, MaxAttempts: maxAttempts, Logger: quietLogger(), StartupBackoff: 200 * time.Millisecond}
 	})
-	pub, err := kgopubsub.NewPublisher(&kgopubsub.PublisherConfig{PublisherConfig: kafkapubsub.PublisherConfig{Brokers: kafkatest.Brokers(t)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pub.Publish(commands, message.NewMessage(uuid.NewString(), []byte("hangs"))); err != nil {
-		t.Fatal(err)
-	}
-	_ = pub.Close()
+	publish(t, commands, message.NewMessage(uuid.NewString(), []byte("hangs")))
 	testenv.WaitFor(t, 2*time.Minute, "the command dead-lettered", func() bool { return kafkatest.EndOffsets(t, dlq, 1)[0] >= 1 })
 	dead := kafkatest.ReadAll(t, dlq, 1, 10*time.Second)
 	if len(dead) != 1 || string(dead[0].Value) != "hangs" || !hasHeader(dead[0].Headers, middleware.ReasonForPoisonedKey, "attempts") {
@@ -534,20 +519,11 @@ func TestShareDeadLetterPublishedAgainApplied(t *testing.T) {
 				return nil, applyOnce(ctx, tx, applied, msg)
 			}}
 	})
-	pub, err := kgopubsub.NewPublisher(&kgopubsub.PublisherConfig{PublisherConfig: kafkapubsub.PublisherConfig{Brokers: kafkatest.Brokers(t)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
 	cmd := message.NewMessage(uuid.NewString(), []byte("command"))
-	if err := pub.Publish(commands, cmd); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, commands, cmd)
 	testenv.WaitFor(t, time.Minute, "the command dead-lettered", func() bool { return kafkatest.EndOffsets(t, dlq, 1)[0] >= 1 })
 	fixed.Store(true)
-	if err := pub.Publish(commands, message.NewMessage(cmd.UUID, cmd.Payload)); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, commands, message.NewMessage(cmd.UUID, cmd.Payload))
 	waitAppliedOnce(t, db, applied, group, commands, 1, 1, time.Minute)
 }
 
@@ -576,14 +552,7 @@ func TestShareCopyKeyedByOffsetAppliedOnce(t *testing.T) {
 				return nil, applyOnce(ctx, tx, applied, msg)
 			}}
 	})
-	pub, err := kgopubsub.NewPublisher(&kgopubsub.PublisherConfig{PublisherConfig: kafkapubsub.PublisherConfig{Brokers: kafkatest.Brokers(t)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	if err := pub.Publish(commands, message.NewMessage(uuid.NewString(), []byte("command"))); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, commands, message.NewMessage(uuid.NewString(), []byte("command")))
 	testenv.WaitFor(t, time.Minute, "the record copied", func() bool { return kafkatest.EndOffsets(t, commands, 1)[0] >= 2 })
 	waitAppliedOnce(t, db, applied, group, commands, 1, 1, time.Minute)
 	time.Sleep(2 * time.Second) // the copy's delivery, which must be a duplicate
@@ -599,30 +568,8 @@ func TestShareLongHandlerAcceptedOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("holds a record for 35s")
 	}
-	requireShareGroups(t)
-	topic := kafkatest.Topic(t, 1)
-	group := kafkatest.Name("sg")
-	setShareGroup(t, group, map[string]string{"share.record.lock.duration.ms": "50000"})
-	sub, err := kgopubsub.NewShareSubscriber(&kgopubsub.SubscriberConfig{SubscriberConfig: kafkapubsub.SubscriberConfig{
-		Brokers: kafkatest.Brokers(t), ConsumerGroup: group, Logger: quietLogger()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	ch, err := sub.Subscribe(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := kgopubsub.NewPublisher(&kgopubsub.PublisherConfig{PublisherConfig: kafkapubsub.PublisherConfig{Brokers: kafkatest.Brokers(t)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pub.Publish(topic, message.NewMessage(uuid.NewString(), []byte("slow"))); err != nil {
-		t.Fatal(err)
-	}
-	_ = pub.Close()
+	topic, group, ch, _, _ := shareSubscription(t, map[string]string{"share.record.lock.duration.ms": "50000"}, 0)
+	publish(t, topic, message.NewMessage(uuid.NewString(), []byte("slow")))
 	msg := <-ch
 	time.Sleep(35 * time.Second) // the handler's work
 	msg.Ack()

@@ -152,7 +152,7 @@ func WatermarkHoldsCommit(t *testing.T, tr Transport) {
 	go func() {
 		defer close(consumerA)
 		for m := range ch {
-			off := offsetOf(m)
+			off := OffsetOf(m)
 			mu.Lock()
 			seen[off]++
 			if seen[off] == 1 {
@@ -208,9 +208,9 @@ func WatermarkHoldsCommit(t *testing.T, tr Transport) {
 		for m := range ch {
 			mu.Lock()
 			if first < 0 {
-				first = offsetOf(m)
+				first = OffsetOf(m)
 			}
-			if offsetOf(m) > held && offsetOf(m) < held+4*window {
+			if OffsetOf(m) > held && OffsetOf(m) < held+4*window {
 				redelivered++
 			}
 			mu.Unlock()

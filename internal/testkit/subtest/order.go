@@ -46,13 +46,13 @@ func OrderAndCoordinates(t *testing.T, tr Transport) {
 			t.Fatal("two messages delivered at once with MaxInFlight 1")
 		}
 		src, ok := dedupe.SourceFromContext(m.Context())
-		if !ok || src.Topic != topic || int(src.Partition) != partitionOf(m) || src.Offset != offsetOf(m) {
+		if !ok || src.Topic != topic || int(src.Partition) != PartitionOf(m) || src.Offset != OffsetOf(m) {
 			t.Fatalf("context source %+v (ok %v), metadata %v", src, ok, m.Metadata)
 		}
-		if l, ok := last[partitionOf(m)]; ok && offsetOf(m) != l+1 {
-			t.Fatalf("partition %d: offset %d after %d", partitionOf(m), offsetOf(m), l)
+		if l, ok := last[PartitionOf(m)]; ok && OffsetOf(m) != l+1 {
+			t.Fatalf("partition %d: offset %d after %d", PartitionOf(m), OffsetOf(m), l)
 		}
-		last[partitionOf(m)] = offsetOf(m)
+		last[PartitionOf(m)] = OffsetOf(m)
 		if m.Metadata.Get(kafkapubsub.MetadataKafkaKey) == "" || m.Metadata.Get(kafkapubsub.MetadataTimestamp) == "" {
 			t.Fatalf("metadata %v lacks the key or the timestamp", m.Metadata)
 		}
@@ -61,12 +61,14 @@ func OrderAndCoordinates(t *testing.T, tr Transport) {
 	WaitCommitted(t, group, topic, partitions, time.Minute)
 }
 
-func offsetOf(m *message.Message) int64 {
+// OffsetOf is the Kafka offset in m's metadata.
+func OffsetOf(m *message.Message) int64 {
 	o, _ := strconv.ParseInt(m.Metadata.Get(kafkapubsub.MetadataOffset), 10, 64)
 	return o
 }
 
-func partitionOf(m *message.Message) int {
+// PartitionOf is the Kafka partition in m's metadata.
+func PartitionOf(m *message.Message) int {
 	p, _ := strconv.Atoi(m.Metadata.Get(kafkapubsub.MetadataPartition))
 	return p
 }
