@@ -40,15 +40,20 @@ const (
 )
 
 // cutLead bounds how long before the deadline the session is first read;
-// cutSample is how often it is read again until the deadline.
+// cutSample is how often it is read again until the deadline; cutConnect
+// bounds how long before the first read the connection that reads it is
+// opened (a remote server, TLS, a loaded one: the opening must not eat the
+// reads' time).
 const (
-	cutLead   = 200 * time.Millisecond
-	cutSample = 10 * time.Millisecond
+	cutLead    = 200 * time.Millisecond
+	cutSample  = 10 * time.Millisecond
+	cutConnect = time.Second
 )
 
-// cutWatch reads, from shortly before ctx's deadline until it, what the
-// session of conn is doing, while the attempt still runs; the last read
-// that finished before the deadline is the answer (none: unknown). A read
+// cutWatch reads, from shortly before ctx's deadline until it (on a
+// connection opened a little earlier), what the session of conn is doing,
+// while the attempt still runs; the last read that finished before the
+// deadline is the answer (none: unknown). A read
 // that ends after the deadline does not count, whenever it began: from the
 // deadline on, the attempt's statement is being cancelled, and its session
 // shows that. A handler that runs its own code and then waits for a lock
@@ -72,20 +77,21 @@ func watchCut(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn) *cutWatch
 	}
 	left := time.Until(dl)
 	lead := min(left/5, cutLead)
+	connect := min(left/5, cutConnect)
 	pid := conn.PgConn().PID()
 	w := &cutWatch{done: make(chan struct{})}
 	w.ctx, w.cancel = context.WithDeadline(context.Background(), dl)
-	w.timer = time.AfterFunc(left-lead, func() {
+	w.timer = time.AfterFunc(left-lead-connect, func() {
 		defer close(w.done)
-		w.watch(pool, pid)
+		w.watch(pool, pid, dl.Add(-lead))
 	})
 	return w
 }
 
-// watch reads the session pid's state every cutSample, on a connection of
-// its own, until w.ctx ends, keeping the last read that finished before
-// the deadline.
-func (w *cutWatch) watch(pool *pgxpool.Pool, pid uint32) {
+// watch opens a connection of its own and, from readFrom, reads the
+// session pid's state on it every cutSample until w.ctx ends, keeping the
+// last read that finished before the deadline.
+func (w *cutWatch) watch(pool *pgxpool.Pool, pid uint32, readFrom time.Time) {
 	dl, _ := w.ctx.Deadline()
 	conn, err := pgx.ConnectConfig(w.ctx, pool.Config().ConnConfig.Copy())
 	if err != nil {
@@ -96,6 +102,15 @@ func (w *cutWatch) watch(pool *pgxpool.Pool, pid uint32) {
 		defer cancel()
 		_ = conn.Close(ctx)
 	}()
+	if d := time.Until(readFrom); d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-w.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
 	for {
 		got, what, err := readWait(w.ctx, conn, pid)
 		if err != nil || !time.Now().Before(dl) {

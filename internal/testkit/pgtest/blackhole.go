@@ -24,11 +24,13 @@ type BlackHole struct {
 	on        bool
 	links     []*holeLink
 	swallowed atomic.Int64
+	delay     atomic.Int64 // nanoseconds each chunk waits before it is forwarded
 }
 
 type holeLink struct {
 	c, up net.Conn // up is nil for a connection accepted while swallowing
 	dead  atomic.Bool
+	delay *atomic.Int64
 }
 
 // NewBlackHole starts a BlackHole in front of the test Postgres, closed
@@ -64,6 +66,10 @@ func (b *BlackHole) Release() {
 	b.on = false
 }
 
+// Delay makes every chunk of bytes wait d before it is forwarded, either
+// way: a server d away (a round trip of 2d), from now on.
+func (b *BlackHole) Delay(d time.Duration) { b.delay.Store(int64(d)) }
+
 // Swallowed counts the connections swallowed so far.
 func (b *BlackHole) Swallowed() int64 { return b.swallowed.Load() }
 
@@ -96,7 +102,7 @@ func (b *BlackHole) accept() {
 		if err != nil {
 			return
 		}
-		l := &holeLink{c: c}
+		l := &holeLink{c: c, delay: &b.delay}
 		b.mu.Lock()
 		on := b.on
 		b.mu.Unlock()
@@ -128,6 +134,9 @@ func (l *holeLink) pump(src, dst net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if d := time.Duration(l.delay.Load()); n > 0 && d > 0 {
+			time.Sleep(d)
+		}
 		if n > 0 && dst != nil && !l.dead.Load() {
 			if _, werr := dst.Write(buf[:n]); werr != nil && !l.dead.Load() {
 				src.Close()
