@@ -290,7 +290,8 @@ func (c *BatchConsumer) Run(ctx context.Context, msgs <-chan *message.Message) e
 // later message of that partition is nacked unapplied (the window then
 // delivers them again in offset order, after it). A hold that outlives
 // holdTimeout is dropped: the partition has moved to another member, which
-// went past the nacked message, and came back.
+// went past the nacked message, and came back. A share group's record
+// holds nothing: the group hands records out in no order.
 func (c *BatchConsumer) loop(ctx context.Context, msgs <-chan *message.Message) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -362,6 +363,9 @@ func (c *BatchConsumer) loop(ctx context.Context, msgs <-chan *message.Message) 
 			case <-m.Nacked():
 			default:
 				continue
+			}
+			if _, shared := dedupe.DeliveriesFromContext(m.Context()); shared {
+				continue // a share group's record: no order to keep
 			}
 			if src, ok := c.source(m); ok {
 				p := partition{src.Topic, src.Partition}

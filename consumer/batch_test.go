@@ -577,3 +577,55 @@ func TestBatchHoldIsPerTopic(t *testing.T) {
 		t.Fatalf("b-7 has no key: %v", err)
 	}
 }
+
+// A share group's record (its context carries its deliveries) holds
+// nothing back when it is nacked: a share group has no order to keep, and
+// a later record of its partition goes on and is applied, where a hold
+// would nack it, and every other, for up to a minute, past their locks.
+func TestBatchShareNackHoldsNothing(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	store, err := pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := func(_ context.Context, _ pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
+		if msgs[0].UUID == "s-5" {
+			return nil, dedupe.Retryable(errors.New("a dependency is down"))
+		}
+		return nil, nil
+	}
+	bc, err := consumer.NewBatchConsumer(store, h, &consumer.BatchConfig{Config: consumer.Config{Scope: "s", Logger: quietLogger()}, MaxSize: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	msgs := make(chan *message.Message)
+	go func() { _ = bc.Run(ctx, msgs) }()
+	send := func(uuid string, offset int64) *message.Message {
+		m := message.NewMessage(uuid, []byte("p"))
+		m.SetContext(dedupe.ContextWithDeliveries(dedupe.ContextWithSource(ctx, dedupe.Source{Topic: "t", Partition: 0, Offset: offset}), 1))
+		msgs <- m
+		return m
+	}
+	for _, c := range []struct {
+		uuid   string
+		offset int64
+		acked  bool
+	}{{"s-5", 5, false}, {"s-7", 7, true}} {
+		m := send(c.uuid, c.offset)
+		select {
+		case <-m.Acked():
+			if !c.acked {
+				t.Fatalf("%s acked, want nacked", c.uuid)
+			}
+		case <-m.Nacked():
+			if c.acked {
+				t.Fatalf("%s nacked: held back by a nacked share record of its partition", c.uuid)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%s neither acked nor nacked", c.uuid)
+		}
+	}
+}

@@ -29,12 +29,9 @@ type msgState struct {
 const maxTracked = 10000
 
 // identity names a message for the failure counts: its key and where it
-// came from, which its redeliveries share.
+// came from, which its redeliveries share (a share group's copies too: their
+// context carries their original's coordinates).
 func identity(msg *message.Message, ev *Event) string {
-	if _, ok := dedupe.DeliveriesFromContext(msg.Context()); ok {
-		// A share group's record: its copies have offsets of their own.
-		return fmt.Sprintf("%s/%s %s/%d %s", ev.Scope, ev.Key, ev.Topic, ev.Partition, msg.UUID)
-	}
 	return fmt.Sprintf("%s/%s %s/%d/%d %s", ev.Scope, ev.Key, ev.Topic, ev.Partition, ev.Offset, msg.UUID)
 }
 

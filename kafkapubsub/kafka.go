@@ -35,7 +35,7 @@ func reserved(k string) bool {
 	case UUIDHeader, MetadataTopic, MetadataPartition, MetadataOffset, MetadataKafkaKey, MetadataTimestamp:
 		return true
 	}
-	return false
+	return mdkeys.ShareHeader(k)
 }
 
 // Security holds the connection's TLS and SASL settings, shared by the
@@ -69,6 +69,9 @@ func toWatermill(km kafka.Message) *message.Message {
 	for _, h := range km.Headers {
 		if h.Key == UUIDHeader {
 			uuid = string(h.Value)
+			continue
+		}
+		if mdkeys.ShareHeader(h.Key) {
 			continue
 		}
 		md[h.Key] = string(h.Value)

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/exactly-go/exactly/internal/mdkeys"
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
@@ -17,7 +18,7 @@ import (
 func reserved(k string) bool {
 	switch k {
 	case kafkapubsub.UUIDHeader, kafkapubsub.MetadataTopic, kafkapubsub.MetadataPartition, kafkapubsub.MetadataOffset,
-		kafkapubsub.MetadataKafkaKey, kafkapubsub.MetadataTimestamp, MetadataDeliveryCount, headerDeliveries, headerOrigin:
+		kafkapubsub.MetadataKafkaKey, kafkapubsub.MetadataTimestamp, MetadataDeliveryCount, mdkeys.ShareDeliveries, mdkeys.ShareOrigin:
 		return true
 	}
 	return false
@@ -56,7 +57,7 @@ func toWatermill(r *kgo.Record) *message.Message {
 	at = 0
 	for _, h := range r.Headers {
 		switch h.Key {
-		case kafkapubsub.UUIDHeader, headerDeliveries, headerOrigin:
+		case kafkapubsub.UUIDHeader, mdkeys.ShareDeliveries, mdkeys.ShareOrigin:
 		default:
 			md[h.Key] = all[at : at+len(h.Value)]
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/mdkeys"
 	"github.com/exactly-go/exactly/internal/subscriptions"
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
@@ -59,8 +60,8 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 //     last one only, with a limit of 2; never the first time) is first
 //     copied to the end of its partition, unchanged but for two headers
 //     that carry the count of its deliveries on
-//     (exactly_share_deliveries) and the offset of the record first
-//     produced (exactly_share_origin); the copy is one more delivery of
+//     (exactly_share_deliveries) and the topic, partition and offset of
+//     the record first produced (exactly_share_origin); the copy is one more delivery of
 //     the same message ID, which the dedupe store skips once the command
 //     is applied. A copy's context carries its original's coordinates
 //     (dedupe.SourceFromContext), so that keys made of them
@@ -374,9 +375,7 @@ const maxDead = 10000
 // the record it was first produced as (a copy's origin), so that a copy
 // made before the dead letter is known too, and a command published again
 // (a new record) is not.
-func deadKey(r *kgo.Record) string {
-	return strconv.Itoa(int(r.Partition)) + "/" + strconv.FormatInt(originOffset(r), 10)
-}
+func deadKey(r *kgo.Record) string { return origin(r) }
 
 // reject rejects r, dead-lettered, and remembers its command.
 func (sub *shareSub) reject(r *kgo.Record) {
@@ -572,7 +571,7 @@ func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int) bool {
 	}
 	headers = append(headers,
 		kgo.RecordHeader{Key: headerDeliveries, Value: []byte(strconv.Itoa(deliveries))},
-		kgo.RecordHeader{Key: headerOrigin, Value: []byte(strconv.FormatInt(originOffset(r), 10))})
+		kgo.RecordHeader{Key: headerOrigin, Value: []byte(origin(r))})
 	// The copy gets the time of its append: a topic whose brokers refuse
 	// old timestamps would refuse the record's own.
 	cp := &kgo.Record{Topic: r.Topic, Partition: r.Partition, Key: r.Key, Value: r.Value, Headers: headers}
@@ -598,24 +597,36 @@ func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int) bool {
 	}
 }
 
-// The headers of a copy: the count of the deliveries of the records it
-// copies, and the offset of the record first produced, in the same
-// partition. Neither is a message's metadata, nor written from it.
+// The headers of a copy (internal/mdkeys): the count of the deliveries of
+// the records it copies, and topic/partition/offset of the record first
+// produced.
 const (
-	headerDeliveries = "exactly_share_deliveries"
-	headerOrigin     = "exactly_share_origin"
+	headerDeliveries = mdkeys.ShareDeliveries
+	headerOrigin     = mdkeys.ShareOrigin
 )
 
-// originOffset is the offset of the record r copies, or r's own.
+// originOffset is the offset of the record r copies, or r's own: a header
+// that names another topic or partition, or no earlier offset, is not a
+// copy's (a record copied from another topic as it was, say).
 func originOffset(r *kgo.Record) int64 {
 	for _, h := range r.Headers {
-		if h.Key == headerOrigin {
-			if o, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil && o >= 0 && o < r.Offset {
-				return o
-			}
+		if h.Key != headerOrigin {
+			continue
+		}
+		parts := strings.Split(string(h.Value), "/")
+		if len(parts) != 3 || parts[0] != r.Topic || parts[1] != strconv.Itoa(int(r.Partition)) {
+			return r.Offset
+		}
+		if o, err := strconv.ParseInt(parts[2], 10, 64); err == nil && o >= 0 && o < r.Offset {
+			return o
 		}
 	}
 	return r.Offset
+}
+
+// origin is the value of a copy's headerOrigin: the record r copies.
+func origin(r *kgo.Record) string {
+	return r.Topic + "/" + strconv.Itoa(int(r.Partition)) + "/" + strconv.FormatInt(originOffset(r), 10)
 }
 
 // priorDeliveries is how many times the records r copies were delivered.

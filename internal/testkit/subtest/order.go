@@ -14,7 +14,8 @@ import (
 )
 
 // Messages of a partition are delivered in offset order, one at a time by
-// default, each carrying its Kafka coordinates in its context (as the
+// default (MaxInFlight 1: the next only once the last is acked), each
+// carrying its Kafka coordinates in its context (as the
 // dedupe middleware reads them) and in its metadata.
 func OrderAndCoordinates(t *testing.T, tr Transport) {
 	kafkatest.RequireReal(t)
@@ -34,16 +35,38 @@ func OrderAndCoordinates(t *testing.T, tr Transport) {
 		t.Fatal(err)
 	}
 	last := map[int]int64{}
-	inFlight := false
-	for got := 0; got < n; got++ {
-		var m *message.Message
-		select {
-		case m = <-ch:
-		case <-time.After(time.Minute):
-			t.Fatalf("%d of %d messages in a minute", got, n)
+	// unacked holds the partitions with a message delivered and not yet
+	// acked; queue, the messages delivered while another was in hand.
+	unacked := map[int]bool{}
+	var queue []*message.Message
+	take := func(m *message.Message) {
+		if unacked[PartitionOf(m)] {
+			t.Fatalf("partition %d: offset %d delivered while another of its messages was unacked, with MaxInFlight 1", PartitionOf(m), OffsetOf(m))
 		}
-		if inFlight {
-			t.Fatal("two messages delivered at once with MaxInFlight 1")
+		unacked[PartitionOf(m)] = true
+		queue = append(queue, m)
+	}
+	for got := 0; got < n; got++ {
+		if len(queue) == 0 {
+			select {
+			case m := <-ch:
+				take(m)
+			case <-time.After(time.Minute):
+				t.Fatalf("%d of %d messages in a minute", got, n)
+			}
+		}
+		m := queue[0]
+		queue = queue[1:]
+		// Whatever else comes while m is in hand must be of another
+		// partition.
+		for wait := time.After(2 * time.Millisecond); ; {
+			select {
+			case o := <-ch:
+				take(o)
+				continue
+			case <-wait:
+			}
+			break
 		}
 		src, ok := dedupe.SourceFromContext(m.Context())
 		if !ok || src.Topic != topic || int(src.Partition) != PartitionOf(m) || src.Offset != OffsetOf(m) {
@@ -56,6 +79,7 @@ func OrderAndCoordinates(t *testing.T, tr Transport) {
 		if m.Metadata.Get(kafkapubsub.MetadataKafkaKey) == "" || m.Metadata.Get(kafkapubsub.MetadataTimestamp) == "" {
 			t.Fatalf("metadata %v lacks the key or the timestamp", m.Metadata)
 		}
+		unacked[PartitionOf(m)] = false
 		m.Ack()
 	}
 	WaitCommitted(t, group, topic, partitions, time.Minute)
