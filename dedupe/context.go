@@ -24,12 +24,14 @@ type deliveriesKey struct{}
 // ContextWithDeliveries returns a copy of ctx that carries n, how many
 // times the message being handled has been delivered so far, this time
 // included, by every member. A Subscriber whose records move between
-// members and offsets sets it (a share group's: kgopubsub.ShareSubscriber);
-// the middleware then counts a message's failed attempts towards
-// MaxAttempts by its key and ID, not by its offset, so that the copies of
+// members and offsets sets it (a share group's: kgopubsub.ShareSubscriber),
+// and gives a copy of a record its original's coordinates
+// ([ContextWithSource]): the middleware counts a message's failed attempts
+// towards MaxAttempts by its key, ID and coordinates, so that the copies of
 // one record add up. Only its own failures count, in each process: a
 // delivery that ended in a crash, a lock that ran out, or an outage does
-// not.
+// not. It also says that the message's records come in no order: in batch
+// mode, a nacked one holds no partition back.
 func ContextWithDeliveries(ctx context.Context, n int) context.Context {
 	return context.WithValue(ctx, deliveriesKey{}, n)
 }

@@ -38,8 +38,9 @@ const (
 const usage = `replay: redeliver Kafka topics and prove that consumers deduplicate.
 
 Commands:
-  replay copy    re-publish a range of a topic into another (keys, headers and per-partition
-                 order kept); into the source topic itself only with --into-source
+  replay copy    re-publish a range of a topic into another (keys, headers but a share
+                 group's copy headers, and per-partition order kept); into the source topic
+                 itself only with --into-source
   replay rewind  reset an inactive consumer group's offsets (dry run unless --execute)
   replay verify  wait for the consumer to catch up, snapshot, redeliver, wait, snapshot,
                  report; exit 1 on any double application

@@ -11,6 +11,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/exactly-go/exactly/internal/mdkeys"
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
@@ -128,7 +129,7 @@ func Copy(ctx context.Context, o CopyConfig) (CopyResult, error) {
 			res.Oldest = m.Time
 		}
 		oldest.Unlock()
-		out := kafka.Message{Partition: m.Partition, Key: m.Key, Value: m.Value, Headers: m.Headers}
+		out := kafka.Message{Partition: m.Partition, Key: m.Key, Value: m.Value, Headers: withoutShareHeaders(m.Headers)}
 		if o.Mutate {
 			out.Value = mutate(m.Value)
 		}
@@ -176,4 +177,18 @@ func spanEnd(spans []span, p int) int64 {
 		}
 	}
 	return 0
+}
+
+// withoutShareHeaders returns hs without a share group's copy headers
+// (internal/mdkeys): a record copied again is no share copy of the record
+// its origin header names, which a share group's member could have
+// dead-lettered, and would then reject unhandled.
+func withoutShareHeaders(hs []kafka.Header) []kafka.Header {
+	out := hs[:0:0]
+	for _, h := range hs {
+		if !mdkeys.ShareHeader(h.Key) {
+			out = append(out, h)
+		}
+	}
+	return out
 }
