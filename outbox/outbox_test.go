@@ -620,3 +620,49 @@ func TestRelayAcrossWaitersMigration(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "the relay to publish on 00003", func() bool { return f.pending(t) == 0 })
 	f.check(t, false)
 }
+
+// A relay stopped while its registration as a waiter is still running on
+// the server leaves no registration behind: it does not cut the statement
+// short (the server may commit it after the relay's last delete, which
+// then found nothing), it lets it finish and then removes it.
+func TestStoppedWhileRegisteringLeavesNoWaiter(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	ctx := context.Background()
+	waiters := f.db.Table("exactly_outbox_waiters")
+	slow := pgx.Identifier{f.db.Schema, "slow_register"}.Sanitize()
+	for _, sql := range []string{
+		// A registration that is slow to end on the server, and whose end a
+		// cancel request does not stop (as one whose commit is under way).
+		"CREATE FUNCTION " + slow + "() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN\n" +
+			"BEGIN PERFORM pg_sleep(1); EXCEPTION WHEN query_canceled THEN NULL; END;\n" +
+			"RETURN NEW; END$$",
+		"CREATE TRIGGER slow_register BEFORE INSERT ON " + waiters + " FOR EACH ROW EXECUTE FUNCTION " + slow + "()",
+	} {
+		if _, err := f.db.Pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := f.relay(t, f.pub, &outbox.RelayConfig{PollInterval: time.Hour})
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	testenv.WaitFor(t, 10*time.Second, "the relay to be registering", func() bool {
+		var n int
+		err := f.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event = 'PgSleep' AND query LIKE '%'||$1||'%'`, f.db.Schema).Scan(&n)
+		return err == nil && n == 1
+	})
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // a registration cut short commits by now
+	var n int
+	if err := f.db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+waiters).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("%d waiters left after the relay stopped, want 0", n)
+	}
+}

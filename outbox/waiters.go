@@ -28,10 +28,13 @@ func (r *Relay) hasWaiters(ctx context.Context) bool {
 
 // register records that this relay is about to sleep, for a little more
 // than PollInterval (a relay that dies stops counting after that), waits
-// waitGrace, and reports whether it is registered.
+// waitGrace, and reports whether it is registered. A stop (ctx ending)
+// does not cut the statement short: cut, it may still commit on the server
+// after Run's last unregister ran (and found nothing), and the
+// registration would outlive the relay; only StatementTimeout bounds it.
 func (r *Relay) register(ctx context.Context) bool {
 	ttl := 2*r.cfg.PollInterval + 10*time.Second
-	ectx, cancel := r.bounded(ctx)
+	ectx, cancel := r.bounded(context.WithoutCancel(ctx))
 	_, err := r.pool.Exec(ectx, r.q.register, r.id, float64(ttl.Microseconds()))
 	cancel()
 	if err != nil {
