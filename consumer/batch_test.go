@@ -532,48 +532,14 @@ func TestBatchNackKeepsKeyOrder(t *testing.T) {
 // topic with the same partition number goes on and is applied.
 func TestBatchHoldIsPerTopic(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	store, err := pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := func(_ context.Context, _ pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
-		if msgs[0].UUID == "a-5" {
-			return nil, dedupe.Retryable(errors.New("a dependency is down"))
-		}
-		return nil, nil
-	}
-	bc, err := consumer.NewBatchConsumer(store, h, &consumer.BatchConfig{Config: consumer.Config{Scope: "s", Logger: quietLogger()}, MaxSize: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	msgs := make(chan *message.Message)
-	go func() { _ = bc.Run(ctx, msgs) }()
-	send := func(uuid, topic string, offset int64) *message.Message {
-		m := message.NewMessage(uuid, []byte("p"))
-		m.SetContext(dedupe.ContextWithSource(ctx, dedupe.Source{Topic: topic, Partition: 0, Offset: offset}))
-		msgs <- m
-		return m
-	}
-	a := send("a-5", "a", 5)
-	select {
-	case <-a.Nacked():
-	case <-a.Acked():
+	store, send := oneByOne(t, "a-5")
+	if send(msgAt("a-5", "a", 5)) {
 		t.Fatal("a-5 acked, want nacked")
-	case <-ctx.Done():
-		t.Fatal("a-5 neither acked nor nacked")
 	}
-	b := send("b-7", "b", 7)
-	select {
-	case <-b.Acked():
-	case <-b.Nacked():
+	if !send(msgAt("b-7", "b", 7)) {
 		t.Fatal("b-7 of another topic nacked: held back by a-5's partition")
-	case <-ctx.Done():
-		t.Fatal("b-7 neither acked nor nacked")
 	}
-	if _, err := store.Get(ctx, dedupe.Key{Scope: "s", ID: "b-7"}); err != nil {
+	if _, err := store.Get(context.Background(), dedupe.Key{Scope: "s", ID: "b-7"}); err != nil {
 		t.Fatalf("b-7 has no key: %v", err)
 	}
 }
@@ -584,13 +550,32 @@ func TestBatchHoldIsPerTopic(t *testing.T) {
 // would nack it, and every other, for up to a minute, past their locks.
 func TestBatchShareNackHoldsNothing(t *testing.T) {
 	t.Parallel()
+	_, send := oneByOne(t, "s-5")
+	shared := func(m *message.Message) *message.Message {
+		m.SetContext(dedupe.ContextWithDeliveries(m.Context(), 1))
+		return m
+	}
+	if send(shared(msgAt("s-5", "t", 5))) {
+		t.Fatal("s-5 acked, want nacked")
+	}
+	if !send(shared(msgAt("s-7", "t", 7))) {
+		t.Fatal("s-7 nacked: held back by a nacked share record of its partition")
+	}
+}
+
+// oneByOne runs a batch consumer of one message a batch whose handler
+// fails the message failing with a retryable error, and returns its store
+// and send, which hands it a message and says whether it was acked (false:
+// nacked).
+func oneByOne(t *testing.T, failing string) (*pgstore.Store, func(*message.Message) bool) {
+	t.Helper()
 	db := pgtest.New(t)
 	store, err := pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema})
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := func(_ context.Context, _ pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
-		if msgs[0].UUID == "s-5" {
+		if msgs[0].UUID == failing {
 			return nil, dedupe.Retryable(errors.New("a dependency is down"))
 		}
 		return nil, nil
@@ -600,32 +585,27 @@ func TestBatchShareNackHoldsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	msgs := make(chan *message.Message)
 	go func() { _ = bc.Run(ctx, msgs) }()
-	send := func(uuid string, offset int64) *message.Message {
-		m := message.NewMessage(uuid, []byte("p"))
-		m.SetContext(dedupe.ContextWithDeliveries(dedupe.ContextWithSource(ctx, dedupe.Source{Topic: "t", Partition: 0, Offset: offset}), 1))
+	return store, func(m *message.Message) bool {
+		t.Helper()
 		msgs <- m
-		return m
-	}
-	for _, c := range []struct {
-		uuid   string
-		offset int64
-		acked  bool
-	}{{"s-5", 5, false}, {"s-7", 7, true}} {
-		m := send(c.uuid, c.offset)
 		select {
 		case <-m.Acked():
-			if !c.acked {
-				t.Fatalf("%s acked, want nacked", c.uuid)
-			}
+			return true
 		case <-m.Nacked():
-			if c.acked {
-				t.Fatalf("%s nacked: held back by a nacked share record of its partition", c.uuid)
-			}
+			return false
 		case <-ctx.Done():
-			t.Fatalf("%s neither acked nor nacked", c.uuid)
+			t.Fatalf("%s neither acked nor nacked", m.UUID)
+			return false
 		}
 	}
+}
+
+// msgAt is a message from topic's partition 0 at offset.
+func msgAt(uuid, topic string, offset int64) *message.Message {
+	m := message.NewMessage(uuid, []byte("p"))
+	m.SetContext(dedupe.ContextWithSource(context.Background(), dedupe.Source{Topic: topic, Partition: 0, Offset: offset}))
+	return m
 }

@@ -102,28 +102,24 @@ func (w *cutWatch) watch(pool *pgxpool.Pool, pid uint32, readFrom time.Time) {
 		defer cancel()
 		_ = conn.Close(ctx)
 	}()
-	if d := time.Until(readFrom); d > 0 {
-		t := time.NewTimer(d)
-		select {
-		case <-w.ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
-	for {
+	for wait := time.Until(readFrom); sleep(w.ctx, wait); wait = cutSample {
 		got, what, err := readWait(w.ctx, conn, pid)
 		if err != nil || !time.Now().Before(dl) {
 			return
 		}
 		w.got, w.what = got, what
-		t := time.NewTimer(cutSample)
-		select {
-		case <-w.ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
+	}
+}
+
+// sleep waits d (none when d <= 0) and says whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 

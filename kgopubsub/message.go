@@ -18,10 +18,10 @@ import (
 func reserved(k string) bool {
 	switch k {
 	case kafkapubsub.UUIDHeader, kafkapubsub.MetadataTopic, kafkapubsub.MetadataPartition, kafkapubsub.MetadataOffset,
-		kafkapubsub.MetadataKafkaKey, kafkapubsub.MetadataTimestamp, MetadataDeliveryCount, mdkeys.ShareDeliveries, mdkeys.ShareOrigin:
+		kafkapubsub.MetadataKafkaKey, kafkapubsub.MetadataTimestamp, MetadataDeliveryCount:
 		return true
 	}
-	return false
+	return mdkeys.ShareHeader(k)
 }
 
 // toWatermill converts a fetched record into a Watermill message, with the
@@ -56,9 +56,7 @@ func toWatermill(r *kgo.Record) *message.Message {
 	md := msg.Metadata
 	at = 0
 	for _, h := range r.Headers {
-		switch h.Key {
-		case kafkapubsub.UUIDHeader, mdkeys.ShareDeliveries, mdkeys.ShareOrigin:
-		default:
+		if h.Key != kafkapubsub.UUIDHeader && !mdkeys.ShareHeader(h.Key) {
 			md[h.Key] = all[at : at+len(h.Value)]
 		}
 		at += len(h.Value)

@@ -361,8 +361,10 @@ type shareSub struct {
 	limit atomic.Int32
 
 	mu sync.Mutex
-	// dead holds the commands this subscription dead-lettered (deadKey,
-	// up to maxDead), so that a record whose Reject came too late, or a
+	// dead holds the commands this subscription dead-lettered (by origin:
+	// the record first produced, so that a copy made before the dead
+	// letter is known too, and a command published again, a new record,
+	// is not; up to maxDead), so that a record whose Reject came too late, or a
 	// copy of it, is rejected again at once instead of being handled, and
 	// dead-lettered, again.
 	dead map[string]struct{}
@@ -371,28 +373,24 @@ type shareSub struct {
 // maxDead bounds the dead-lettered records a subscription remembers.
 const maxDead = 10000
 
-// deadKey names r's command for the dead map: the partition and offset of
-// the record it was first produced as (a copy's origin), so that a copy
-// made before the dead letter is known too, and a command published again
-// (a new record) is not.
-func deadKey(r *kgo.Record) string { return origin(r) }
-
-// reject rejects r, dead-lettered, and remembers its command.
-func (sub *shareSub) reject(r *kgo.Record) {
+// reject rejects r, dead-lettered, and remembers its command, whose
+// origin is from.
+func (sub *shareSub) reject(r *kgo.Record, from string) {
 	sub.mu.Lock()
 	if len(sub.dead) >= maxDead {
 		clear(sub.dead)
 	}
-	sub.dead[deadKey(r)] = struct{}{}
+	sub.dead[from] = struct{}{}
 	sub.mu.Unlock()
 	r.Ack(kgo.AckReject)
 }
 
-// rejected says whether r's command was dead-lettered here before.
-func (sub *shareSub) rejected(r *kgo.Record) bool {
+// rejected says whether the command whose origin is from was dead-lettered
+// here before.
+func (sub *shareSub) rejected(from string) bool {
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
-	_, ok := sub.dead[deadKey(r)]
+	_, ok := sub.dead[from]
 	return ok
 }
 
@@ -458,7 +456,9 @@ const copyTimeout = 30 * time.Second
 // deliver hands r to the handler until it is acknowledged, or released.
 func (sub *shareSub) deliver(r *kgo.Record) {
 	s := sub.s
-	if sub.rejected(r) {
+	offset := originOffset(r)
+	from := originAt(r, offset)
+	if sub.rejected(from) {
 		// Dead-lettered in an earlier delivery whose Reject came after its
 		// lock ran out.
 		r.Ack(kgo.AckReject)
@@ -469,7 +469,7 @@ func (sub *shareSub) deliver(r *kgo.Record) {
 	// than releasing it: the copy carries the command on, and r is copied
 	// again only when the member holding it dies.
 	letGo := kgo.AckRelease
-	if copyFrom(sub.limit.Load()) <= r.DeliveryCount() && sub.copyAhead(r, deliveries) {
+	if copyFrom(sub.limit.Load()) <= r.DeliveryCount() && sub.copyAhead(r, deliveries, from) {
 		letGo = kgo.AckAccept
 	}
 	backoff := s.cfg.NackBackoff
@@ -480,7 +480,7 @@ func (sub *shareSub) deliver(r *kgo.Record) {
 		mctx = dedupe.ContextWithDeliveries(withArrived(mctx, r), deliveries)
 		// A copy carries its original's coordinates: keys made of them
 		// (consumer.KeyFromOffset, MissingKey Derive) are the original's.
-		msg.SetContext(dedupe.ContextWithSource(mctx, dedupe.Source{Topic: r.Topic, Partition: r.Partition, Offset: originOffset(r)}))
+		msg.SetContext(dedupe.ContextWithSource(mctx, dedupe.Source{Topic: r.Topic, Partition: r.Partition, Offset: offset}))
 		select {
 		case sub.out <- msg:
 		case <-sub.ctx.Done():
@@ -495,7 +495,7 @@ func (sub *shareSub) deliver(r *kgo.Record) {
 			r.Ack(letGo)
 			return
 		case acked && deadLettered(msg, r):
-			sub.reject(r)
+			sub.reject(r, from)
 			return
 		case acked:
 			r.Ack(kgo.AckAccept)
@@ -554,7 +554,8 @@ func deadLettered(msg *message.Message, r *kgo.Record) bool {
 	return true
 }
 
-// copyAhead copies r, unchanged but for its count of deliveries, to the
+// copyAhead copies r, whose origin is from, unchanged but for its count of
+// deliveries and its origin, to the
 // end of its partition, before one of its last deliveries: the broker
 // archives a record whose last delivery fails (a crash, a lock that runs
 // out, a release), and the copy carries the command on. A process killed
@@ -562,16 +563,16 @@ func deadLettered(msg *message.Message, r *kgo.Record) bool {
 // record to its next delivery, which copies it if there is one. It tries
 // for up to copyTimeout, even past r's lock (the copy matters, not the
 // delivery) and after Close. It says whether the copy was made.
-func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int) bool {
+func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int, from string) bool {
 	headers := make([]kgo.RecordHeader, 0, len(r.Headers)+2)
 	for _, h := range r.Headers {
-		if h.Key != headerDeliveries && h.Key != headerOrigin {
+		if !mdkeys.ShareHeader(h.Key) {
 			headers = append(headers, h)
 		}
 	}
 	headers = append(headers,
-		kgo.RecordHeader{Key: headerDeliveries, Value: []byte(strconv.Itoa(deliveries))},
-		kgo.RecordHeader{Key: headerOrigin, Value: []byte(origin(r))})
+		kgo.RecordHeader{Key: mdkeys.ShareDeliveries, Value: []byte(strconv.Itoa(deliveries))},
+		kgo.RecordHeader{Key: mdkeys.ShareOrigin, Value: []byte(from)})
 	// The copy gets the time of its append: a topic whose brokers refuse
 	// old timestamps would refuse the record's own.
 	cp := &kgo.Record{Topic: r.Topic, Partition: r.Partition, Key: r.Key, Value: r.Value, Headers: headers}
@@ -597,20 +598,12 @@ func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int) bool {
 	}
 }
 
-// The headers of a copy (internal/mdkeys): the count of the deliveries of
-// the records it copies, and topic/partition/offset of the record first
-// produced.
-const (
-	headerDeliveries = mdkeys.ShareDeliveries
-	headerOrigin     = mdkeys.ShareOrigin
-)
-
 // originOffset is the offset of the record r copies, or r's own: a header
 // that names another topic or partition, or no earlier offset, is not a
 // copy's (a record copied from another topic as it was, say).
 func originOffset(r *kgo.Record) int64 {
 	for _, h := range r.Headers {
-		if h.Key != headerOrigin {
+		if h.Key != mdkeys.ShareOrigin {
 			continue
 		}
 		parts := strings.Split(string(h.Value), "/")
@@ -624,15 +617,19 @@ func originOffset(r *kgo.Record) int64 {
 	return r.Offset
 }
 
-// origin is the value of a copy's headerOrigin: the record r copies.
-func origin(r *kgo.Record) string {
-	return r.Topic + "/" + strconv.Itoa(int(r.Partition)) + "/" + strconv.FormatInt(originOffset(r), 10)
+// origin names the record r copies (r's own when it is no copy) as a
+// copy's mdkeys.ShareOrigin does: topic/partition/offset.
+func origin(r *kgo.Record) string { return originAt(r, originOffset(r)) }
+
+// originAt names the record at offset of r's partition.
+func originAt(r *kgo.Record, offset int64) string {
+	return r.Topic + "/" + strconv.Itoa(int(r.Partition)) + "/" + strconv.FormatInt(offset, 10)
 }
 
 // priorDeliveries is how many times the records r copies were delivered.
 func priorDeliveries(r *kgo.Record) int {
 	for _, h := range r.Headers {
-		if h.Key == headerDeliveries {
+		if h.Key == mdkeys.ShareDeliveries {
 			n, _ := strconv.Atoi(string(h.Value))
 			return max(n, 0)
 		}

@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/internal/mdkeys"
 )
 
 // A record is copied on its last two deliveries, never on its first (a
@@ -37,13 +39,13 @@ func TestOriginOffset(t *testing.T) {
 	} {
 		r := &kgo.Record{Topic: "cmds", Partition: 1, Offset: 50}
 		if value != "" {
-			r.Headers = []kgo.RecordHeader{{Key: headerOrigin, Value: []byte(value)}}
+			r.Headers = []kgo.RecordHeader{{Key: mdkeys.ShareOrigin, Value: []byte(value)}}
 		}
 		if got := originOffset(r); got != want {
 			t.Errorf("origin header %q: originOffset %d, want %d", value, got, want)
 		}
 	}
-	copied := &kgo.Record{Topic: "cmds", Partition: 1, Offset: 50, Headers: []kgo.RecordHeader{{Key: headerOrigin, Value: []byte("cmds/1/10")}}}
+	copied := &kgo.Record{Topic: "cmds", Partition: 1, Offset: 50, Headers: []kgo.RecordHeader{{Key: mdkeys.ShareOrigin, Value: []byte("cmds/1/10")}}}
 	if got := origin(copied); got != "cmds/1/10" {
 		t.Errorf("a copy of a copy names %q, want the first record, cmds/1/10", got)
 	}

@@ -465,11 +465,6 @@ func TestShareConfigRefusals(t *testing.T) {
 // ever.
 func TestShareFailingCommandDeadLettered(t *testing.T) {
 	t.Parallel()
-	requireShareGroups(t)
-	db := pgtest.New(t)
-	commands, dlq := kafkatest.Topic(t, 1), kafkatest.Topic(t, 1)
-	group := kafkatest.Name("sg")
-	setShareGroup(t, group, map[string]string{"share.record.lock.duration.ms": "1000", "share.delivery.count.limit": "2"})
 	var handled atomic.Int32
 	hang := func(ctx context.Context, _ pgx.Tx, _ *message.Message) ([]*message.Message, error) {
 		handled.Add(1)
@@ -477,9 +472,8 @@ func TestShareFailingCommandDeadLettered(t *testing.T) {
 		return nil, ctx.Err()
 	}
 	const maxAttempts = 4
-	shareWorkers(t, db, 1, func(int) *worker.Config {
-		return &worker.Config{Scope: "test", Schema: db.Schema, Brokers: kafkatest.Brokers(t), Topic: commands, Group: group, DeadLetterTopic: dlq,
-			Handler: hang, Timeout: 1500 * time.Millisecond, MaxAttempts: maxAttempts, Logger: quietLogger(), StartupBackoff: 200 * time.Millisecond}
+	_, _, commands, dlq, group := oneShareWorker(t, shortLocks, func(c *worker.Config, _ string) {
+		c.Handler, c.Timeout, c.MaxAttempts = hang, 1500*time.Millisecond, maxAttempts
 	})
 	publish(t, commands, message.NewMessage(uuid.NewString(), []byte("hangs")))
 	testenv.WaitFor(t, 2*time.Minute, "the command dead-lettered", func() bool { return kafkatest.EndOffsets(t, dlq, 1)[0] >= 1 })
@@ -503,21 +497,14 @@ func TestShareFailingCommandDeadLettered(t *testing.T) {
 // letters is the records, not the IDs.
 func TestShareDeadLetterPublishedAgainApplied(t *testing.T) {
 	t.Parallel()
-	requireShareGroups(t)
-	db := pgtest.New(t)
-	commands, dlq := kafkatest.Topic(t, 1), kafkatest.Topic(t, 1)
-	group := kafkatest.Name("sg")
-	applied := appliedTable(t, db)
 	var fixed atomic.Bool
-	shareWorkers(t, db, 1, func(int) *worker.Config {
-		return &worker.Config{Scope: "test", Schema: db.Schema, Brokers: kafkatest.Brokers(t), Topic: commands, Group: group, DeadLetterTopic: dlq,
-			Tables: []string{"applied"}, Logger: quietLogger(), StartupBackoff: 200 * time.Millisecond,
-			Handler: func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
-				if !fixed.Load() {
-					return nil, dedupe.Permanent(errors.New("the handler's bug"))
-				}
-				return nil, applyOnce(ctx, tx, applied, msg)
-			}}
+	db, applied, commands, dlq, group := oneShareWorker(t, nil, func(c *worker.Config, applied string) {
+		c.Handler = func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
+			if !fixed.Load() {
+				return nil, dedupe.Permanent(errors.New("the handler's bug"))
+			}
+			return nil, applyOnce(ctx, tx, applied, msg)
+		}
 	})
 	cmd := message.NewMessage(uuid.NewString(), []byte("command"))
 	publish(t, commands, cmd)
@@ -533,30 +520,49 @@ func TestShareDeadLetterPublishedAgainApplied(t *testing.T) {
 // its original's coordinates.
 func TestShareCopyKeyedByOffsetAppliedOnce(t *testing.T) {
 	t.Parallel()
-	requireShareGroups(t)
-	db := pgtest.New(t)
-	commands, dlq := kafkatest.Topic(t, 1), kafkatest.Topic(t, 1)
-	group := kafkatest.Name("sg")
-	setShareGroup(t, group, map[string]string{"share.record.lock.duration.ms": "1000", "share.delivery.count.limit": "2"})
-	applied := appliedTable(t, db)
 	var calls atomic.Int32
-	shareWorkers(t, db, 1, func(int) *worker.Config {
-		return &worker.Config{Scope: "test", Schema: db.Schema, Brokers: kafkatest.Brokers(t), Topic: commands, Group: group, DeadLetterTopic: dlq,
-			KeyFunc: consumer.KeyFromOffset, Tables: []string{"applied"}, Timeout: 1500 * time.Millisecond, Logger: quietLogger(),
-			StartupBackoff: 200 * time.Millisecond,
-			Handler: func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
-				if calls.Add(1) == 1 {
-					<-ctx.Done() // past the lock: the record comes back on its last delivery, copied
-					return nil, ctx.Err()
-				}
-				return nil, applyOnce(ctx, tx, applied, msg)
-			}}
+	db, applied, commands, _, group := oneShareWorker(t, shortLocks, func(c *worker.Config, applied string) {
+		c.KeyFunc, c.Timeout = consumer.KeyFromOffset, 1500*time.Millisecond
+		c.Handler = func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
+			if calls.Add(1) == 1 {
+				<-ctx.Done() // past the lock: the record comes back on its last delivery, copied
+				return nil, ctx.Err()
+			}
+			return nil, applyOnce(ctx, tx, applied, msg)
+		}
 	})
 	publish(t, commands, message.NewMessage(uuid.NewString(), []byte("command")))
 	testenv.WaitFor(t, time.Minute, "the record copied", func() bool { return kafkatest.EndOffsets(t, commands, 1)[0] >= 2 })
+	// Done with the group only once the copy, at offset 1, was acknowledged
+	// too.
 	waitAppliedOnce(t, db, applied, group, commands, 1, 1, time.Minute)
-	time.Sleep(2 * time.Second) // the copy's delivery, which must be a duplicate
-	waitAppliedOnce(t, db, applied, group, commands, 1, 1, time.Minute)
+}
+
+// shortLocks is a share group whose records are locked 1s and delivered
+// twice at most.
+var shortLocks = map[string]string{"share.record.lock.duration.ms": "1000", "share.delivery.count.limit": "2"}
+
+// oneShareWorker runs a worker on a new share group set to conf (when not
+// nil), consuming a new commands topic of one partition with a new
+// dead-letter topic, in a new schema with the applied table; edit sets its
+// handler (which counts in applied) and the rest. It returns the schema's
+// database, the applied table, the topics and the group.
+func oneShareWorker(t *testing.T, conf map[string]string, edit func(c *worker.Config, applied string)) (db *pgtest.DB, applied, commands, dlq, group string) {
+	t.Helper()
+	requireShareGroups(t)
+	db = pgtest.New(t)
+	commands, dlq, group = kafkatest.Topic(t, 1), kafkatest.Topic(t, 1), kafkatest.Name("sg")
+	if conf != nil {
+		setShareGroup(t, group, conf)
+	}
+	applied = appliedTable(t, db)
+	shareWorkers(t, db, 1, func(int) *worker.Config {
+		c := &worker.Config{Scope: "test", Schema: db.Schema, Brokers: kafkatest.Brokers(t), Topic: commands, Group: group, DeadLetterTopic: dlq,
+			Tables: []string{"applied"}, Logger: quietLogger(), StartupBackoff: 200 * time.Millisecond}
+		edit(c, applied)
+		return c
+	})
+	return db, applied, commands, dlq, group
 }
 
 // A record whose handler takes longer than franz-go's default idle
