@@ -172,9 +172,8 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		kgo.WithLogger(kgoLogger{s.cfg.Logger}),
 		kgo.MetadataMaxAge(partitionWatch),
 		// The client produces only the copies of records near their last
-		// delivery, each to the partition it came from, at once: a copy
-		// that lingers is a longer window in which a kill loses one.
-		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		// delivery, at once: a copy that lingers is a longer window in
+		// which a kill loses one.
 		kgo.ProducerLinger(0),
 		// The broker ends a member's share session with its connection,
 		// and releases every record the member holds: a connection must
@@ -193,7 +192,9 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		}),
 	}
 	opts = append(opts, SecurityOptions(s.cfg.Security)...)
-	cl, err := kgo.NewClient(append(opts, s.cfg.Options...)...)
+	// Each copy goes to the partition of the record it copies, whatever
+	// partitioner the Options name: a copy is known as one only there.
+	cl, err := kgo.NewClient(append(append(opts, s.cfg.Options...), kgo.RecordPartitioner(kgo.ManualPartitioner()))...)
 	if err != nil {
 		return nil, fmt.Errorf("kgopubsub: %w", err)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
 	"github.com/exactly-go/exactly/internal/testkit/pgtest"
+	"github.com/exactly-go/exactly/internal/testkit/subtest"
 	"github.com/exactly-go/exactly/internal/testkit/testenv"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/kgopubsub"
@@ -584,5 +585,52 @@ func TestShareLongHandlerAcceptedOnce(t *testing.T) {
 	case again := <-ch:
 		t.Fatalf("the record came back (delivery %s) though it was acked within its lock", again.Metadata.Get(kgopubsub.MetadataDeliveryCount))
 	case <-time.After(2 * time.Second):
+	}
+}
+
+// A copy goes to the partition of the record it copies even when the
+// Options name another partitioner (one that sends everything to partition
+// 0, here): a copy elsewhere would not be known as one.
+func TestShareCopyOnItsRecordsPartition(t *testing.T) {
+	t.Parallel()
+	requireShareGroups(t)
+	topic, group := kafkatest.Topic(t, 2), kafkatest.Name("sg")
+	setShareGroup(t, group, shortLocks)
+	toZero := kgo.BasicConsistentPartitioner(func(string) func(*kgo.Record, int) int {
+		return func(*kgo.Record, int) int { return 0 }
+	})
+	sub, err := kgopubsub.NewShareSubscriber(&kgopubsub.SubscriberConfig{SubscriberConfig: kafkapubsub.SubscriberConfig{
+		Brokers: kafkatest.Brokers(t), ConsumerGroup: group, Logger: quietLogger(), NackBackoff: 300 * time.Millisecond},
+		Options: []kgo.Opt{kgo.RecordPartitioner(toZero)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafkatest.Brokers(t)...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	rec := &kgo.Record{Topic: topic, Partition: 1, Value: []byte("command"),
+		Headers: []kgo.RecordHeader{{Key: kafkapubsub.UUIDHeader, Value: []byte(uuid.NewString())}}}
+	if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	for msg := range ch {
+		if subtest.PartitionOf(msg) == 1 && subtest.OffsetOf(msg) == 0 {
+			msg.Nack() // fails on every delivery of the record: it is copied
+			continue
+		}
+		msg.Ack()
+		cancel()
+	}
+	if end := kafkatest.EndOffsets(t, topic, 2); end[0] != 0 || end[1] != 2 {
+		t.Fatalf("end offsets %v, want the record and its copy on partition 1 only", end)
 	}
 }
