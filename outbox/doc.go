@@ -91,7 +91,8 @@
 // the wait of any it still misses. Nothing is ever lost: NOTIFY only wakes.
 //
 // Registrations expire (a relay that dies stops counting after about
-// 2×PollInterval + 10s). An outbox table without a waiters table (a custom
+// 2×PollInterval + 10s); a relay that stops, or whose registration timed
+// out, removes it (once the server has ended the statement it cut). An outbox table without a waiters table (a custom
 // table, or one migrated only to 00002) keeps notifying as its trigger says.
 // A relay built before migration 00003 never registers, so after that
 // migration it is not notified and publishes on its PollInterval: upgrade

@@ -621,48 +621,70 @@ func TestRelayAcrossWaitersMigration(t *testing.T) {
 	f.check(t, false)
 }
 
-// A relay stopped while its registration as a waiter is still running on
-// the server leaves no registration behind: it does not cut the statement
-// short (the server may commit it after the relay's last delete, which
-// then found nothing), it lets it finish and then removes it.
-func TestStoppedWhileRegisteringLeavesNoWaiter(t *testing.T) {
+// A relay's registration as a waiter does not outlive it, whatever cuts the
+// statement short on the client while the server goes on to commit it (a
+// commit under way, a synchronous standby that stalls): stopped while
+// registering, the relay lets the statement finish and then removes it;
+// cut by StatementTimeout, the relay waits for the server process that ran
+// it to end and then deletes what it may have left.
+func TestRegistrationCutShortLeavesNoWaiter(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 1)
-	ctx := context.Background()
-	waiters := f.db.Table("exactly_outbox_waiters")
-	slow := pgx.Identifier{f.db.Schema, "slow_register"}.Sanitize()
-	for _, sql := range []string{
-		// A registration that is slow to end on the server, and whose end a
-		// cancel request does not stop (as one whose commit is under way).
-		"CREATE FUNCTION " + slow + "() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN\n" +
-			"BEGIN PERFORM pg_sleep(1); EXCEPTION WHEN query_canceled THEN NULL; END;\n" +
-			"RETURN NEW; END$$",
-		"CREATE TRIGGER slow_register BEFORE INSERT ON " + waiters + " FOR EACH ROW EXECUTE FUNCTION " + slow + "()",
+	for _, c := range []struct {
+		name    string
+		slow    string        // how long the registration takes on the server
+		timeout time.Duration // StatementTimeout (0: the default)
+		stopIn  time.Duration // from the registration seen under way
+	}{
+		{"stopped while registering", "2 seconds", 0, 0},
+		{"registration timed out, then stopped", "1.5 seconds", 300 * time.Millisecond, 600 * time.Millisecond},
 	} {
-		if _, err := f.db.Pool.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
-	r := f.relay(t, f.pub, &outbox.RelayConfig{PollInterval: time.Hour})
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	testenv.WaitFor(t, 10*time.Second, "the relay to be registering", func() bool {
-		var n int
-		err := f.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event = 'PgSleep' AND query LIKE '%'||$1||'%'`, f.db.Schema).Scan(&n)
-		return err == nil && n == 1
-	})
-	stop()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(1500 * time.Millisecond) // a registration cut short commits by now
-	var n int
-	if err := f.db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+waiters).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if n != 0 {
-		t.Fatalf("%d waiters left after the relay stopped, want 0", n)
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, 1)
+			ctx := context.Background()
+			waiters := f.db.Table("exactly_outbox_waiters")
+			slow := pgx.Identifier{f.db.Schema, "slow_register"}.Sanitize()
+			for _, sql := range []string{
+				// A registration that a cancel request does not stop, as
+				// one whose commit is under way.
+				"CREATE FUNCTION " + slow + "() RETURNS trigger LANGUAGE plpgsql AS $$\n" +
+					"DECLARE t0 timestamptz := clock_timestamp(); BEGIN\n" +
+					"WHILE clock_timestamp() < t0 + interval '" + c.slow + "' LOOP\n" +
+					"  BEGIN PERFORM pg_sleep(0.02); EXCEPTION WHEN query_canceled THEN NULL; END;\n" +
+					"END LOOP; RETURN NEW; END$$",
+				"CREATE TRIGGER slow_register BEFORE INSERT ON " + waiters + " FOR EACH ROW EXECUTE FUNCTION " + slow + "()",
+			} {
+				if _, err := f.db.Pool.Exec(ctx, sql); err != nil {
+					t.Fatal(err)
+				}
+			}
+			registering := func() bool {
+				var n int
+				err := f.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+					WHERE state = 'active' AND query LIKE '%INSERT INTO%'||$1||'%' AND pid <> pg_backend_pid()`, f.db.Schema).Scan(&n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n > 0
+			}
+			r := f.relay(t, f.pub, &outbox.RelayConfig{PollInterval: time.Hour, StatementTimeout: c.timeout})
+			rctx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- r.Run(rctx) }()
+			testenv.WaitFor(t, 10*time.Second, "the relay to be registering", registering)
+			time.Sleep(c.stopIn)
+			stop()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			testenv.WaitFor(t, 10*time.Second, "the registration to end on the server", func() bool { return !registering() })
+			var n int
+			if err := f.db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+waiters).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n != 0 {
+				t.Fatalf("%d waiters left after the relay stopped, want 0", n)
+			}
+		})
 	}
 }

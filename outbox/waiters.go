@@ -28,14 +28,19 @@ func (r *Relay) hasWaiters(ctx context.Context) bool {
 
 // register records that this relay is about to sleep, for a little more
 // than PollInterval (a relay that dies stops counting after that), waits
-// waitGrace, and reports whether it is registered. A stop (ctx ending)
-// does not cut the statement short: cut, it may still commit on the server
-// after Run's last unregister ran (and found nothing), and the
-// registration would outlive the relay; only StatementTimeout bounds it.
+// waitGrace, and reports whether it is registered.
+//
+// A registration must not outlive the relay, nor a relay that gave up on
+// it: a statement the client cut short (a closed connection) may still
+// commit on the server, after Run's last unregister found nothing. So a
+// stop (ctx ending) does not cut the statement, only StatementTimeout
+// does; and a statement cut by it is forgotten: once the server process
+// that ran it has ended (nothing of it commits after that), the
+// registration it may have made is deleted.
 func (r *Relay) register(ctx context.Context) bool {
 	ttl := 2*r.cfg.PollInterval + 10*time.Second
-	ectx, cancel := r.bounded(context.WithoutCancel(ctx))
-	_, err := r.pool.Exec(ectx, r.q.register, r.id, float64(ttl.Microseconds()))
+	actx, cancel := r.bounded(ctx)
+	conn, err := r.pool.Acquire(actx)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -43,8 +48,41 @@ func (r *Relay) register(ctx context.Context) bool {
 		}
 		return false
 	}
+	ectx, cancel := r.bounded(context.WithoutCancel(ctx))
+	_, err = conn.Exec(ectx, r.q.register, r.id, float64(ttl.Microseconds()))
+	cancel()
+	pg := conn.Conn().PgConn()
+	conn.Release()
+	if err != nil {
+		r.cfg.Logger.Warn("outbox: relay could not register as a waiter; it will poll", "table", r.table, "err", err)
+		if pg.IsClosed() {
+			r.forget(ctx, pg.PID())
+		}
+		return false
+	}
 	_ = clock.Sleep(ctx, waitGrace)
 	return true
+}
+
+// forgetWait bounds how long a relay waits for the server process of a
+// registration cut short to end; past it, a registration that commits
+// later lasts until it expires.
+const forgetWait = 30 * time.Second
+
+// forget deletes the registration that a statement cut short on the
+// server process pid may have made, once that process has ended (or
+// forgetWait passed).
+func (r *Relay) forget(ctx context.Context, pid uint32) {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), forgetWait)
+	defer cancel()
+	for {
+		var alive bool
+		err := r.pool.QueryRow(fctx, "SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_activity WHERE pid = $1)", int32(pid)).Scan(&alive)
+		if err != nil || !alive || clock.Sleep(fctx, 20*time.Millisecond) != nil {
+			break
+		}
+	}
+	r.unregister(ctx, true)
 }
 
 func (r *Relay) unregister(ctx context.Context, registered bool) {
