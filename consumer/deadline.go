@@ -102,6 +102,9 @@ func (w *cutWatch) watch(pool *pgxpool.Pool, pid uint32, readFrom time.Time) {
 		defer cancel()
 		_ = conn.Close(ctx)
 	}()
+	if _, err := conn.Prepare(w.ctx, readWaitSQL, readWaitSQL); err != nil {
+		return
+	}
 	for wait := time.Until(readFrom); sleep(w.ctx, wait); wait = cutSample {
 		got, what, err := readWait(w.ctx, conn, pid)
 		if err != nil || !time.Now().Before(dl) {
@@ -137,11 +140,16 @@ func (w *cutWatch) result() (wait, string) {
 	return w.got, w.what
 }
 
+// readWaitSQL reads a session's state and wait event; the watch prepares
+// it on opening its connection (named by its text, so that a read is one
+// round trip).
+const readWaitSQL = `SELECT coalesce(state, ''), coalesce(wait_event_type, ''), coalesce(wait_event, '')
+FROM pg_catalog.pg_stat_activity WHERE pid = $1`
+
 // readWait reads the session pid's state and wait event on conn.
 func readWait(ctx context.Context, conn *pgx.Conn, pid uint32) (wait, string, error) {
 	var state, typ, event string
-	if err := conn.QueryRow(ctx, `SELECT coalesce(state, ''), coalesce(wait_event_type, ''), coalesce(wait_event, '')
-        FROM pg_stat_activity WHERE pid = $1`, int32(pid)).Scan(&state, &typ, &event); err != nil {
+	if err := conn.QueryRow(ctx, readWaitSQL, int32(pid)).Scan(&state, &typ, &event); err != nil {
 		return waitUnknown, "", err
 	}
 	what := state
