@@ -110,7 +110,10 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 // share.auto.offset.reset (from StartOffset: StartFirst is "earliest", so
 // that records produced before the group's first member are consumed) and
 // share.isolation.level (from Isolation) where they differ: the role needs
-// the DescribeConfigs and AlterConfigs rights on the group.
+// the DescribeConfigs and AlterConfigs rights on the group. Its client keeps
+// idle connections 5 minutes (a closed connection ends the member's share
+// session, and the broker releases what it holds); a kgo.ConnIdleTimeout
+// in the Options that is not above the group's record lock is refused.
 type ShareSubscriber struct {
 	cfg  SubscriberConfig
 	subs *subscriptions.Set
@@ -200,6 +203,10 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	}
 	conf, err := s.prepareGroup(ctx, cl)
 	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	if err := checkConnIdle(cl, s.cfg.ConsumerGroup, conf); err != nil {
 		cl.Close()
 		return nil, err
 	}
@@ -445,6 +452,30 @@ func copyFrom(limit int32) int32 { return max(2, limit-1) }
 // shareConnIdle is how long a share group member's connection may stay
 // idle before it is closed: above any lock a record is held for.
 const shareConnIdle = 5 * time.Minute
+
+// shareRecordLock is the group configuration that bounds how long a
+// member holds a record it was handed.
+const shareRecordLock = "share.record.lock.duration.ms"
+
+// checkConnIdle refuses a client whose idle connection timeout (a
+// kgo.ConnIdleTimeout in the Options) is not above the group's record
+// lock: while a handler runs within its lock, the member's connection may
+// be idle; closed, it ends the member's share session, and the broker
+// releases every record the member holds, to be delivered again.
+func checkConnIdle(cl *kgo.Client, group string, conf map[string]string) error {
+	idle, _ := cl.OptValue(kgo.ConnIdleTimeout).(time.Duration)
+	ms, err := strconv.ParseInt(conf[shareRecordLock], 10, 64)
+	if err != nil {
+		return nil // not reported: the broker's default, below shareConnIdle
+	}
+	if lock := time.Duration(ms) * time.Millisecond; idle <= lock {
+		return fmt.Errorf("kgopubsub: the Options' kgo.ConnIdleTimeout (%v) is not above the share group %s's %s (%v): "+
+			"a handler that runs longer than it would lose the records its member holds (franz-go closes the idle connection, "+
+			"which ends the member's share session), and they would be delivered again; leave it out (the subscriber sets %v) or set it above the lock",
+			idle, group, shareRecordLock, lock, shareConnIdle)
+	}
+	return nil
+}
 
 // lockMargin is how much of a record's lock must be left for the handler
 // to get it again after a Nack; with less, the record is released to the

@@ -634,3 +634,38 @@ func TestShareCopyOnItsRecordsPartition(t *testing.T) {
 		t.Fatalf("end offsets %v, want the record and its copy on partition 1 only", end)
 	}
 }
+
+// A kgo.ConnIdleTimeout in the Options that is not above the group's
+// record lock is refused at Subscribe: franz-go would close the connection
+// of a member whose handler runs longer, which ends its share session, and
+// the broker would release the records it holds. A group whose lock was
+// never set is judged by the broker's default.
+func TestShareConnIdleBelowLockRefused(t *testing.T) {
+	t.Parallel()
+	requireShareGroups(t)
+	set, unset := kafkatest.Name("sg"), kafkatest.Name("sg")
+	setShareGroup(t, set, map[string]string{"share.record.lock.duration.ms": "15000"})
+	topic := kafkatest.Topic(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, c := range []struct {
+		group string
+		idle  time.Duration
+		ok    bool
+	}{
+		{set, 10 * time.Second, false}, {set, 15 * time.Second, false}, {set, 20 * time.Second, true},
+		{unset, 2 * time.Second, false},
+	} {
+		sub, err := kgopubsub.NewShareSubscriber(&kgopubsub.SubscriberConfig{SubscriberConfig: kafkapubsub.SubscriberConfig{
+			Brokers: kafkatest.Brokers(t), ConsumerGroup: c.group, Logger: quietLogger()},
+			Options: []kgo.Opt{kgo.ConnIdleTimeout(c.idle)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = sub.Subscribe(ctx, topic)
+		_ = sub.Close()
+		if (err == nil) != c.ok || err != nil && !strings.Contains(err.Error(), "ConnIdleTimeout") {
+			t.Errorf("ConnIdleTimeout %v on group %s: Subscribe: %v, want accepted %v", c.idle, c.group, err, c.ok)
+		}
+	}
+}
