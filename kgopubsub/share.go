@@ -112,8 +112,10 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 // share.isolation.level (from Isolation) where they differ: the role needs
 // the DescribeConfigs and AlterConfigs rights on the group. Its client keeps
 // idle connections 5 minutes (a closed connection ends the member's share
-// session, and the broker releases what it holds); a kgo.ConnIdleTimeout
-// in the Options that is not above the group's record lock is refused.
+// session, and the broker releases what it holds): Subscribe refuses a
+// group whose record lock is not below that (set a kgo.ConnIdleTimeout
+// above it in the Options), or a kgo.ConnIdleTimeout in the Options that
+// is not above the lock; a lock raised later is logged.
 type ShareSubscriber struct {
 	cfg  SubscriberConfig
 	subs *subscriptions.Set
@@ -347,13 +349,17 @@ func (s *ShareSubscriber) describeGroup(ctx context.Context, cl *kgo.Client) (ma
 	return out, nil
 }
 
-// setGroupConf keeps the group's delivery limit.
+// setGroupConf keeps the group's delivery limit, and warns of a record
+// lock raised to the client's idle connection timeout or above.
 func (sub *shareSub) setGroupConf(conf map[string]string) {
 	n, err := strconv.Atoi(conf[shareDeliveryLimit])
 	if err != nil || n < 1 {
 		n = defaultDeliveryLimit
 	}
 	sub.limit.Store(int32(n))
+	if err := checkConnIdle(sub.cl, sub.s.cfg.ConsumerGroup, conf); err != nil {
+		sub.s.cfg.Logger.Warn("kgopubsub: the share group's record lock changed", "err", err)
+	}
 }
 
 // shareSub is one subscription of a ShareSubscriber.
@@ -468,13 +474,18 @@ func checkConnIdle(cl *kgo.Client, group string, conf map[string]string) error {
 	if err != nil {
 		return nil // not reported: the broker's default, below shareConnIdle
 	}
-	if lock := time.Duration(ms) * time.Millisecond; idle <= lock {
-		return fmt.Errorf("kgopubsub: the Options' kgo.ConnIdleTimeout (%v) is not above the share group %s's %s (%v): "+
-			"a handler that runs longer than it would lose the records its member holds (franz-go closes the idle connection, "+
-			"which ends the member's share session), and they would be delivered again; leave it out (the subscriber sets %v) or set it above the lock",
-			idle, group, shareRecordLock, lock, shareConnIdle)
+	lock := time.Duration(ms) * time.Millisecond
+	if idle > lock {
+		return nil
 	}
-	return nil
+	why := fmt.Sprintf("a handler that runs longer than %v would lose the records its member holds (franz-go closes the idle connection, "+
+		"which ends the member's share session), and they would be delivered again", idle)
+	if idle == shareConnIdle {
+		return fmt.Errorf("kgopubsub: the share group %s's %s (%v) is not below the subscriber's idle connection timeout (%v): %s; "+
+			"put a kgo.ConnIdleTimeout above the lock in SubscriberConfig.Options", group, shareRecordLock, lock, idle, why)
+	}
+	return fmt.Errorf("kgopubsub: the Options' kgo.ConnIdleTimeout (%v) is not above the share group %s's %s (%v): %s; "+
+		"leave it out (the subscriber sets %v) or set it above the lock", idle, group, shareRecordLock, lock, why, shareConnIdle)
 }
 
 // lockMargin is how much of a record's lock must be left for the handler

@@ -57,10 +57,11 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg *RelayConfig) (*Rel
 // notify only while some relay sleeps; a relay with work in hand is not
 // registered and producers commit without the NOTIFY's lock. A relay whose
 // only pending rows wait for a retry sleeps until the first is due. It
-// returns nil when ctx is cancelled (after finishing the batch in hand, or
-// the registration under way, which it then removes: within
-// StatementTimeout, or 30s more when the server went on with one the
-// timeout cut, so that no registration outlives the relay).
+// returns nil when ctx is cancelled, after finishing the batch in hand, or
+// the registration under way, which it then removes, so that no
+// registration outlives the relay: that takes up to StatementTimeout, and
+// up to 30s more (then 5s for the delete) when the server went on with a
+// registration the timeout cut.
 func (r *Relay) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
 	go r.listen(ctx, wake)

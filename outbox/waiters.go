@@ -51,12 +51,12 @@ func (r *Relay) register(ctx context.Context) bool {
 	ectx, cancel := r.bounded(context.WithoutCancel(ctx))
 	_, err = conn.Exec(ectx, r.q.register, r.id, float64(ttl.Microseconds()))
 	cancel()
-	pg := conn.Conn().PgConn()
+	cut, pid := conn.Conn().PgConn().IsClosed(), conn.Conn().PgConn().PID()
 	conn.Release()
 	if err != nil {
 		r.cfg.Logger.Warn("outbox: relay could not register as a waiter; it will poll", "table", r.table, "err", err)
-		if pg.IsClosed() {
-			r.forget(ctx, pg.PID())
+		if cut {
+			r.forget(ctx, pid)
 		}
 		return false
 	}
@@ -65,8 +65,9 @@ func (r *Relay) register(ctx context.Context) bool {
 }
 
 // forgetWait bounds how long a relay waits for the server process of a
-// registration cut short to end; past it, a registration that commits
-// later lasts until it expires.
+// registration cut short to end (it neither publishes nor polls
+// meanwhile); past it, a registration that commits later lasts until it
+// expires (producers notify for nothing until then).
 const forgetWait = 30 * time.Second
 
 // forget deletes the registration that a statement cut short on the
@@ -77,8 +78,9 @@ func (r *Relay) forget(ctx context.Context, pid uint32) {
 	defer cancel()
 	for {
 		var alive bool
-		err := r.pool.QueryRow(fctx, "SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_activity WHERE pid = $1)", int32(pid)).Scan(&alive)
-		if err != nil || !alive || clock.Sleep(fctx, 20*time.Millisecond) != nil {
+		err := r.pool.QueryRow(fctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_activity
+			WHERE pid = $1 AND pid <> pg_catalog.pg_backend_pid())`, int32(pid)).Scan(&alive)
+		if err == nil && !alive || clock.Sleep(fctx, 20*time.Millisecond) != nil {
 			break
 		}
 	}
