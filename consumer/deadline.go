@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/internal/clock"
 )
 
 // An attempt cut by its deadline (a middleware.Timeout, BatchConfig.Timeout)
@@ -105,24 +107,12 @@ func (w *cutWatch) watch(pool *pgxpool.Pool, pid uint32, readFrom time.Time) {
 	if _, err := conn.Prepare(w.ctx, readWaitSQL, readWaitSQL); err != nil {
 		return
 	}
-	for wait := time.Until(readFrom); sleep(w.ctx, wait); wait = cutSample {
+	for wait := time.Until(readFrom); clock.Sleep(w.ctx, wait) == nil; wait = cutSample {
 		got, what, err := readWait(w.ctx, conn, pid)
 		if err != nil || !time.Now().Before(dl) {
 			return
 		}
 		w.got, w.what = got, what
-	}
-}
-
-// sleep waits d (none when d <= 0) and says whether ctx is still live.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

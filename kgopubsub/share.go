@@ -208,7 +208,8 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		cl.Close()
 		return nil, err
 	}
-	if err := checkConnIdle(cl, s.cfg.ConsumerGroup, conf); err != nil {
+	sub := &shareSub{s: s, cl: cl, topic: topic, out: make(chan *message.Message), dead: map[string]struct{}{}}
+	if err := sub.setGroupConf(conf); err != nil {
 		cl.Close()
 		return nil, err
 	}
@@ -219,8 +220,6 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		return nil, fmt.Errorf("kgopubsub: the share group's member copies records near their last delivery with an idempotent producer, whose producer ID Kafka at %s did not give: %w (the role needs the Write right on the topic, or IdempotentWrite on the cluster)",
 			strings.Join(s.cfg.Brokers, ","), err)
 	}
-	sub := &shareSub{s: s, cl: cl, topic: topic, out: make(chan *message.Message), dead: map[string]struct{}{}}
-	sub.setGroupConf(conf)
 	if !s.subs.Start(ctx, sub.out, sub.run) {
 		cl.Close()
 		return nil, ErrSubscriberClosed
@@ -349,17 +348,16 @@ func (s *ShareSubscriber) describeGroup(ctx context.Context, cl *kgo.Client) (ma
 	return out, nil
 }
 
-// setGroupConf keeps the group's delivery limit, and warns of a record
-// lock raised to the client's idle connection timeout or above.
-func (sub *shareSub) setGroupConf(conf map[string]string) {
+// setGroupConf keeps the group's delivery limit, and returns
+// checkConnIdle's verdict on its record lock (Subscribe refuses it, a
+// refresh logs it).
+func (sub *shareSub) setGroupConf(conf map[string]string) error {
 	n, err := strconv.Atoi(conf[shareDeliveryLimit])
 	if err != nil || n < 1 {
 		n = defaultDeliveryLimit
 	}
 	sub.limit.Store(int32(n))
-	if err := checkConnIdle(sub.cl, sub.s.cfg.ConsumerGroup, conf); err != nil {
-		sub.s.cfg.Logger.Warn("kgopubsub: the share group's record lock changed", "err", err)
-	}
+	return checkConnIdle(sub.cl, sub.s.cfg.ConsumerGroup, conf)
 }
 
 // shareSub is one subscription of a ShareSubscriber.
@@ -443,7 +441,9 @@ func (sub *shareSub) run(ctx context.Context) {
 		if time.Since(refreshed) > deliveryLimitRefresh {
 			refreshed = time.Now()
 			if conf, err := s.describeGroup(sub.ctx, sub.cl); err == nil {
-				sub.setGroupConf(conf)
+				if err := sub.setGroupConf(conf); err != nil {
+					s.cfg.Logger.Warn("kgopubsub: the share group's record lock changed", "err", err)
+				}
 			}
 		}
 	}
@@ -659,10 +659,6 @@ func originOffset(r *kgo.Record) int64 {
 	}
 	return r.Offset
 }
-
-// origin names the record r copies (r's own when it is no copy) as a
-// copy's mdkeys.ShareOrigin does: topic/partition/offset.
-func origin(r *kgo.Record) string { return originAt(r, originOffset(r)) }
 
 // originAt names the record at offset of r's partition.
 func originAt(r *kgo.Record, offset int64) string {

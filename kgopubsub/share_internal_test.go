@@ -46,7 +46,7 @@ func TestOriginOffset(t *testing.T) {
 		}
 	}
 	copied := &kgo.Record{Topic: "cmds", Partition: 1, Offset: 50, Headers: []kgo.RecordHeader{{Key: mdkeys.ShareOrigin, Value: []byte("cmds/1/10")}}}
-	if got := origin(copied); got != "cmds/1/10" {
+	if got := originAt(copied, originOffset(copied)); got != "cmds/1/10" {
 		t.Errorf("a copy of a copy names %q, want the first record, cmds/1/10", got)
 	}
 }
