@@ -8,6 +8,8 @@
 #
 # It uses an installed Debian cluster (pg_ctlcluster, as on the CI machines).
 # With Docker, `make up` runs the same server version from docker-compose.yml.
+# A server this script starts allows PGMAXCONN clients (200); one that is
+# already up keeps its own max_connections.
 set -euo pipefail
 
 PGVERSION=${PGVERSION:-15}
@@ -41,7 +43,10 @@ prepare() {
 			echo "postgres.sh: starting the cluster needs root or the postgres user" >&2
 			exit 1
 		fi
-		pg_ctlcluster --skip-systemctl-redirect "$PGVERSION" main start
+		# Test binaries run side by side (go test -p, one per CPU), each with
+		# a pool of its own next to the worker processes some tests start:
+		# room for 200 clients (PGMAXCONN) rather than the default 100.
+		pg_ctlcluster --skip-systemctl-redirect "$PGVERSION" main start -- -o "-c max_connections=${PGMAXCONN:-200}"
 		for _ in $(seq 1 60); do ready && break; sleep 0.5; done
 		ready || { echo "postgres.sh: server not ready on port $PGPORT within 30 s" >&2; tail -20 "/var/log/postgresql/postgresql-$PGVERSION-main.log" >&2 || true; exit 1; }
 	fi

@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -146,7 +147,16 @@ func Config(url string) (*pgxpool.Config, error) {
 		return nil, err
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = "pg_catalog"
+	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = filepath.Base(os.Args[0])
+	}
+	// Up to 48 connections while a package's tests run in parallel, but none
+	// kept idle for long: two test binaries run at once (go test -p), next to
+	// the worker processes some tests start, and a server's default
+	// max_connections is 100.
 	cfg.MaxConns = 48
+	cfg.MaxConnIdleTime = 2 * time.Second
+	cfg.HealthCheckPeriod = time.Second
 	return cfg, nil
 }
 
