@@ -57,11 +57,12 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 				}
 			}
 		}
-		// The connection may be mid-wait: never hand it back to the pool.
+		// The connection may be mid-wait: never hand it back to the pool,
+		// and leave it before Run returns.
+		c := conn.Hijack()
 		cctx, cancel := r.bounded(context.WithoutCancel(ctx))
-		_ = conn.Conn().Close(cctx)
+		_ = c.Close(cctx)
 		cancel()
-		conn.Release()
 	}
 }
 

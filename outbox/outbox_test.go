@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -688,3 +689,105 @@ func TestRegistrationCutShortLeavesNoWaiter(t *testing.T) {
 		})
 	}
 }
+
+// When Run returns, nothing of the relay goes on: no goroutine of its (the
+// LISTEN connection's among them) and no open connection of its pool in
+// its hands. Whoever stops a relay and then closes the pool, or checks for
+// leaked goroutines, is not kept waiting, and no statement of the relay
+// runs after it. Not parallel: the goroutines of the other tests' relays
+// would be counted (the parallel tests start once this one is over).
+func TestRunLeavesNothingRunning(t *testing.T) {
+	f := newFixture(t, 2)
+	ctx := context.Background()
+	cfg := f.db.Pool.Config().Copy()
+	cfg.MaxConns = 4
+	held := &heldConns{acquired: map[*pgx.Conn]bool{}}
+	cfg.ConnConfig.Tracer = held
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	r, err := outbox.NewRelay(pool, f.pub, &outbox.RelayConfig{Config: outbox.Config{Schema: f.db.Schema},
+		PollInterval: time.Hour, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiters := f.db.Table("exactly_outbox_waiters")
+	for i := range 20 {
+		f.write(t, 3, 5, 4)
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(rctx) }()
+		// Published, and asleep on its LISTEN connection.
+		testenv.WaitFor(t, 10*time.Second, "the relay to publish and sleep", func() bool {
+			var n int
+			if err := f.db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+waiters).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n == 1 && f.pending(t) == 0
+		})
+		stop()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if n := held.open(); n != 0 {
+			t.Fatalf("run %d: the relay returned holding %d open connections, want 0", i, n)
+		}
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			for _, l := range strings.Split(g, "\n") {
+				// The goroutine that ran listen may still be on its way
+				// out of the function that reported listen's end.
+				if strings.HasPrefix(l, "github.com/exactly-go/exactly/outbox.(") && !strings.HasPrefix(l, "github.com/exactly-go/exactly/outbox.(*Relay).Run.func1()") {
+					t.Fatalf("run %d: a goroutine of the relay outlived Run:\n%s", i, g)
+				}
+			}
+		}
+	}
+	f.check(t, false)
+}
+
+// heldConns counts the connections acquired from a pool and not released
+// (a connection taken out of the pool, or closed, is no longer held).
+type heldConns struct {
+	mu       sync.Mutex
+	acquired map[*pgx.Conn]bool
+}
+
+func (h *heldConns) open() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for c := range h.acquired {
+		if !c.IsClosed() {
+			n++
+		}
+	}
+	return n
+}
+
+func (h *heldConns) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
+	return ctx
+}
+
+func (h *heldConns) TraceAcquireEnd(_ context.Context, _ *pgxpool.Pool, d pgxpool.TraceAcquireEndData) {
+	if d.Conn != nil {
+		h.mu.Lock()
+		h.acquired[d.Conn] = true
+		h.mu.Unlock()
+	}
+}
+
+func (h *heldConns) TraceRelease(_ *pgxpool.Pool, d pgxpool.TraceReleaseData) {
+	h.mu.Lock()
+	delete(h.acquired, d.Conn)
+	h.mu.Unlock()
+}
+
+func (h *heldConns) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (h *heldConns) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}

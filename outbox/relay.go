@@ -61,12 +61,22 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg *RelayConfig) (*Rel
 // the registration under way, which it then removes, so that no
 // registration outlives the relay: that takes up to StatementTimeout, and
 // up to 30s more (then 5s for the delete) when the server went on with a
-// registration the timeout cut.
+// registration the timeout cut. It holds none of the pool's connections
+// once it returns.
 func (r *Relay) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
-	go r.listen(ctx, wake)
+	lctx, stopListening := context.WithCancel(ctx)
+	listened := make(chan struct{})
+	go func() {
+		defer close(listened)
+		r.listen(lctx, wake)
+	}()
 	waiters := false // the table has a waiters table; asked until it answers yes
-	defer func() { r.unregister(ctx, waiters) }()
+	defer func() {
+		r.unregister(ctx, waiters)
+		stopListening()
+		<-listened // its connection closed, out of the pool
+	}()
 	lastCleanup := time.Time{}
 	for {
 		n, err := r.RunOnce(ctx)
