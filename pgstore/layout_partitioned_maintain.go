@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/internal/backoff"
 )
 
 // Partition maintenance for LayoutPartitioned, run by Cleanup under its
@@ -139,16 +141,33 @@ func (p *partitioned) createPartition(ctx context.Context, conn *pgxpool.Conn, l
 		" USING brin (expires_at, locked_until)"); err != nil {
 		return classify(op, err)
 	}
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+maintenanceLockTimeout+"'"); err != nil {
+	// The ATTACH waits for its lock at most maintenanceLockTimeout, so that
+	// no claim queues behind it; a lock busy for longer (another session's
+	// DDL on the key table, a LOCK TABLE) is waited out in attempts, for up
+	// to attachPatience.
+	wait := backoff.New(10*time.Millisecond, 500*time.Millisecond)
+	giveUp := time.Now().Add(attachPatience)
+	for {
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+maintenanceLockTimeout+"'"); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "ALTER TABLE "+p.parent+" ATTACH PARTITION "+q+
+				" FOR VALUES FROM ('"+timeBound(lo)+"') TO ('"+timeBound(hi)+"')")
 			return err
+		})
+		if !lockBusy(err) || time.Now().After(giveUp) {
+			return classify(op, err)
 		}
-		_, err := tx.Exec(ctx, "ALTER TABLE "+p.parent+" ATTACH PARTITION "+q+
-			" FOR VALUES FROM ('"+timeBound(lo)+"') TO ('"+timeBound(hi)+"')")
-		return err
-	})
-	return classify(op, err)
+		if serr := wait.SleepJittered(ctx); serr != nil {
+			return classify(op, errors.Join(err, serr))
+		}
+	}
 }
+
+// attachPatience is how long a partition's ATTACH is tried again while its
+// lock is busy.
+const attachPatience = 10 * time.Second
 
 // liveSQL finds a live key in a partition: not expired, or leased.
 const liveSQL = `SELECT EXISTS (SELECT FROM {T} WHERE expires_at >= now() OR locked_until >= now())`

@@ -592,3 +592,43 @@ func TestSingleTableDropFailureLeavesCleanupRunning(t *testing.T) {
 		t.Fatalf("still read %v, still there %v (%v); want retired and kept", probed, there, err)
 	}
 }
+
+// A partition's ATTACH waits for its lock at most 20 ms, so that no claim
+// queues behind it; a lock on the key table that is busy for longer than
+// that (another session's DDL, a LOCK TABLE) delays the maintenance, and
+// does not fail it.
+func TestPartitionAttachWaitsOutABusyLock(t *testing.T) {
+	t.Parallel()
+	s, _, db := newPartitioned(t, nil, "")
+	ctx := context.Background()
+	locker, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = locker.Rollback(ctx) }()
+	if _, err := locker.Exec(ctx, "LOCK TABLE "+db.Table("exactly_keys2")+" IN SHARE UPDATE EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Cleanup(ctx, &dedupe.CleanupConfig{MaxBatches: 1})
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if err := locker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("cleanup with the key table's lock busy for 300ms: %v", err)
+	}
+	var n int
+	if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass", db.Table("exactly_keys2")).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 {
+		t.Fatal("no partition attached")
+	}
+	if c, err := s.Do(ctx, dedupetest.Req("s", "after-the-lock", "p"), func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }); err != nil || c.Decision != dedupe.DecisionNew {
+		t.Fatalf("a claim after the maintenance: %+v, %v", c, err)
+	}
+}
