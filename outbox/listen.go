@@ -57,12 +57,11 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 				}
 			}
 		}
-		// The connection may be mid-wait: never hand it back to the pool,
-		// and leave it before Run returns.
-		c := conn.Hijack()
+		// The connection may be mid-wait: never hand it back to the pool.
 		cctx, cancel := r.bounded(context.WithoutCancel(ctx))
-		_ = c.Close(cctx)
+		_ = conn.Conn().Close(cctx)
 		cancel()
+		conn.Release()
 	}
 }
 

@@ -740,7 +740,7 @@ func TestRunLeavesNothingRunning(t *testing.T) {
 			for _, l := range strings.Split(g, "\n") {
 				// The goroutine that ran listen may still be on its way
 				// out of the function that reported listen's end.
-				if strings.HasPrefix(l, "github.com/exactly-go/exactly/outbox.(") && !strings.HasPrefix(l, "github.com/exactly-go/exactly/outbox.(*Relay).Run.func1()") {
+				if strings.HasPrefix(l, "github.com/exactly-go/exactly/outbox.(") && !strings.HasPrefix(l, "github.com/exactly-go/exactly/outbox.(*Relay).Run.func1") {
 					t.Fatalf("run %d: a goroutine of the relay outlived Run:\n%s", i, g)
 				}
 			}

@@ -75,7 +75,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer func() {
 		r.unregister(ctx, waiters)
 		stopListening()
-		<-listened // its connection closed, out of the pool
+		<-listened // its connection closed
 	}()
 	lastCleanup := time.Time{}
 	for {
