@@ -749,8 +749,8 @@ func TestRunLeavesNothingRunning(t *testing.T) {
 	f.check(t, false)
 }
 
-// heldConns counts the connections acquired from a pool and not released
-// (a connection taken out of the pool, or closed, is no longer held).
+// heldConns counts the open connections acquired from a pool and not yet
+// released.
 type heldConns struct {
 	mu       sync.Mutex
 	acquired map[*pgx.Conn]bool
