@@ -15,6 +15,7 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/pgerr"
+	"github.com/exactly-go/exactly/internal/txguard"
 )
 
 // apply applies items as one batch, splitting it in halves when it fails
@@ -192,9 +193,16 @@ func (c *BatchConsumer) runBatch(ctx context.Context, items []item) (answers []d
 			in[j] = msgs[i]
 		}
 		watch := watchCut(ctx, c.mw.pool, tx.Conn())
-		outs, err := c.call(ctx, tx, in)
+		guard := txguard.Wrap(tx, "the batch handler")
+		defer guard.End()
+		outs, err := c.call(ctx, guard, in)
 		if cut := cutBy(ctx, watch, err); cut != nil {
 			return nil, cut
+		}
+		if broken := guard.Check(err); broken != nil {
+			// The handler's fault, not a message's: every message of the
+			// batch fails for good with it, once split down to one.
+			return nil, dedupe.Permanent(fmt.Errorf("consumer: %w", broken))
 		}
 		if bad := messageErrors(err, len(fresh)); len(bad) > 0 {
 			// Index the batch's items, not the handler's fresh messages.

@@ -287,7 +287,8 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 	var claim dedupe.Claim
 	if m.cfg.Lease > 0 {
 		claim, err = m.store.DoLease(ctx, req, m.cfg.Lease, func(ctx context.Context) ([]byte, error) {
-			o, err := m.run(h, handlerMessage(msg, context.WithValue(msg.Context(), activeKey{}, true)))
+			// ctx is the message's, ended if the lease cannot be kept.
+			o, err := m.run(h, handlerMessage(msg, context.WithValue(ctx, activeKey{}, true)))
 			if handlerErr = err; err != nil {
 				return nil, err
 			}
@@ -297,11 +298,14 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc, ev *Eve
 		})
 	} else {
 		claim, err = m.store.Do(ctx, req, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
-			slot := &txSlot{tx: tx}
+			slot := newSlot(tx, msg)
+			defer slot.tx.End()
 			watch := watchCut(ctx, m.pool, tx.Conn())
 			o, err := m.run(h, handlerMessage(msg, context.WithValue(context.WithValue(msg.Context(), activeKey{}, true), txKey{}, slot)))
 			if cut := cutBy(ctx, watch, err); cut != nil {
 				err = cut
+			} else if broken := slot.broken(err); broken != nil {
+				err = broken
 			}
 			if err == nil && slot.failed.Load() {
 				err = fmt.Errorf("consumer: %w: the handler of message %s failed but a middleware inside the dedupe "+
@@ -374,8 +378,13 @@ func (m *Middleware) runUnprotected(msg *message.Message, h message.HandlerFunc)
 		return nil, fmt.Errorf("consumer: begin: %w", err)
 	}
 	defer pgtx.Rollback(ctx, tx)
-	slot := &txSlot{tx: tx}
-	if outs, err = m.run(h, handlerMessage(msg, context.WithValue(ctx, txKey{}, slot))); err != nil {
+	slot := newSlot(tx, msg)
+	defer slot.tx.End()
+	outs, err = m.run(h, handlerMessage(msg, context.WithValue(ctx, txKey{}, slot)))
+	if broken := slot.broken(err); broken != nil {
+		err = broken
+	}
+	if err != nil {
 		return nil, err
 	}
 	if m.cfg.Outputs != nil {

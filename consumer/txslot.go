@@ -11,14 +11,29 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/txguard"
 )
+
+// newSlot returns the slot of msg's transaction tx.
+func newSlot(tx pgx.Tx, msg *message.Message) *txSlot {
+	return &txSlot{tx: txguard.Wrap(tx, "the handler of message "+msg.UUID)}
+}
+
+// broken returns the permanent error of a handler that broke slot's
+// transaction (see txguard.Tx.Check), given what the handler returned.
+func (slot *txSlot) broken(handlerErr error) error {
+	if err := slot.tx.Check(handlerErr); err != nil {
+		return dedupe.Permanent(fmt.Errorf("consumer: %w", err))
+	}
+	return nil
+}
 
 type txKey struct{}
 
 // txSlot is the message's transaction as handed to its handler: it serves
 // one TxHandler call, and remembers that call's failure or outputs.
 type txSlot struct {
-	tx     pgx.Tx
+	tx     *txguard.Tx
 	calls  atomic.Int32
 	failed atomic.Bool
 	outs   atomic.Pointer[[]*message.Message]
@@ -57,6 +72,13 @@ func errDropped(msg *message.Message, n int) error {
 // TxFromContext returns the transaction the middleware opened for the
 // message whose context is ctx (transactional mode). Prefer TxHandler: it
 // also refuses a second run of the handler on the same transaction.
+//
+// The transaction is the middleware's: its Commit and Rollback return an
+// error, and a handler that calls them (or ends the transaction with SQL,
+// or returns nil after a statement failed in it) fails its message for
+// good, to the dead-letter topic with the reason. A handler returns an
+// error to roll back, and uses tx.Begin (a savepoint) around a statement
+// that may fail.
 func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	slot, ok := ctx.Value(txKey{}).(*txSlot)
 	if !ok {

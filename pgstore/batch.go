@@ -12,6 +12,7 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/backoff"
 	"github.com/exactly-go/exactly/internal/pgtx"
+	"github.com/exactly-go/exactly/internal/txguard"
 )
 
 // BatchFunc is the work that DoBatch runs once for a batch, in the
@@ -120,7 +121,12 @@ func (s *Store) doBatchTx(ctx context.Context, reqs []dedupe.Request, fn BatchFu
 		}
 	}
 	if len(fresh) > 0 {
-		results, err := fn(dedupe.ContextWithBatchClaims(ctx, out), tx, fresh)
+		guard := txguard.Wrap(tx, "the function given to Store.DoBatch")
+		defer guard.End()
+		results, err := fn(dedupe.ContextWithBatchClaims(ctx, out), guard, fresh)
+		if broken := guard.Check(err); broken != nil {
+			return nil, false, dedupe.Permanent(fmt.Errorf("pgstore: %w", broken))
+		}
 		if err != nil {
 			return nil, false, err
 		}

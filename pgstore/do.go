@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,6 +13,7 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/backoff"
 	"github.com/exactly-go/exactly/internal/pgtx"
+	"github.com/exactly-go/exactly/internal/txguard"
 )
 
 // TxFunc is the work that Do runs once per key, in the transaction that
@@ -25,7 +27,11 @@ type TxFunc = func(ctx context.Context, tx pgx.Tx) (result []byte, err error)
 // Record.Result.
 //
 // An error from fn rolls everything back, the key included, and is returned
-// as is: the next delivery runs fn again. Transient failures (serialisation
+// as is: the next delivery runs fn again. The transaction is Do's: its
+// Commit and Rollback return an error, and fn calling them (or returning nil
+// on a transaction that it ended with SQL, or that a failed statement
+// aborted) fails with a permanent error (dedupe.IsPermanent) that names the
+// rule. Transient failures (serialisation
 // failures, deadlocks, a lost connection) retry the whole transaction up to
 // Config.MaxTxAttempts times with jittered back-off.
 //
@@ -89,7 +95,12 @@ func (s *Store) doTx(ctx context.Context, req dedupe.Request, fn TxFunc) (_ dedu
 		return c, false, err
 	}
 	if c.Decision.Run() {
-		result, err := fn(ctx, tx)
+		guard := txguard.Wrap(tx, "the function given to Store.Do")
+		defer guard.End()
+		result, err := fn(ctx, guard)
+		if broken := guard.Check(err); broken != nil {
+			return c, false, dedupe.Permanent(fmt.Errorf("pgstore: %w", broken))
+		}
 		if err != nil {
 			return c, false, err
 		}
@@ -109,20 +120,27 @@ func (s *Store) doTx(ctx context.Context, req dedupe.Request, fn TxFunc) (_ dedu
 type LeaseFunc = func(ctx context.Context) (result []byte, err error)
 
 // DoLease runs fn at most once at a time for req.Key, under a lease, and
-// completes the key when fn succeeds. fn must finish within lease: after it,
-// another worker may take the key over. A failing fn releases the key (the
-// next delivery takes it over at once) and its error is returned. A
-// duplicate does not run fn and carries the stored result.
+// completes the key when fn succeeds. While fn runs, the lease is extended
+// every third of its length, so a slow fn keeps its key; if the lease
+// cannot be extended (the database is out of reach, or another process
+// took the key over), fn's context ends, with a cause wrapping
+// dedupe.ErrLeaseLost, before the lease can run out. Only a process that
+// died loses its key to another, once its lease ended. A failing fn
+// releases the key (the next delivery takes it over at once) and its error
+// is returned. A duplicate does not run fn and carries the stored result.
 //
 // Lease mode is at-least-once for fn's effects if the process dies between
 // fn's success and the commit of Complete: give fn's external call the key as
 // its own idempotency key.
 func (s *Store) DoLease(ctx context.Context, req dedupe.Request, lease time.Duration, fn LeaseFunc) (dedupe.Claim, error) {
+	start := time.Now()
 	c, err := s.Acquire(ctx, req, lease)
 	if err != nil || !c.Decision.Run() {
 		return c, err
 	}
-	result, err := fn(ctx)
+	hctx, stop := s.holdLease(ctx, c, lease, start)
+	result, err := fn(hctx)
+	stop()
 	// fn's effect happened (or failed) whatever became of ctx meanwhile: a
 	// Timeout that fires after a payment went through must not keep the key
 	// from completing, or the next delivery would pay again. Complete and
@@ -142,6 +160,58 @@ func (s *Store) DoLease(ctx context.Context, req dedupe.Request, lease time.Dura
 	c.Record.Result = result
 	c.Record.Status = dedupe.StatusCompleted
 	return c, nil
+}
+
+// holdLease extends c's lease, taken at start, while the returned context
+// lives, and ends that context a margin before the lease would run out
+// unextended. stop ends both.
+func (s *Store) holdLease(ctx context.Context, c dedupe.Claim, lease time.Duration, start time.Time) (context.Context, func()) {
+	hctx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		// The lease lasts at least lease from start (the database set its
+		// end after start), measured on this process's monotonic clock.
+		until := start.Add(lease)
+		margin := lease / 10
+		tick := time.NewTicker(lease / 3)
+		defer tick.Stop()
+		expire := time.NewTimer(time.Until(until.Add(-margin)))
+		defer expire.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-hctx.Done():
+				return
+			case <-expire.C:
+				cancel(fmt.Errorf("pgstore: the lease of %s could not be extended before it ended: %w", c.Record.Key, dedupe.ErrLeaseLost))
+				return
+			case <-tick.C:
+				sent := time.Now()
+				ectx, ecancel := context.WithDeadline(hctx, until.Add(-margin))
+				err := s.Extend(ectx, c, lease)
+				ecancel()
+				switch {
+				case err == nil:
+					until = sent.Add(lease)
+					expire.Reset(time.Until(until.Add(-margin)))
+				case errors.Is(err, dedupe.ErrLeaseLost):
+					cancel(err)
+					return
+				default:
+					s.cfg.Logger.WarnContext(ctx, "pgstore: extending a lease", "key", c.Record.Key.String(), "err", err)
+				}
+			}
+		}
+	}()
+	return hctx, func() {
+		close(done)
+		wg.Wait()
+		cancel(nil)
+	}
 }
 
 // LeaseFinishTimeout bounds how long DoLease tries to complete or release a

@@ -106,7 +106,7 @@ type layout interface {
 
 // queries are a layout's statements on one key.
 type queries struct {
-	claim, lock, takeover, result, complete, release, get, cleanup string
+	claim, lock, takeover, result, complete, release, extend, get, cleanup string
 	// batchResult stores the results of many keys (the partitioned layout's).
 	batchResult string
 }
@@ -118,6 +118,8 @@ type keyUpdate struct {
 	op       updateOp
 	attempts int
 	result   []byte
+	// leaseMicros is the extended lease from now, in microseconds.
+	leaseMicros float64
 	// ttlMicros is the key's TTL from the completion, in microseconds.
 	ttlMicros float64
 }
@@ -128,6 +130,7 @@ const (
 	updateResult updateOp = iota
 	updateComplete
 	updateRelease
+	updateExtend
 )
 
 // maintenanceRights are what CheckMaintenance read of the store's role.

@@ -226,6 +226,8 @@ func (p *partitioned) update(ctx context.Context, db DBTX, key dedupe.Key, u key
 		stmt, more = a.q.complete, pgx.NamedArgs{"attempts": u.attempts, "result": u.result, "ttl": u.ttlMicros}
 	case updateRelease:
 		stmt, more = a.q.release, pgx.NamedArgs{"attempts": u.attempts}
+	case updateExtend:
+		stmt, more = a.q.extend, pgx.NamedArgs{"attempts": u.attempts, "lease": u.leaseMicros}
 	}
 	var n int64
 	err = db.QueryRow(ctx, stmt, p.named(a, more)).Scan(&n)

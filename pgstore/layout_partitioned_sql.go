@@ -219,6 +219,10 @@ func newPartitionedQueries(parent, names, legacy string) queries {
     expires_at = now() + @ttl::float8 * interval '1 microsecond'`, "AND o.status = 'PROCESSING' AND o.attempts = @attempts::int"),
 		release: update("locked_until = clock_timestamp()", "AND k.status = 'P' AND k.attempts = @attempts::int",
 			"locked_until = clock_timestamp()", "AND o.status = 'PROCESSING' AND o.attempts = @attempts::int"),
+		extend: update("locked_until = clock_timestamp() + @lease::float8 * interval '1 microsecond'",
+			"AND k.status = 'P' AND k.attempts = @attempts::int",
+			"locked_until = clock_timestamp() + @lease::float8 * interval '1 microsecond'",
+			"AND o.status = 'PROCESSING' AND o.attempts = @attempts::int"),
 		get:         splice(p2GetSQL, "/*oldget*/", p2OldGet),
 		batchResult: splice(p2BatchResultSQL, "/*oldbatchresult*/", p2OldBatchResult, "/*oldcount*/", p2OldCount),
 	}

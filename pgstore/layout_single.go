@@ -35,7 +35,7 @@ func newSingleTable(s *Store, schema, name string) *singleTable {
 	return &singleTable{s: s, schema: schema, name: name, table: table,
 		q: queries{
 			claim: r.Replace(claimSQL), lock: r.Replace(lockSQL), takeover: r.Replace(takeoverSQL),
-			result: r.Replace(resultSQL), complete: r.Replace(completeSQL), release: r.Replace(releaseSQL),
+			result: r.Replace(resultSQL), complete: r.Replace(completeSQL), release: r.Replace(releaseSQL), extend: r.Replace(extendSQL),
 			get: r.Replace(getSQL), cleanup: r.Replace(cleanupSQL),
 		},
 		batchClaim: r.Replace(batchClaimSQL), batchLock: r.Replace(batchLockSQL), batchResult: r.Replace(batchResultSQL),
@@ -113,6 +113,8 @@ func (l *singleTable) update(ctx context.Context, db DBTX, key dedupe.Key, u key
 		stmt, args = l.q.complete, []any{key.Scope, key.ID, u.attempts, u.result, u.ttlMicros}
 	case updateRelease:
 		stmt, args = l.q.release, []any{key.Scope, key.ID, u.attempts}
+	case updateExtend:
+		stmt, args = l.q.extend, []any{key.Scope, key.ID, u.attempts, u.leaseMicros}
 	}
 	tag, err := db.Exec(ctx, stmt, args...)
 	if pgerr.IsSingleTableRetired(err) {

@@ -60,6 +60,10 @@ WHERE scope = $1 AND key = $2 AND status = 'PROCESSING' AND attempts = $3`
 	releaseSQL = `UPDATE {T} SET locked_until = clock_timestamp()
 WHERE scope = $1 AND key = $2 AND status = 'PROCESSING' AND attempts = $3`
 
+	// extendSQL moves the end of a lease that is still ours to now+$4.
+	extendSQL = `UPDATE {T} SET locked_until = clock_timestamp() + $4::float8 * interval '1 microsecond'
+WHERE scope = $1 AND key = $2 AND status = 'PROCESSING' AND attempts = $3`
+
 	getSQL = `SELECT false, ` + cols + `, clock_timestamp() FROM {T} WHERE scope = $1 AND key = $2`
 
 	// cleanupSQL deletes one batch of expired keys, skipping rows that a

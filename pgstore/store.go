@@ -173,6 +173,24 @@ func (s *Store) Release(ctx context.Context, c dedupe.Claim) error {
 	return nil
 }
 
+// Extend moves the end of c's lease to now+lease, if the lease is still
+// c's (not released, completed or taken over): else an error wrapping
+// dedupe.ErrLeaseLost. DoLease extends its leases while its function runs.
+func (s *Store) Extend(ctx context.Context, c dedupe.Claim, lease time.Duration) error {
+	if lease <= 0 {
+		return fmt.Errorf("pgstore: Extend: lease is %v: set a positive duration", lease)
+	}
+	k := c.Record.Key
+	n, err := s.l.update(ctx, s.pool, k, keyUpdate{op: updateExtend, attempts: c.Record.Attempts, leaseMicros: micros(lease)})
+	if err != nil {
+		return classify("extend "+k.String(), err)
+	}
+	if n == 0 {
+		return fmt.Errorf("pgstore: extend %s (attempt %d): %w", k, c.Record.Attempts, dedupe.ErrLeaseLost)
+	}
+	return nil
+}
+
 // Check verifies that the store's table exists where Config.Schema and
 // Config.Table say, with the columns the migrations create. Call it at
 // start-up: a missing table is a configuration error (an error wrapping

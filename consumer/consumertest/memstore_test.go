@@ -31,7 +31,7 @@ func TestMemStoreConformance(t *testing.T) {
 			Rollback:       func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
 			MaxResultBytes: 1024,
 			Apply: func(_ context.Context, tx pgx.Tx, id string) error {
-				tx.(*consumertest.Tx).OnCommit(func() { mu.Lock(); applied[id]++; mu.Unlock() })
+				consumertest.TxOf(tx).OnCommit(func() { mu.Lock(); applied[id]++; mu.Unlock() })
 				return nil
 			},
 			Applied: func(_ context.Context, id string) (int, error) {
@@ -57,7 +57,7 @@ func (l *ledger) handle(_ context.Context, tx pgx.Tx, msg *message.Message) ([]*
 	if l.fail != nil {
 		return nil, l.fail
 	}
-	tx.(*consumertest.Tx).OnCommit(func() {
+	consumertest.TxOf(tx).OnCommit(func() {
 		l.mu.Lock()
 		l.applied[msg.UUID]++
 		l.mu.Unlock()
@@ -251,7 +251,7 @@ func TestMemTx(t *testing.T) {
 	if err := tx.Rollback(ctx); !errors.Is(err, pgx.ErrTxClosed) {
 		t.Fatalf("Rollback after Commit: %v", err)
 	}
-	mt := tx.(*consumertest.Tx)
+	mt := consumertest.TxOf(tx)
 	if !mt.Committed() || mt.RolledBack() {
 		t.Fatalf("committed %v, rolled back %v", mt.Committed(), mt.RolledBack())
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactly-go/exactly/dedupe/dedupetest"
+	"github.com/exactly-go/exactly/internal/txguard"
 )
 
 // ErrNoSQL is returned by every SQL method of a MemStore transaction.
@@ -35,6 +36,16 @@ type Tx struct {
 }
 
 var _ pgx.Tx = (*Tx)(nil)
+
+// TxOf returns the MemStore transaction behind tx, the transaction a
+// handler gets on a MemStore (the middleware hands handlers a view of its
+// transaction that refuses Commit and Rollback, so a type assertion on tx
+// does not reach it): TxOf(tx).OnCommit(…). It returns nil for another
+// transaction.
+func TxOf(tx pgx.Tx) *Tx {
+	t, _ := txguard.Unwrap(tx).(*Tx)
+	return t
+}
 
 // OnCommit runs f after tx commits, never when it rolls back: a handler (or
 // its fake dependencies) records its effects with it, so that a test sees
