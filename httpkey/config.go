@@ -73,8 +73,11 @@ type Config struct {
 	// KeepFunc decides which of the handler's responses are kept. A
 	// response that is not kept rolls back the handler's transaction, key
 	// included: the client gets it, and its retry runs the handler again.
-	// Defaults to status < 500: the handler's 2xx, 3xx and 4xx are stored
-	// and replayed, its 5xx are not.
+	// Defaults to status < 500 but the answers that say "not now" (408,
+	// 423, 425, 429, and any response with a Retry-After header): the
+	// handler's 2xx, 3xx and other 4xx are stored and replayed; its 5xx and
+	// its "not now" answers are not. A KeepFunc of yours decides by the
+	// status alone.
 	KeepFunc KeepFunc
 	// Wait makes a request whose key is in flight (its first request's
 	// transaction has not ended) wait for it and then get its stored
@@ -143,9 +146,6 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if o.MaxResponseBytes < 0 {
 		return o, fmt.Errorf("httpkey: Config.MaxResponseBytes %d: want > 0", o.MaxResponseBytes)
-	}
-	if o.KeepFunc == nil {
-		o.KeepFunc = func(status int) bool { return status < 500 }
 	}
 	if o.RetryAfter == 0 {
 		o.RetryAfter = time.Second

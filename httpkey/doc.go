@@ -28,11 +28,18 @@
 // principal, 413 for a body over Config.MaxBodyBytes (before any claim),
 // 422 for a key reused with another request, 409 with Retry-After for a
 // key in flight (or, with Config.Wait, the first request's answer once it
-// ends), 503 with Retry-After when the database failed.
+// ends), 503 with Retry-After when the database failed or the request's
+// deadline passed before its outcome was written ("not applied, retry with
+// the same key"), 500 for what no retry mends (the database refusing the
+// transaction for good, a handler that ended its transaction). Only a
+// request that committed is answered with the handler's 2xx; a client that
+// goes away does not cut its request, which commits or rolls back whole.
 //
-// The handler's 5xx (by default; see Config.KeepFunc) roll back its
-// transaction with the key, so its retry runs again; its other responses
-// are stored with the key and replayed. Handlers with effects outside
+// The handler's 5xx and its "not now" answers (408, 423, 425, 429, any
+// with Retry-After; see Config.KeepFunc) roll back its transaction with the
+// key, so its retry runs again; its other responses are stored with the key
+// and replayed. Messages written with WriteOutbox get IDs that are the same
+// when the request is applied again ([MessageID]). Handlers with effects outside
 // the database run in lease mode (Config.Lease). docs/http.md compares
 // the behaviour with the draft and with Stripe's, point by point.
 package httpkey

@@ -8,14 +8,18 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/advisory"
+	"github.com/exactly-go/exactly/internal/pgerr"
 	"github.com/exactly-go/exactly/internal/pgtx"
+	"github.com/exactly-go/exactly/internal/txguard"
 	"github.com/exactly-go/exactly/pgstore"
 )
 
@@ -58,10 +62,21 @@ func (m *Middleware) Wrap(h http.Handler) http.Handler {
 
 // request is one request's parsed state.
 type request struct {
-	r    *http.Request
-	body []byte
-	key  string
-	req  dedupe.Request
+	r         *http.Request
+	body      []byte
+	key       string
+	principal string
+	req       dedupe.Request
+}
+
+// detach returns a context with ctx's values and deadline that a cancel of
+// ctx does not end.
+func detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := context.WithoutCancel(ctx)
+	if deadline, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(d, deadline)
+	}
+	return context.WithCancel(d)
 }
 
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handler) {
@@ -86,6 +101,15 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handle
 			writeProblem(w, http.StatusUnauthorized, ReasonNoPrincipal, detail)
 			return
 		}
+		if err := (dedupe.Key{Scope: "p", ID: p}).Validate(); err != nil {
+			var ik *dedupe.InvalidKeyError
+			reason := err.Error()
+			if errors.As(err, &ik) {
+				reason = strings.TrimPrefix(ik.Reason, "id ")
+			}
+			writeProblem(w, http.StatusUnauthorized, ReasonPrincipalInvalid, "the request's principal cannot scope a key: it "+reason)
+			return
+		}
 		principal = p
 	}
 	if r.ContentLength > m.cfg.MaxBodyBytes {
@@ -104,7 +128,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handle
 			return
 		}
 	}
-	q := &request{r: r, body: body, key: key}
+	// The request's work is detached from its client: a client that goes
+	// away (or half-closes its side) once its request is read does not
+	// cut it, so what it started commits or rolls back whole, and a retry
+	// with its key finds the answer. A deadline of the request's (an outer
+	// middleware's timeout) still bounds it.
+	ctx, cancel := detach(r.Context())
+	defer cancel()
+	q := &request{r: r.WithContext(ctx), body: body, key: key, principal: principal}
 	if key == "" {
 		m.serveWithoutKey(w, q, h)
 		return
@@ -147,6 +178,19 @@ type notKept struct{ rec *recorder }
 
 func (e *notKept) Error() string { return fmt.Sprintf("httpkey: response %d not kept", e.rec.code()) }
 
+// abortedAnswer carries a kept response whose transaction a failed
+// statement aborted (the handler mapped a unique or CHECK violation to a
+// 4xx, say): the transaction rolls back, and the response is stored with
+// the key in a transaction of its own (see storeAlone).
+type abortedAnswer struct {
+	rec    *recorder
+	result []byte
+}
+
+func (e *abortedAnswer) Error() string {
+	return fmt.Sprintf("httpkey: response %d answered on an aborted transaction", e.rec.code())
+}
+
 // errBusy: another request holds the key's lock (transactional mode).
 var errBusy = errors.New("httpkey: key in flight")
 
@@ -169,6 +213,10 @@ func (m *Middleware) answer(w http.ResponseWriter, q *request, rec *recorder, c 
 		rec.send(w)
 	case errors.As(err, &nk):
 		nk.rec.send(w)
+	case errors.Is(err, txguard.ErrHandlerEndedTx):
+		m.cfg.Logger.ErrorContext(q.r.Context(), "httpkey: the handler broke its transaction", "key", q.req.Key.String(), "err", err)
+		writeProblem(w, http.StatusInternalServerError, ReasonHandlerTx, "the handler ended or broke the request's "+
+			"transaction; nothing was applied: "+err.Error())
 	case errors.As(err, &reused):
 		writeProblem(w, http.StatusUnprocessableEntity, ReasonKeyReused,
 			"this Idempotency-Key was first used with another request (method, target, body or headers): use a new key for a new request")
@@ -183,34 +231,94 @@ func (m *Middleware) answer(w http.ResponseWriter, q *request, rec *recorder, c 
 	case errors.Is(err, dedupe.ErrMisconfigured), pgstore.IsConfigurationError(err):
 		m.cfg.Logger.ErrorContext(q.r.Context(), "httpkey: store misconfigured", "key", q.req.Key.String(), "err", err)
 		writeProblem(w, http.StatusInternalServerError, ReasonStoreFailed, "the idempotency store is misconfigured; nothing was applied")
-	case q.r.Context().Err() != nil:
-		// The client is gone; nothing was applied.
+	case refusedForGood(err):
+		// The database answered, and no retry changes its answer (a
+		// deferred constraint refused at COMMIT, say).
+		m.cfg.Logger.ErrorContext(q.r.Context(), "httpkey: the database refused the request", "key", q.req.Key.String(), "err", err)
+		writeProblem(w, http.StatusInternalServerError, ReasonRefused, "the database refused this request's transaction "+
+			"("+pgMessage(err)+"); nothing was applied, and the same request will be refused again")
 	default:
-		m.cfg.Logger.WarnContext(q.r.Context(), "httpkey: store", "key", q.req.Key.String(), "err", err)
+		// The database failed, or the request's deadline passed before
+		// its outcome was written: nothing was applied, or what was is
+		// the key's, and a retry with the key gets it.
+		m.cfg.Logger.WarnContext(q.r.Context(), "httpkey: request not applied", "key", q.req.Key.String(), "err", err)
 		retryAfter(w, m.cfg.RetryAfter)
 		writeProblem(w, http.StatusServiceUnavailable, ReasonUnavailable,
 			"the request could not be recorded: retry with the same Idempotency-Key (if it was applied, the retry gets its response)")
 	}
 }
 
+// refusedForGood reports whether err is the database's own answer that a
+// retry would get again: not a transient failure (serialisation, deadlock,
+// lock timeout, a shutdown), not a failure of the server or the
+// connection.
+func refusedForGood(err error) bool {
+	answered, serverFault := pgerr.Answered(err)
+	return answered && !serverFault && !pgerr.IsRetryable(err) && !dedupe.IsRetryable(err)
+}
+
+// pgMessage is the database's message in err, with its SQLSTATE.
+func pgMessage(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Message + ", SQLSTATE " + pe.Code
+	}
+	return err.Error()
+}
+
 // handle runs h on a copy of q's request whose body is q.body again and
 // whose context carries st, and returns its response or why it is not to
 // be stored.
 func (m *Middleware) handle(ctx context.Context, q *request, h http.Handler, st *state) (*recorder, []byte, error) {
-	st.key, st.m = q.key, m
+	st.key, st.scopedID, st.m = q.key, q.req.Key.ID, m
+	var guard *txguard.Tx
+	if st.tx != nil {
+		guard = txguard.Wrap(st.tx, "the HTTP handler")
+		defer guard.End()
+		st.tx = guard
+	}
 	r := q.r.WithContext(withState(ctx, st))
 	r.Body = io.NopCloser(bytes.NewReader(q.body))
 	r.ContentLength = int64(len(q.body))
 	rec := newRecorder(m.cfg.MaxResponseBytes)
 	h.ServeHTTP(rec, r)
+	aborted := false
+	if guard != nil {
+		if err := guard.Check(nil); err != nil {
+			aborted = guard.Aborted()
+			if !aborted || rec.code() < 400 {
+				// A success on writes that a failed statement undid, or a
+				// transaction the handler ended: nothing to keep.
+				return rec, nil, err
+			}
+		}
+	}
 	if rec.over {
 		return rec, nil, errResponseLarge
 	}
-	if !m.cfg.KeepFunc(rec.code()) {
+	if !m.keep(rec) {
 		return rec, nil, &notKept{rec: rec}
 	}
 	result, err := rec.encode(m.cfg.ReplayHeaders)
+	if err == nil && aborted {
+		return rec, result, &abortedAnswer{rec: rec, result: result}
+	}
 	return rec, result, err
+}
+
+// keep reports whether rec is kept: KeepFunc's say, or by default any
+// status below 500 but the answers that say "not now" (408, 423, 425, 429,
+// or any with Retry-After), which a retry of the same key must run again.
+func (m *Middleware) keep(rec *recorder) bool {
+	code := rec.code()
+	if m.cfg.KeepFunc != nil {
+		return m.cfg.KeepFunc(code)
+	}
+	switch code {
+	case http.StatusRequestTimeout, http.StatusLocked, http.StatusTooEarly, http.StatusTooManyRequests:
+		return false
+	}
+	return code < 500 && rec.header.Get("Retry-After") == ""
 }
 
 // runTx is transactional mode answering 409 for a key in flight: the
@@ -219,13 +327,31 @@ func (m *Middleware) handle(ctx context.Context, q *request, h http.Handler, st 
 // key, runs the handler, stores its response and commits.
 func (m *Middleware) runTx(q *request, h http.Handler) (*recorder, dedupe.Claim, error) {
 	ctx := q.r.Context()
-	if !m.ready.Load() {
-		// On the pool, before this request takes its connection.
-		if err := m.store.Check(ctx); err != nil {
-			return nil, dedupe.Claim{}, err
-		}
-		m.ready.Store(true)
+	if err := m.check(ctx); err != nil {
+		return nil, dedupe.Claim{}, err
 	}
+	rec, c, err := m.runTxOnce(ctx, q, h)
+	var aa *abortedAnswer
+	if errors.As(err, &aa) {
+		return m.storeAlone(ctx, q, aa)
+	}
+	return rec, c, err
+}
+
+// check runs the store's Check once, on the pool, before a request takes
+// its connection.
+func (m *Middleware) check(ctx context.Context) error {
+	if m.ready.Load() {
+		return nil
+	}
+	if err := m.store.Check(ctx); err != nil {
+		return err
+	}
+	m.ready.Store(true)
+	return nil
+}
+
+func (m *Middleware) runTxOnce(ctx context.Context, q *request, h http.Handler) (*recorder, dedupe.Claim, error) {
 	tx, err := m.store.Begin(ctx)
 	if err != nil {
 		return nil, dedupe.Claim{}, err
@@ -257,6 +383,15 @@ func (m *Middleware) runTx(q *request, h http.Handler) (*recorder, dedupe.Claim,
 	return rec, c, nil
 }
 
+// storeAlone stores a's response with the key in a transaction of its own,
+// after the handler's transaction rolled back: the handler's writes are
+// gone, its answer stays. A request with the same key that ran in between
+// has its own answer stored: that one is replayed.
+func (m *Middleware) storeAlone(ctx context.Context, q *request, a *abortedAnswer) (*recorder, dedupe.Claim, error) {
+	c, err := m.store.Do(ctx, q.req, func(context.Context, pgx.Tx) ([]byte, error) { return a.result, nil })
+	return a.rec, c, err
+}
+
 // lockedOut answers a request that found its key's lock taken: by the
 // first request, still running (409), or by another duplicate of a key
 // that is already completed, which is then replayed or a reuse.
@@ -282,20 +417,32 @@ func (m *Middleware) lockedOut(ctx context.Context, tx pgx.Tx, q *request) (dedu
 // whose claim waits for the transaction that holds the key to end.
 func (m *Middleware) runWait(q *request, h http.Handler) (*recorder, dedupe.Claim, error) {
 	var rec *recorder
-	c, err := m.store.Do(q.r.Context(), q.req, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+	ctx := q.r.Context()
+	c, err := m.store.Do(ctx, q.req, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
 		r, result, err := m.handle(ctx, q, h, &state{tx: tx})
 		rec = r
 		return result, err
 	})
+	var aa *abortedAnswer
+	if errors.As(err, &aa) {
+		return m.storeAlone(ctx, q, aa)
+	}
 	return rec, c, err
 }
 
 // runLease is lease mode: Store.DoLease, the handler outside any
-// transaction.
+// transaction, its context ended if the lease cannot be kept (DoLease
+// extends it while the handler runs). A response too large to store is
+// no reason to release the key: the handler's effect may have happened,
+// so the key is completed with an answer that says so.
 func (m *Middleware) runLease(q *request, h http.Handler) (*recorder, dedupe.Claim, error) {
 	var rec *recorder
 	c, err := m.store.DoLease(q.r.Context(), q.req, m.cfg.Lease, func(ctx context.Context) ([]byte, error) {
 		r, result, err := m.handle(ctx, q, h, &state{})
+		if errors.Is(err, errResponseLarge) {
+			r = tooLarge(r, m.cfg.MaxResponseBytes)
+			result, err = r.encode(m.cfg.ReplayHeaders)
+		}
 		rec = r
 		return result, err
 	})
@@ -308,6 +455,9 @@ func (m *Middleware) serveWithoutKey(w http.ResponseWriter, q *request, h http.H
 	ctx := q.r.Context()
 	if m.cfg.Lease > 0 {
 		rec, _, err := m.handle(ctx, q, h, &state{})
+		if errors.Is(err, errResponseLarge) {
+			rec, err = tooLarge(rec, m.cfg.MaxResponseBytes), nil
+		}
 		m.answer(w, q, rec, dedupe.Claim{}, err)
 		return
 	}
@@ -318,6 +468,11 @@ func (m *Middleware) serveWithoutKey(w http.ResponseWriter, q *request, h http.H
 	}
 	defer pgtx.Rollback(ctx, tx)
 	rec, _, err := m.handle(ctx, q, h, &state{tx: tx})
+	var aa *abortedAnswer
+	if errors.As(err, &aa) {
+		// Rolled back, nothing to store: the client gets the answer.
+		err = &notKept{rec: aa.rec}
+	}
 	if err == nil {
 		if err = tx.Commit(ctx); err != nil {
 			err = fmt.Errorf("httpkey: commit: %w", err)

@@ -587,6 +587,8 @@ func TestResponseTooLarge(t *testing.T) {
 // before the commit; nothing of it stays, and its retry runs once.
 func TestCrashBeforeCommit(t *testing.T) {
 	t.Run("cancel", func(t *testing.T) {
+		// A client that goes away does not cut its request: what it
+		// started commits whole, and its retry gets the stored answer.
 		f := newFixture(t, nil)
 		ctx, cancel := context.WithCancel(context.Background())
 		f.hook = func(_ *http.Request, run int64) int {
@@ -595,9 +597,33 @@ func TestCrashBeforeCommit(t *testing.T) {
 			}
 			return 0
 		}
-		w := f.do(call{key: `"c"`, body: `{"amount":4}`, ctx: ctx})
-		if w.Code == http.StatusCreated {
-			t.Fatalf("a request cancelled before its commit answered %d %s", w.Code, w.Body)
+		if w := f.do(call{key: `"c"`, body: `{"amount":4}`, ctx: ctx}); w.Code != http.StatusCreated {
+			t.Fatalf("a request whose client went away answered %d %s", w.Code, w.Body)
+		}
+		f.state(1, 1, 1)
+		if w := f.do(call{key: `"c"`, body: `{"amount":4}`}); w.Code != http.StatusCreated || w.Header().Get(httpkey.ReplayedHeader) != "true" {
+			t.Fatalf("retry: %d %v", w.Code, w.Header())
+		}
+		f.state(1, 1, 1)
+	})
+	t.Run("deadline", func(t *testing.T) {
+		// A deadline (an outer middleware's timeout) that passes before
+		// the commit: nothing applied, and the answer says so.
+		f := newFixture(t, nil)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		defer cancel()
+		f.hook = func(r *http.Request, run int64) int {
+			if run == 1 {
+				<-r.Context().Done()
+			}
+			return 0
+		}
+		short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancelShort()
+		w := f.do(call{key: `"c"`, body: `{"amount":4}`, ctx: short})
+		problemOf(t, w, http.StatusServiceUnavailable, httpkey.ReasonUnavailable)
+		if w.Header().Get("Retry-After") == "" {
+			t.Fatalf("no Retry-After: %v", w.Header())
 		}
 		f.state(0, 0, 0)
 		if w := f.do(call{key: `"c"`, body: `{"amount":4}`}); w.Code != http.StatusCreated || w.Header().Get(httpkey.ReplayedHeader) != "" {

@@ -32,6 +32,17 @@ const (
 	ReasonUnavailable   = "store-unavailable"         // 503
 	ReasonResponseLarge = "response-too-large"        // 500
 	ReasonStoreFailed   = "store-failed"              // 500
+	// ReasonPrincipalInvalid: PrincipalFunc returned a principal that a key
+	// cannot hold (a control character, bytes that are not UTF-8).
+	ReasonPrincipalInvalid = "principal-invalid" // 401
+	// ReasonHandlerTx: the handler called Commit or Rollback on Tx (or
+	// sent SQL that ends it), or answered success after a statement failed
+	// in it; nothing was applied, and a retry fails the same way.
+	ReasonHandlerTx = "handler-ended-transaction" // 500
+	// ReasonRefused: the database refused the request's transaction for
+	// good (a deferred constraint at COMMIT, say); nothing was applied,
+	// and a retry is refused the same way.
+	ReasonRefused = "transaction-refused" // 500
 )
 
 func writeProblem(w http.ResponseWriter, status int, reason, detail string) {

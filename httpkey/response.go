@@ -57,6 +57,24 @@ func (r *recorder) send(w http.ResponseWriter) {
 	_, _ = w.Write(r.body)
 }
 
+// tooLarge is the answer of a lease-mode request whose handler ran (its
+// effect may have happened) and answered status with a body over max: the
+// status stays, the body says that it was not kept. The key is completed
+// with it, so a retry gets it too instead of running the handler again.
+func tooLarge(rec *recorder, max int) *recorder {
+	out := newRecorder(max)
+	for k, v := range rec.header {
+		out.header[k] = v
+	}
+	out.header.Del("Content-Length")
+	out.header.Set("Content-Type", "application/problem+json")
+	b, _ := json.Marshal(Problem{Type: "about:blank", Title: http.StatusText(rec.code()), Status: rec.code(), Reason: ReasonResponseLarge,
+		Detail: fmt.Sprintf("the request was applied, but its response was over %d bytes (Config.MaxResponseBytes) and was not kept", max)})
+	out.status = rec.code()
+	out.body = b
+	return out
+}
+
 // stored is a response as kept with its key.
 type stored struct {
 	Status int         `json:"status"`

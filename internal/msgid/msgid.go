@@ -11,6 +11,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
+
+	"github.com/exactly-go/exactly/dedupe"
 )
 
 // New returns a new UUIDv7 in its canonical form (36 lowercase characters).
@@ -28,6 +30,20 @@ func Fill(msgs []*message.Message) {
 			m.UUID = New()
 		}
 	}
+}
+
+// DeriveRequest returns the ID of the index-th message of the HTTP request
+// whose key, scoped by its principal, is scopedID under scope; key is the
+// client's Idempotency-Key: its time bits when it is a UUIDv7 or a ULID
+// minted no later than now, else the Unix epoch's (an ID stays the same
+// across re-applications only if nothing of the moment goes into it).
+func DeriveRequest(scope, scopedID, key string, index int) string {
+	at := time.UnixMilli(0)
+	if t, err := dedupe.ParseTimeID(key); err == nil && !t.Time().After(time.Now()) {
+		at = t.Time()
+	}
+	id, _ := Derive("http\x00"+scope, scopedID, index, "", at)
+	return id
 }
 
 // Derive returns the ID of the index-th output of the input message whose

@@ -8,7 +8,6 @@ import (
 	"net/http"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/httpkey"
@@ -102,12 +101,16 @@ func commandHandler(typ, topic string) http.Handler {
 			apiError(w, http.StatusBadRequest, "body: "+err.Error())
 			return
 		}
-		id, err := uuid.NewV7()
-		if err != nil {
-			apiError(w, http.StatusInternalServerError, err.Error())
+		// The command's ID is the request's (its key's): the same request
+		// applied again, after a restore, sends the command under the same
+		// ID, which the worker then finds applied. A fresh ID would apply
+		// it twice.
+		id, ok := httpkey.MessageID(r.Context())
+		if !ok {
+			apiError(w, http.StatusInternalServerError, "no Idempotency-Key")
 			return
 		}
-		c := Command{CommandID: id.String(), Type: typ, Account: r.PathValue("id"), Amount: req.Amount, HoldID: req.HoldID}
+		c := Command{CommandID: id, Type: typ, Account: r.PathValue("id"), Amount: req.Amount, HoldID: req.HoldID}
 		payload, err := json.Marshal(c)
 		if err != nil {
 			apiError(w, http.StatusInternalServerError, err.Error())
