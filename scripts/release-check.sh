@@ -32,7 +32,7 @@ start=$(date +%s)
 
 # The published modules (RELEASING.md). Every other module of go.work is
 # test-only or internal, never required by a published one.
-published=(. plugin/eprom plugin/eotel cmd/replay embedpg kgopubsub)
+published=(. plugin/eprom plugin/eotel cmd/replay embedpg kgopubsub worker/workertest)
 repo=github.com/exactly-go/exactly
 
 fail() { echo "release-check: $*" >&2; exit 1; }

@@ -182,9 +182,13 @@ func (k *Kit) DatabaseURL() string { return k.url }
 // Brokers are the Kafka brokers.
 func (k *Kit) Brokers() []string { return k.brokers }
 
-// Topic, OutputTopic and DeadLetterTopic are the kit's topics.
-func (k *Kit) Topic() string           { return k.cfg.Topic }
-func (k *Kit) OutputTopic() string     { return k.cfg.OutputTopic }
+// Topic is the commands topic.
+func (k *Kit) Topic() string { return k.cfg.Topic }
+
+// OutputTopic is the topic of the handler's outputs.
+func (k *Kit) OutputTopic() string { return k.cfg.OutputTopic }
+
+// DeadLetterTopic is the dead-letter topic.
 func (k *Kit) DeadLetterTopic() string { return k.cfg.DeadLetterTopic }
 
 // Group is the consumer group of the worker that runs now (or ran last).
@@ -270,7 +274,7 @@ func brokers(given []string) (addrs []string, inProcess bool, err error) {
 // the servers the kit started: without it, the throwaway PostgreSQL is
 // stopped when the test binary exits, and its directory is left in the
 // temporary directory.
-func Main(m interface{ Run() int }) {
+func Main(m *testing.M) {
 	code := m.Run()
 	if shared.pg != nil {
 		_ = shared.pg.Stop()
