@@ -141,7 +141,7 @@ func TestAssertionsReportDifferences(t *testing.T) {
 	k := workertest.New(r, &workertest.Config{Partitions: 2, Setup: tables})
 	expect(t, r, "Start with a topic of its own", []string{`worker.Config.Topic is "elsewhere"`},
 		func() { k.Start(&worker.Config{Scope: "top-ups", Topic: "elsewhere", Handler: topUp}) })
-	expect(t, r, "WaitCaughtUp before a worker runs", []string{"no worker runs"}, k.WaitCaughtUp)
+	expect(t, r, "WaitCaughtUp before a worker runs, nothing sent", nil, k.WaitCaughtUp)
 	k.Start(&worker.Config{Scope: "top-ups", Handler: journaled})
 	a := workertest.Command{ID: "cmd-1", Payload: `{"account":"acc-1","amount":10}`}
 	reused := workertest.Command{ID: "cmd-1", Payload: `{"account":"acc-1","amount":99}`}
@@ -199,6 +199,7 @@ func TestWaitCaughtUpFails(t *testing.T) {
 				t.Errorf("Stop returned %v, want the worker's error", err)
 			}
 		})
+		expect(t, r, "WaitCaughtUp once stopped", []string{"no worker runs", "partition 0: end 1, committed -1"}, k.WaitCaughtUp)
 	})
 }
 

@@ -107,7 +107,8 @@ func (k *Kit) Sent() []Command {
 // (exactly_positions, when the worker keeps it) are at the partition's
 // end, and no outbox row is pending. It fails the test after
 // Config.Timeout, saying where each partition stands, or at once when the
-// worker stopped.
+// worker stopped before it caught up. With no worker running ([Kit.Stop]),
+// it checks once: the state a stopped worker left must be caught up.
 func (k *Kit) WaitCaughtUp() {
 	k.t.Helper()
 	deadline := time.Now().Add(k.cfg.Timeout)
@@ -116,16 +117,6 @@ func (k *Kit) WaitCaughtUp() {
 		k.mu.Lock()
 		r, group := k.running, k.group
 		k.mu.Unlock()
-		if r == nil {
-			k.t.Fatalf("workertest: WaitCaughtUp: no worker runs (call Start or Run)")
-			return
-		}
-		select {
-		case <-r.done:
-			k.t.Fatalf("workertest: the worker stopped before it caught up: %v", r.err)
-			return
-		default:
-		}
 		behind, err := k.behind(group)
 		if err == nil && behind == "" {
 			return
@@ -134,6 +125,16 @@ func (k *Kit) WaitCaughtUp() {
 			behind = err.Error()
 		}
 		last = behind
+		if r == nil {
+			k.t.Fatalf("workertest: no worker runs (Start or Run one), and group %s is behind: %s", group, last)
+			return
+		}
+		select {
+		case <-r.done:
+			k.t.Fatalf("workertest: the worker stopped before it caught up: %v", r.err)
+			return
+		default:
+		}
 		if time.Now().After(deadline) {
 			k.t.Fatalf("workertest: the worker (group %s) did not catch up within %v: %s", group, k.cfg.Timeout, last)
 			return
