@@ -9,19 +9,21 @@
 // start's (example_test.go runs it):
 //
 //	func TestTopUps(t *testing.T) {
+//		t.Parallel()
 //		k := workertest.New(t, &workertest.Config{
 //			Setup: []string{"CREATE TABLE accounts (id text PRIMARY KEY, balance bigint NOT NULL)"},
 //		})
 //		k.Start(&worker.Config{Scope: "top-ups", Handler: topUp})
 //		a := workertest.Command{ID: "cmd-1", Payload: `{"account":"acc-1","amount":10}`}
 //		b := workertest.Command{ID: "cmd-2", Payload: `{"account":"acc-2","amount":20}`}
-//		bad := workertest.Command{ID: "cmd-3", Payload: `{"amount":`}
-//		k.Send(a, a, b, bad) // a twice: an exact duplicate, as a producer's retry leaves
-//		k.Redeliver("cmd-2") // cmd-2 again, later
-//		k.Replay()           // a new group consumes the whole topic again
-//		k.AssertRows("SELECT id, balance FROM accounts ORDER BY id", "acc-1 10", "acc-2 20")
-//		k.AssertOutputs("topped-up-cmd-1", "topped-up-cmd-2")
-//		k.AssertDeadLetters("cmd-3", "cmd-3") // refused for good on each pass over the topic
+//		c := workertest.Command{ID: "cmd-3", Payload: `{"account":"acc-1","amount":5}`}
+//		bad := workertest.Command{ID: "cmd-4", Payload: `{"amount":`}
+//		k.Send(a, a, b, c, bad) // a twice: an exact duplicate, as a producer's retry leaves
+//		k.Redeliver("cmd-2")    // cmd-2 again, later
+//		k.Replay()              // a new group consumes the whole topic again
+//		k.AssertRows("SELECT id, balance FROM accounts ORDER BY id", "acc-1 15", "acc-2 20")
+//		k.AssertOutputs("topped-up-cmd-1", "topped-up-cmd-2", "topped-up-cmd-3")
+//		k.AssertDeadLetters("cmd-4", "cmd-4") // refused for good on each pass over the topic
 //	}
 //
 // The assertions wait until the worker has caught up

@@ -255,22 +255,48 @@ func TestEmbeddedServers(t *testing.T) {
 }
 
 // A user's end-to-end test of a worker fits in under 40 lines: the
-// example's test function, which runs as a test of its own.
+// example's test function, which runs as a test of its own, and which the
+// package doc and docs/testing.md show as it is.
 func TestExampleIsShort(t *testing.T) {
-	fset := token.NewFileSet()
-	f, err := parser.ParseFile(fset, "example_test.go", nil, 0)
+	src, err := os.ReadFile("example_test.go")
 	if err != nil {
 		t.Fatal(err)
 	}
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "example_test.go", src, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fn *ast.FuncDecl
 	for _, d := range f.Decls {
-		if fn, ok := d.(*ast.FuncDecl); ok && fn.Name.Name == "TestTopUps" {
-			lines := fset.Position(fn.End()).Line - fset.Position(fn.Pos()).Line + 1
-			t.Logf("TestTopUps: %d lines", lines)
-			if lines >= 40 {
-				t.Errorf("TestTopUps is %d lines, want under 40", lines)
-			}
-			return
+		if d, ok := d.(*ast.FuncDecl); ok && d.Name.Name == "TestTopUps" {
+			fn = d
 		}
 	}
-	t.Fatal("example_test.go has no TestTopUps")
+	if fn == nil {
+		t.Fatal("example_test.go has no TestTopUps")
+	}
+	lines := fset.Position(fn.End()).Line - fset.Position(fn.Pos()).Line + 1
+	t.Logf("TestTopUps: %d lines", lines)
+	if lines >= 40 {
+		t.Errorf("TestTopUps is %d lines, want under 40", lines)
+	}
+	body := string(src[fset.Position(fn.Pos()).Offset:fset.Position(fn.End()).Offset])
+	doc, err := os.ReadFile("doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), "//\t"+strings.ReplaceAll(body, "\n", "\n//\t")) {
+		t.Errorf("the package doc does not show TestTopUps as example_test.go has it: copy it")
+	}
+	page, err := os.ReadFile("../../docs/testing.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(page), "```go\n"+body+"\n```") {
+		t.Errorf("docs/testing.md does not show TestTopUps as example_test.go has it: copy it")
+	}
+	if want := fmt.Sprintf("%d lines", lines); !strings.Contains(string(page), want) {
+		t.Errorf("docs/testing.md does not say TestTopUps is %s", want)
+	}
 }
