@@ -82,9 +82,10 @@ func (k *Kit) Run(run RunFunc) {
 	k.runner = run
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{cancel: cancel, done: make(chan struct{})}
+	group := k.group
 	go func() {
 		defer close(r.done)
-		r.err = run(ctx, k.group)
+		r.err = run(ctx, group)
 	}()
 	k.running = r
 }
