@@ -95,12 +95,23 @@ func (k *Kit) AssertAppliedOnce(query string, except ...string) bool {
 }
 
 // AssertOutputs checks that the outputs topic holds exactly one record with
-// each of these message IDs and no other record. A command applied twice
+// each of these message IDs and no other record, and that no output is
+// DEAD in the outbox (given up on by the relay). A command applied twice
 // shows here as an output twice (or two outputs) when its outputs' IDs
 // derive from the command's.
 func (k *Kit) AssertOutputs(ids ...string) bool {
 	k.t.Helper()
-	return k.assertIDs("outputs", k.Outputs(), ids)
+	ok := k.assertIDs("outputs", k.Outputs(), ids)
+	dead, err := k.Rows("SELECT uuid FROM exactly_outbox WHERE status = 'DEAD' ORDER BY id")
+	if err != nil {
+		k.t.Errorf("workertest: AssertOutputs: read exactly_outbox: %v", err)
+		return false
+	}
+	if len(dead) > 0 {
+		k.t.Errorf("workertest: %d output(s) DEAD in the outbox, never published: %q", len(dead), dead)
+		return false
+	}
+	return ok
 }
 
 // AssertDeadLetters checks that the dead-letter topic holds exactly these

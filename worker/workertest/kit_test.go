@@ -167,6 +167,11 @@ func TestAssertionsReportDifferences(t *testing.T) {
 		func() { k.AssertOutputs("topped-up-cmd-1", "topped-up-cmd-2") })
 	expect(t, r, "AssertOutputs, none wanted", []string{`holds IDs ["topped-up-cmd-1"], want []`, `"{\"account\":\"acc-1\",\"balance\":10}"`},
 		func() { k.AssertOutputs() })
+	if _, err := k.Pool().Exec(context.Background(), "INSERT INTO exactly_outbox (topic, uuid, payload, lane, status) VALUES ($1, 'lost-1', 'x', 0, 'DEAD')", k.OutputTopic()); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, r, "AssertOutputs, one output DEAD in the outbox", []string{`1 output(s) DEAD in the outbox, never published: ["lost-1"]`},
+		func() { k.AssertOutputs("topped-up-cmd-1") })
 	expect(t, r, "AssertDeadLetters, one copy", []string{"the dead-letter topic holds IDs", "reason="},
 		func() { k.AssertDeadLetters("cmd-1") })
 }
@@ -298,5 +303,22 @@ func TestExampleIsShort(t *testing.T) {
 	}
 	if want := fmt.Sprintf("%d lines", lines); !strings.Contains(string(page), want) {
 		t.Errorf("docs/testing.md does not say TestTopUps is %s", want)
+	}
+}
+
+// The library's own module requires neither the kit nor embedpg: a program
+// that imports the library compiles no throwaway PostgreSQL.
+func TestCoreDoesNotRequireTheKit(t *testing.T) {
+	mod, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(mod), "module github.com/exactly-go/exactly\n") {
+		t.Fatalf("../../go.mod is not the library's:\n%.80s", mod)
+	}
+	for _, m := range []string{"github.com/exactly-go/exactly/worker/workertest ", "github.com/exactly-go/exactly/embedpg "} {
+		if strings.Contains(string(mod), m) {
+			t.Errorf("the library's go.mod requires %s: its importers would download it", strings.TrimSpace(m))
+		}
 	}
 }
