@@ -221,7 +221,7 @@ type Record struct {
 func (k *Kit) Outputs() []Record {
 	k.t.Helper()
 	k.WaitCaughtUp()
-	return k.read(k.cfg.OutputTopic)
+	return k.Read(k.cfg.OutputTopic)
 }
 
 // DeadLetters waits until the worker has caught up, then returns the
@@ -229,11 +229,13 @@ func (k *Kit) Outputs() []Record {
 func (k *Kit) DeadLetters() []Record {
 	k.t.Helper()
 	k.WaitCaughtUp()
-	return k.read(k.cfg.DeadLetterTopic)
+	return k.Read(k.cfg.DeadLetterTopic)
 }
 
-// read reads every record of topic up to its end offsets now.
-func (k *Kit) read(topic string) []Record {
+// Read returns every record of topic up to its end offsets now, in
+// partition and offset order, without waiting for the worker: the
+// commands topic, say, or a topic another part of the program writes.
+func (k *Kit) Read(topic string) []Record {
 	k.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), k.cfg.Timeout)
 	defer cancel()
