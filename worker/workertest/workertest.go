@@ -114,7 +114,7 @@ func New(t testing.TB, cfg *Config) *Kit {
 	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
 	defer cancel()
 
-	base, err := databaseURL(ctx, c.DatabaseURL)
+	base, embedded, err := databaseURL(c.DatabaseURL)
 	if err != nil {
 		t.Fatalf("workertest: %v", err)
 	}
@@ -158,7 +158,7 @@ func New(t testing.TB, cfg *Config) *Kit {
 	}
 	t.Cleanup(func() { k.deleteTopics(topics) })
 	pgFrom, kafkaFrom := "throwaway server", "in-process broker"
-	if shared.pg == nil || base != shared.pg.URL() {
+	if !embedded {
 		pgFrom = redact.Password(base)
 	}
 	if !k.inProcess {
@@ -234,24 +234,24 @@ var shared struct {
 	kafka             *kfake.Cluster
 }
 
-func databaseURL(ctx context.Context, given string) (string, error) {
+func databaseURL(given string) (url string, embedded bool, err error) {
 	if given != "" {
-		return given, nil
+		return given, false, nil
 	}
 	if u := os.Getenv(DatabaseURLEnv); u != "" {
-		return u, nil
+		return u, false, nil
 	}
 	shared.pgOnce.Do(func() {
-		// Not ctx: the server outlives the test that started it. The kernel
-		// stops it when the test binary exits (embedpg); Main removes its
-		// directory too.
+		// The server outlives the test that started it. The kernel stops it
+		// when the test binary exits (embedpg); Main removes its directory
+		// too.
 		shared.pg, shared.pgErr = embedpg.Start(context.Background(), nil)
 	})
 	if shared.pgErr != nil {
-		return "", fmt.Errorf("no %s and no throwaway PostgreSQL (set %s to a server the tests may create schemas on): %w",
+		return "", false, fmt.Errorf("no %s and no throwaway PostgreSQL (set %s to a server the tests may create schemas on): %w",
 			DatabaseURLEnv, DatabaseURLEnv, shared.pgErr)
 	}
-	return shared.pg.URL(), nil
+	return shared.pg.URL(), true, nil
 }
 
 func brokers(given []string) (addrs []string, inProcess bool, err error) {
