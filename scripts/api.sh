@@ -12,7 +12,7 @@ trap 'rm -rf "$tmp"' EXIT
 (cd tools/release && GOWORK=off go build -o "$tmp/apisurface" ./cmd/apisurface)
 stale=()
 mkdir -p api
-for m in . plugin/eprom plugin/eotel cmd/replay embedpg kgopubsub; do
+for m in . plugin/eprom plugin/eotel cmd/replay embedpg kgopubsub worker/workertest; do
 	name=$(go mod edit -json "$m/go.mod" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Module"]["Path"].removeprefix("github.com/exactly-go/").replace("/", "-"))')
 	"$tmp/apisurface" "$m" >"$tmp/$name.txt"
 	if [ "$mode" = check ]; then

@@ -16,7 +16,8 @@
 #     only the third-party modules): the commands of README.md's Install
 #     section, line by line, as written; the README's quick start copied out
 #     of README.md, built and vetted; a program on both plugins built and
-#     run; `replay --help` from the go install.
+#     run; the test kit's example test (worker/workertest) built and run;
+#     `replay --help` from the go install.
 #  4. A report: each published module, its version and direct dependencies,
 #     and the build graph a user of the root module downloads
 #     (go mod download -json: modules and MB).
@@ -32,7 +33,7 @@ start=$(date +%s)
 
 # The published modules (RELEASING.md). Every other module of go.work is
 # test-only or internal, never required by a published one.
-published=(. plugin/eprom plugin/eotel cmd/replay embedpg kgopubsub)
+published=(. plugin/eprom plugin/eotel cmd/replay embedpg kgopubsub worker/workertest)
 repo=github.com/exactly-go/exactly
 
 fail() { echo "release-check: $*" >&2; exit 1; }
@@ -146,6 +147,15 @@ cp "$root/scripts/release-check/plugins.go.txt" plugins/main.go
 go build -o "$tmp/bin/plugins" ./plugins || fail "the plugins program does not build"
 go vet ./plugins || fail "the plugins program does not pass go vet"
 "$tmp/bin/plugins"
+
+echo "== a test on the test kit"
+# worker/workertest's example test, as a user's: built against the published
+# modules and run (on TEST_DATABASE_URL and TEST_KAFKA_BROKERS when set, else
+# on a throwaway PostgreSQL and the in-process broker).
+mkdir -p kittest
+cp "$root/worker/workertest/example_test.go" kittest/
+go vet ./kittest || fail "the test kit's example does not pass go vet"
+go test -count=1 -run '^TestTopUps$' ./kittest || fail "the test kit's example test failed"
 
 echo "== replay --help"
 help=$(replay --help) || fail "replay --help exited with $?"

@@ -22,6 +22,7 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/exactly-go/exactly/kgopubsub v0.1.0-rc.1
 	github.com/exactly-go/exactly/plugin/eprom v0.1.0-rc.1
+	github.com/exactly-go/exactly/worker/workertest v0.1.0-rc.1
 	github.com/gorilla/mux v1.8.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect

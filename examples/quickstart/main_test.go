@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"fmt"
-	neturl "net/url"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,152 +11,78 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/segmentio/kafka-go"
-
-	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
-	"github.com/exactly-go/exactly/internal/testkit/pgtest"
-	"github.com/exactly-go/exactly/internal/testkit/testenv"
-	"github.com/exactly-go/exactly/kafkapubsub"
+	"github.com/exactly-go/exactly/worker"
+	"github.com/exactly-go/exactly/worker/workertest"
 )
 
-// The quick start builds and runs as a worker against real Postgres and
-// Kafka until it is interrupted: it creates its topics and tables, applies
-// each command once, emits one event per command through the outbox and
+func TestMain(m *testing.M) { workertest.Main(m) }
+
+// The quick start's handler on a worker, as a user tests theirs: an exact
+// duplicate, a redelivery, a malformed command and a replay of the topic;
+// each command applied once.
+func TestTopUp(t *testing.T) {
+	t.Parallel()
+	k := workertest.New(t, &workertest.Config{
+		Setup: []string{"CREATE TABLE accounts (id text PRIMARY KEY, balance bigint NOT NULL)"},
+	})
+	k.Start(&worker.Config{Scope: "top-ups", Handler: topUp})
+	a := workertest.Command{ID: "cmd-1", Payload: `{"account":"acc-1","amount":10}`}
+	b := workertest.Command{ID: "cmd-2", Payload: `{"account":"acc-2","amount":20}`}
+	c := workertest.Command{ID: "cmd-3", Payload: `{"account":"acc-1","amount":5}`}
+	k.Send(a, b, c, a, workertest.Command{ID: "cmd-4", Payload: `{"amount":`})
+	k.Redeliver("cmd-2")
+	k.Replay()
+	k.AssertRows("SELECT id, balance FROM accounts ORDER BY id", "acc-1 15", "acc-2 20")
+	k.AssertOutputs("topped-up-cmd-1", "topped-up-cmd-2", "topped-up-cmd-3")
+	k.AssertDeadLetters("cmd-4", "cmd-4")
+}
+
+// The quick start builds and runs as a worker until it is interrupted: it
+// creates its tables, applies each command once, emits one event per
+// command through the outbox (all of them published before it exits) and
 // dead-letters the malformed one; run again on the same commands sent
 // again, it applies nothing.
 func TestQuickstart(t *testing.T) {
-	db := pgtest.NewEmpty(t)
-	url, err := pgtest.URL()
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, err := neturl.Parse(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("search_path", db.Schema)
-	u.RawQuery = q.Encode()
-	brokers := kafkatest.Brokers(t)
-	kafkatest.RequireReal(t)
-	prefix := kafkatest.Name("quickstart")
-	commands, events := prefix+".commands", prefix+".events"
-	dlq := commands + ".dlq" // the default dead-letter topic
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		c := &kafka.Client{Addr: kafka.TCP(brokers...)}
-		_, _ = c.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{commands, events, dlq}})
-	})
-
+	t.Parallel()
+	prefix := "quickstart-" + strings.ReplaceAll(t.Name(), "/", "-") + "-" + time.Now().Format("150405.000000")
+	k := workertest.New(t, &workertest.Config{Topic: prefix + ".commands", OutputTopic: prefix + ".events",
+		DeadLetterTopic: prefix + ".commands.dlq", Group: "top-ups"}) // the quick start's defaults: its Scope is its group
 	bin := filepath.Join(t.TempDir(), "quickstart")
 	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, ".")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	pub, err := kafkapubsub.NewPublisher(&kafkapubsub.PublisherConfig{Brokers: brokers})
-	if err != nil {
+	var output strings.Builder
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the quick start's output:\n%s", output.String())
+		}
+	})
+	k.Run(func(ctx context.Context, _ string) error {
+		cmd := exec.CommandContext(ctx, bin, "-db", k.DatabaseURL(), "-brokers", strings.Join(k.Brokers(), ","), "-prefix", prefix)
+		cmd.Stdout, cmd.Stderr = &output, &output
+		cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) } // as a terminal's Ctrl-C
+		cmd.WaitDelay = time.Minute
+		if err := cmd.Run(); err != nil && !(errors.Is(err, context.Canceled) && cmd.ProcessState.Success()) {
+			return err
+		}
+		return nil
+	})
+	k.Send(workertest.Command{ID: "cmd-1", Payload: `{"account":"acc-1","amount":10}`},
+		workertest.Command{ID: "cmd-2", Payload: `{"account":"acc-2","amount":20}`},
+		workertest.Command{ID: "cmd-3", Payload: `{"account":"acc-1","amount":5}`},
+		workertest.Command{ID: "cmd-1", Payload: `{"account":"acc-1","amount":10}`},
+		workertest.Command{ID: "cmd-4", Payload: `{"amount":`})
+	k.WaitCaughtUp()
+	k.Restart() // SIGINT, then the program again
+	k.Redeliver()
+	k.WaitCaughtUp()
+	if err := k.Stop(); err != nil { // SIGINT: the program drains and flushes the outbox before it exits
 		t.Fatal(err)
 	}
-	defer pub.Close()
-	send := func() {
-		for _, c := range [][2]string{{"cmd-1", `{"account":"acc-1","amount":10}`}, {"cmd-2", `{"account":"acc-2","amount":20}`},
-			{"cmd-3", `{"account":"acc-1","amount":5}`}, {"cmd-1", `{"account":"acc-1","amount":10}`}, {"cmd-4", `{"amount":`}} {
-			msg := message.NewMessage(c[0], []byte(c[1]))
-			msg.Metadata.Set(kafkapubsub.MetadataKafkaKey, c[0]) // the repeat of cmd-1 on cmd-1's partition, after it
-			if err := pub.Publish(commands, msg); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	partitions := func(topic string) int { // on a transport of its own: the shared one caches metadata
-		tr := &kafka.Transport{}
-		defer tr.CloseIdleConnections()
-		c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: tr}
-		md, err := c.Metadata(context.Background(), &kafka.MetadataRequest{Topics: []string{topic}})
-		if err != nil || len(md.Topics) != 1 || md.Topics[0].Error != nil {
-			return 0
-		}
-		return len(md.Topics[0].Partitions)
-	}
-	count := func(topic string) (n int64) {
-		parts := partitions(topic)
-		if parts == 0 {
-			return -1
-		}
-		for _, o := range kafkatest.EndOffsets(t, topic, parts) {
-			n += o
-		}
-		return n
-	}
-	consumed := func() bool { // the group's committed offsets reached the commands topic's end
-		want := kafkatest.EndOffsets(t, commands, partitions(commands))
-		got := kafkatest.CommittedOffsets(t, "top-ups", commands, partitions(commands))
-		for p, end := range want {
-			if got[p] != end && end > 0 {
-				return false
-			}
-		}
-		return true
-	}
-	balances := func() string {
-		var b strings.Builder
-		rows, err := db.Pool.Query(context.Background(), "SELECT id, balance FROM "+db.Table("accounts")+" ORDER BY id")
-		if err != nil {
-			return err.Error()
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var id string
-			var balance int64
-			_ = rows.Scan(&id, &balance)
-			fmt.Fprintf(&b, "%s: %d\n", id, balance)
-		}
-		return b.String()
-	}
-	for run := 1; run <= 2; run++ {
-		cmd := exec.Command(bin, "-db", u.String(), "-brokers", strings.Join(brokers, ","), "-prefix", prefix)
-		var stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stderr, &stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Logf("run %d's output:\n%s", run, stderr.String())
-			}
-		})
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
-		testenv.WaitFor(t, time.Minute, "the quick start to create its topics", func() bool { return count(commands) >= 0 && count(events) >= 0 && count(dlq) >= 0 })
-		send()
-		testenv.WaitFor(t, time.Minute, "every command consumed", func() bool { return count(dlq) == int64(run) && consumed() })
-		if err := cmd.Process.Signal(os.Interrupt); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case err := <-exited:
-			if err != nil {
-				t.Fatalf("run %d: %v\n%s", run, err, stderr.String())
-			}
-		case <-time.After(time.Minute):
-			_ = cmd.Process.Kill()
-			t.Fatalf("run %d did not stop within a minute of SIGINT\n%s", run, stderr.String())
-		}
-		if got, want := balances(), "acc-1: 15\nacc-2: 20\n"; got != want {
-			t.Fatalf("after run %d the balances are\n%swant\n%s", run, got, want)
-		}
-		// One event per command, published by the outbox relay before
-		// the worker exits; a duplicate adds none.
-		if n := count(events); n != 3 {
-			t.Fatalf("after run %d, %d records on the events topic, want 3\n%s", run, n, stderr.String())
-		}
-		var keys int
-		if err := db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+db.Keys()).Scan(&keys); err != nil || keys != 3 {
-			t.Fatalf("after run %d, %d keys (%v), want 3", run, keys, err)
-		}
-	}
+	k.AssertRows("SELECT id, balance FROM accounts ORDER BY id", "acc-1 15", "acc-2 20")
+	k.AssertOutputs("topped-up-cmd-1", "topped-up-cmd-2", "topped-up-cmd-3")
+	k.AssertDeadLetters("cmd-4", "cmd-4")
 }
 
 // The README's quick start is this program, as it is.

@@ -14,9 +14,6 @@ import (
 	"time"
 
 	"github.com/exactly-go/exactly/examples/ledger-consumer/ledger"
-	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
-	"github.com/exactly-go/exactly/internal/testkit/pgtest"
-	"github.com/exactly-go/exactly/internal/testkit/testenv"
 )
 
 // apiStep is one request of a client's scenario.
@@ -38,24 +35,10 @@ type apiAnswer struct {
 // answer for the same key.
 func TestAPIEndToEnd(t *testing.T) {
 	t.Parallel()
-	brokers := kafkatest.Brokers(t)
-	db := pgtest.New(t)
 	ctx := context.Background()
-	if err := ledger.Setup(ctx, db.Pool, db.Schema); err != nil {
-		t.Fatal(err)
-	}
-	commands := kafkatest.Topic(t, 3)
 	quiet := slog.New(slog.DiscardHandler)
-	w, err := ledger.NewWorker(db.Pool, ledger.Config{Schema: db.Schema, Brokers: brokers, Commands: commands,
-		Events: kafkatest.Topic(t, 1), DeadLetter: kafkatest.Topic(t, 1), Group: kafkatest.Name("g"), Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(wctx) }()
-	defer func() { cancel(); <-done }()
-	api, err := ledger.NewAPI(ctx, db.Pool, ledger.APIConfig{Schema: db.Schema, Commands: commands, Logger: quiet})
+	k := newKit(t, 3, ledger.Config{Logger: quiet})
+	api, err := ledger.NewAPI(ctx, k.Pool(), ledger.APIConfig{Schema: k.Schema(), Commands: k.Topic(), Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,27 +160,29 @@ func TestAPIEndToEnd(t *testing.T) {
 		}
 		_ = a
 	}
-	testenv.WaitFor(t, 2*time.Minute, "the worker to apply the commands", func() bool {
-		got, err := ledger.Balances(ctx, db.Pool, db.Schema)
-		if err != nil || len(got) != len(want.Accounts) {
-			return false
+	// The API's outbox has published every command, the worker applied them.
+	k.WaitCaughtUp()
+	got, err := ledger.Balances(ctx, k.Pool(), k.Schema())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want.Accounts) {
+		t.Errorf("%d accounts, want %d", len(got), len(want.Accounts))
+	}
+	for id, acc := range want.Accounts {
+		if got[id] != acc {
+			t.Errorf("account %s: %+v, want %+v", id, got[id], acc)
 		}
-		for id, acc := range want.Accounts {
-			if got[id] != acc {
-				return false
-			}
-		}
-		return true
-	})
+	}
 	// One command per distinct request on the topic, none other.
 	seen := map[string]int{}
-	for _, m := range kafkatest.ReadAll(t, commands, 3, time.Minute) {
+	for _, m := range k.Read(k.Topic()) {
 		var c ledger.Command
-		if err := json.Unmarshal(m.Value, &c); err != nil {
+		if err := json.Unmarshal([]byte(m.Payload), &c); err != nil {
 			t.Fatal(err)
 		}
 		if _, ok := accepted[c.CommandID]; !ok {
-			t.Fatalf("a command no client was told of: %s", m.Value)
+			t.Fatalf("a command no client was told of: %s", m.Payload)
 		}
 		seen[c.CommandID]++
 	}
@@ -205,7 +190,7 @@ func TestAPIEndToEnd(t *testing.T) {
 		t.Fatalf("%d distinct commands on the topic, want %d", len(seen), len(accepted))
 	}
 	var rejected int
-	if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+db.Table("rejections")).Scan(&rejected); err != nil {
+	if err := k.Pool().QueryRow(ctx, "SELECT count(*) FROM rejections").Scan(&rejected); err != nil {
 		t.Fatal(err)
 	}
 	if rejected != accounts {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -168,37 +167,20 @@ func TestDemoWithoutDedupeFailsVerify(t *testing.T) {
 // The worker serves /healthz while it runs and /metrics fed by the hooks.
 func TestWorkerServesMetricsAndHealth(t *testing.T) {
 	t.Parallel()
-	brokers := kafkatest.Brokers(t)
-	db := pgtest.New(t)
-	ctx := context.Background()
-	if err := ledger.Setup(ctx, db.Pool, db.Schema); err != nil {
-		t.Fatal(err)
-	}
-	commands := kafkatest.Topic(t, 2)
-	wl, err := ledger.Generate(ledger.LoadConfig{Commands: 60, Accounts: 5, Duplicates: 0.1, KeyReuse: 0.02, Malformed: 0.02, Seed: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ledger.Produce(ctx, brokers, commands, wl.Records); err != nil {
-		t.Fatal(err)
-	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	group := kafkatest.Name("g")
-	w, err := ledger.NewWorker(db.Pool, ledger.Config{Schema: db.Schema, Brokers: brokers, Commands: commands,
-		Events: kafkatest.Topic(t, 1), DeadLetter: kafkatest.Topic(t, 1), Group: group, MetricsAddr: addr,
-		Logger: slog.New(slog.DiscardHandler)})
+	k := newKit(t, 2, ledger.Config{MetricsAddr: addr})
+	wl, err := ledger.Generate(ledger.LoadConfig{Commands: 60, Accounts: 5, Duplicates: 0.1, KeyReuse: 0.02, Malformed: 0.02, Seed: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(wctx) }()
-	defer func() { cancel(); <-done }()
+	if err := ledger.Produce(context.Background(), k.Brokers(), k.Topic(), wl.Records); err != nil {
+		t.Fatal(err)
+	}
 	get := func(path string) (int, string) {
 		resp, err := http.Get("http://" + addr + path)
 		if err != nil {
@@ -209,15 +191,11 @@ func TestWorkerServesMetricsAndHealth(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 	testenv.WaitFor(t, time.Minute, "/healthz to answer 200", func() bool { code, _ := get("/healthz"); return code == 200 })
-	end := kafkatest.EndOffsets(t, commands, 2)
-	testenv.WaitFor(t, time.Minute, "the worker to catch up", func() bool {
-		got := kafkatest.CommittedOffsets(t, group, commands, 2)
-		return got[0] == end[0] && got[1] == end[1]
-	})
+	k.WaitCaughtUp()
 	code, body := get("/metrics")
 	// plugin/eprom's metrics, which the dashboard in docs/ shows, and the
 	// ledger's own.
-	want := []string{fmt.Sprintf(`exactly_messages_total{outcome="applied",scope="%s",topic="%s"} %d`, ledger.Scope, commands, wl.Unique),
+	want := []string{fmt.Sprintf(`exactly_messages_total{outcome="applied",scope="%s",topic="%s"} %d`, ledger.Scope, k.Topic(), wl.Unique),
 		"exactly_message_duration_seconds_bucket", "exactly_dead_lettered_total", "exactly_outbox_published_total",
 		`exactly_keys{status="completed"}`, "exactly_keys_table_bytes", "exactly_outbox_pending", "ledger_rejected_total"}
 	for _, w := range want {
