@@ -168,7 +168,9 @@ func TestRedriveThroughTheWorker(t *testing.T) {
 		t.Fatalf("%d records redriven into %s, want 2", len(redriven), commands)
 	}
 	for _, m := range redriven {
-		i := slices.IndexFunc(sent, func(s kafka.Message) bool { return bytes.Equal(s.Headers[0].Value, headerValue(m, kafkapubsub.UUIDHeader)) })
+		i := slices.IndexFunc(sent, func(s kafka.Message) bool {
+			return bytes.Equal(s.Headers[0].Value, headerValue(m, kafkapubsub.UUIDHeader))
+		})
 		if i != 1 && i != 4 {
 			t.Fatalf("redriven record %s: not one of acct-9's commands", m.Value)
 		}
