@@ -80,6 +80,10 @@ type RedriveReport struct {
 	Skipped         int      `json:"skipped"`
 }
 
+// afterList, when set (by tests), runs between the list and the first
+// publish.
+var afterList func()
+
 // poisonHeaders are the headers a PoisonQueue adds to a dead letter.
 var poisonHeaders = []string{middleware.ReasonForPoisonedKey, middleware.PoisonedTopicKey,
 	middleware.PoisonedHandlerKey, middleware.PoisonedSubscriberKey}
@@ -155,6 +159,9 @@ func Redrive(ctx context.Context, o RedriveConfig) (RedriveReport, error) {
 	}
 	if !o.Execute {
 		return rep, nil
+	}
+	if afterList != nil {
+		afterList()
 	}
 	w := &kafka.Writer{Addr: kafka.TCP(o.Brokers...), Balancer: &kafka.Murmur2Balancer{}, Transport: o.Security.Transport(),
 		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, MaxAttempts: 10}

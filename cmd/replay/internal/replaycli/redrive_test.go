@@ -30,8 +30,8 @@ import (
 // (and one malformed command). The account is added; redrive lists the
 // letters with their reasons, filters them, and publishes those of the
 // unknown account back as they arrived: each is applied once. A second
-// redrive publishes nothing; one that publishes again (its records lost)
-// is absorbed by the worker's keys.
+// redrive publishes nothing; two at once publish each letter once; one
+// that publishes again (its records lost) is absorbed by the worker's keys.
 func TestRedriveThroughTheWorker(t *testing.T) {
 	kafkatest.RequireReal(t)
 	t.Parallel()
@@ -192,9 +192,31 @@ func TestRedriveThroughTheWorker(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, "DELETE FROM "+db.Table("exactly_redrives")); err != nil {
 		t.Fatal(err)
 	}
-	if rep := letters("--reason", "unknown account", "--execute"); rep.Redriven != 2 {
-		t.Fatalf("redrive after its records were lost: %+v", rep)
+	// Two redrives at once (both listed before either publishes) publish
+	// each letter once between them.
+	listed := make(chan struct{}, 2)
+	reset := replaycli.SetAfterList(func() {
+		listed <- struct{}{}
+		testenv.WaitFor(t, time.Minute, "both redrives listed", func() bool { return len(listed) == 2 })
+	})
+	defer reset()
+	reps := make(chan replaycli.RedriveReport, 2)
+	for range 2 {
+		go func() {
+			args := []string{"redrive", "--json", "--brokers", brokers[0], "--dlq", dlq, "--database-url", url, "--schema", db.Schema,
+				"--reason", "unknown account", "--execute"}
+			code, out, errs := run(args...)
+			var rep replaycli.RedriveReport
+			if code != 0 || json.Unmarshal([]byte(out), &rep) != nil {
+				t.Errorf("concurrent redrive: exit %d\n%s\n%s", code, out, errs)
+			}
+			reps <- rep
+		}()
 	}
+	if a, b := <-reps, <-reps; a.Redriven+b.Redriven != 2 || a.Skipped+b.Skipped != 2 {
+		t.Fatalf("redrives at once after the records were lost: %+v and %+v; want 2 redriven between them", a, b)
+	}
+	reset()
 	if got := kafkatest.EndOffsets(t, commands, 2); sum(got)-sum(before) != 4 {
 		t.Fatalf("end offsets %v, want 4 records past %v", got, before)
 	}
