@@ -142,6 +142,14 @@ func NewKey() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
+// CloseIdleConnections closes the idle connections of the base transport
+// when it has such a method ([http.Client.CloseIdleConnections] calls it).
+func (t *Transport) CloseIdleConnections() {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
 // errAttemptTimeout ends an attempt whose answer did not come in time.
 var errAttemptTimeout = errors.New("retry: no answer within Config.AttemptTimeout")
 

@@ -253,9 +253,10 @@ func (s *server) payments(t *testing.T) []string {
 	return out
 }
 
-func client(cfg *retry.Config) *http.Client {
-	base := &http.Transport{}
-	return &http.Client{Transport: retry.New(base, cfg)}
+func client(t *testing.T, cfg *retry.Config) *http.Client {
+	c := &http.Client{Transport: retry.New(&http.Transport{}, cfg)}
+	t.Cleanup(c.CloseIdleConnections)
+	return c
 }
 
 // pay posts one payment through c and returns the answer's status, body
@@ -300,7 +301,7 @@ func TestLostAnswerIsReplayed(t *testing.T) {
 			t.Parallel()
 			s := newServer(t)
 			p := newProxy(t, s.url, c.fault)
-			code, body, replayed := pay(t, client(&retry.Config{AttemptTimeout: 500 * time.Millisecond}), p.url(), "", `{"amount":7}`)
+			code, body, replayed := pay(t, client(t, &retry.Config{AttemptTimeout: 500 * time.Millisecond}), p.url(), "", `{"amount":7}`)
 			rows := s.payments(t)
 			if len(rows) != 1 {
 				t.Fatalf("payments %v: want one", rows)
@@ -330,7 +331,7 @@ func TestRetryWaitsForTheRequestInFlight(t *testing.T) {
 			}
 		}
 	}
-	code, body, replayed := pay(t, client(nil), p.url(), "", `{"amount":9}`)
+	code, body, replayed := pay(t, client(t, nil), p.url(), "", `{"amount":9}`)
 	rows := s.payments(t)
 	if len(rows) != 1 {
 		t.Fatalf("payments %v: want one", rows)
@@ -363,7 +364,7 @@ func TestRetryAfterTheServerGaveUp(t *testing.T) {
 			}
 		}
 	}
-	code, body, replayed := pay(t, client(nil), p.url(), "", `{"amount":11}`)
+	code, body, replayed := pay(t, client(t, nil), p.url(), "", `{"amount":11}`)
 	rows := s.payments(t)
 	if len(rows) != 1 {
 		t.Fatalf("payments %v: want one (answer %d %s; proxy %v)", rows, code, body, fmt.Sprint(p.seen()))
@@ -382,7 +383,7 @@ func TestReusedKeyIsNotRetried(t *testing.T) {
 	t.Parallel()
 	s := newServer(t)
 	p := newProxy(t, s.url)
-	c := client(nil)
+	c := client(t, nil)
 	if code, _, _ := pay(t, c, p.url(), `"order-1"`, `{"amount":5}`); code != http.StatusCreated {
 		t.Fatalf("first: %d, want 201", code)
 	}
@@ -408,7 +409,7 @@ func TestConcurrentRequestsEachOnce(t *testing.T) {
 		plan[i] = []fault{dropAnswer, pass, resetAnswer, pass}[i%4]
 	}
 	p := newProxy(t, s.url, plan...)
-	c := client(nil)
+	c := client(t, nil)
 	var wg sync.WaitGroup
 	bodies := make([]string, 20)
 	for i := range bodies {
