@@ -65,5 +65,7 @@
 // (the ledger's accounts, say) need their own grants, and a process that
 // both consumes and relays needs both roles' grants (GRANT ledger_relay TO
 // ledger_consumer). A database that revoked CONNECT from PUBLIC needs
-// GRANT CONNECT ON DATABASE for each role.
+// GRANT CONNECT ON DATABASE for each role. exactly_redrives is written by
+// the replay tool's redrive only (SELECT, INSERT): run it as the migrator,
+// or grant those to an operator's role.
 package migrations

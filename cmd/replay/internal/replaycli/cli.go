@@ -44,6 +44,10 @@ Commands:
   replay rewind  reset an inactive consumer group's offsets (dry run unless --execute)
   replay verify  wait for the consumer to catch up, snapshot, redeliver, wait, snapshot,
                  report; exit 1 on any double application
+  replay redrive list a dead-letter topic's records with their reasons (filter by reason, key,
+                 message ID, time); with --execute publish them back to their source topic as
+                 they arrived (same key, headers and message ID), once: recorded in the
+                 database's exactly_redrives
   replay positions  per partition, the group's committed offset in Kafka, its position kept in
                  the database (pgstore.Positions) and the gap: what a database that lost
                  commits (a failover, a restore) gets delivered again
@@ -70,6 +74,10 @@ Examples:
   # after a failover or a restore: how far the database is behind Kafka
   replay positions --brokers localhost:9092 --group ledger-consumer --topic ledger.commands \
       --database-url "$DATABASE_URL" --schema ledger
+
+  # the dead letters of a worker, then redrive those a fixed handler now accepts
+  replay redrive --brokers localhost:9092 --dlq ledger.commands.dlq --database-url "$DATABASE_URL"
+  replay redrive ... --reason 'unknown account' --from-time 2026-11-28T00:00:00Z --execute
 
   # show, then apply, a rewind of a stopped group by 1000 records per partition
   replay rewind --brokers localhost:9092 --group ledger-consumer --topic ledger.commands --back 1000
@@ -104,6 +112,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fromTime, toTime, atTime, keyFlag, fpFlag                string
 		dup                                                      int
 		mutateP, dry, execute, intoSource                        bool
+		dlq, reason, letterKey, letterID                         string
 		ttl, timeout                                             time.Duration
 	)
 	rangeFlags := func() {
@@ -142,6 +151,20 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.DurationVar(&ttl, "ttl", 7*24*time.Hour, "the consumer's key TTL")
 		fs.DurationVar(&timeout, "timeout", 5*time.Minute, "how long to wait for the consumer to catch up")
 		rangeFlags()
+	case "redrive":
+		fs.StringVar(&dlq, "dlq", "", "the dead-letter topic (required)")
+		fs.StringVar(&to, "to", "", "publish to this topic (default: each record's source, its topic_poisoned header)")
+		fs.StringVar(&reason, "reason", "", "only the records whose reason contains this text")
+		fs.StringVar(&letterKey, "key", "", "only the records with this Kafka key")
+		fs.StringVar(&letterID, "id", "", "only the records with this message ID")
+		fs.IntVar(&partition, "partition", -1, "only this partition of the dead-letter topic (default all)")
+		fs.Int64Var(&fromOff, "from-offset", -1, "first offset (default the log start)")
+		fs.Int64Var(&toOff, "to-offset", -1, "end offset, exclusive (default the log end)")
+		fs.StringVar(&fromTime, "from-time", "", "first dead-letter time, RFC 3339")
+		fs.StringVar(&toTime, "to-time", "", "end dead-letter time, RFC 3339, exclusive")
+		fs.BoolVar(&execute, "execute", false, "publish the selected records not redriven yet (default: list only)")
+		fs.StringVar(&dbURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL whose exactly_redrives records the redrives (default $DATABASE_URL; required with --execute)")
+		fs.StringVar(&schema, "schema", "", "schema of exactly_redrives (default: the database URL's search_path, else public)")
 	case "positions":
 		fs.StringVar(&group, "group", "", "consumer group (required)")
 		fs.StringVar(&topic, "topic", "", "topic (required)")
@@ -231,6 +254,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			Warn: func(f string, a ...any) { fmt.Fprintf(stderr, "replay verify: warning: "+f+"\n", a...) },
 		})
 		report, pass = rep, rep.Pass
+	case "redrive":
+		report, err = Redrive(ctx, RedriveConfig{Brokers: bs, Security: sec, DeadLetterTopic: dlq, Range: r, Reason: reason, Key: letterKey,
+			ID: letterID, To: to, Execute: execute, DatabaseURL: dbURL, Schema: schema})
 	case "positions":
 		report, err = Positions(ctx, PositionsConfig{Brokers: bs, Security: sec, Group: group, Topic: topic, DatabaseURL: dbURL, Schema: schema, Table: table})
 	}
@@ -315,6 +341,24 @@ func printReport(w io.Writer, report any) {
 		fmt.Fprintf(w, "rewind of group %s on %s: %s; %d record(s) will be delivered again\n", r.Group, r.Topic, state, r.Redelivered)
 		for _, m := range r.Moves {
 			fmt.Fprintf(w, "  partition %d: %d -> %d\n", m.Partition, m.Current, m.New)
+		}
+	case RedriveReport:
+		fmt.Fprintf(w, "%s: %d dead letter(s), %d selected\n", r.DeadLetterTopic, r.Read, len(r.Letters))
+		for _, l := range r.Letters {
+			state := ""
+			switch {
+			case l.Outcome != "":
+				state = " [" + l.Outcome + "]"
+			case l.RedrivenAt != nil:
+				state = " [redriven " + l.RedrivenAt.UTC().Format(time.RFC3339) + "]"
+			}
+			fmt.Fprintf(w, "  %d/%d %s key=%q id=%q from %s (handler %s): %s%s\n", l.Partition, l.Offset, l.Time.UTC().Format(time.RFC3339),
+				l.Key, l.ID, l.Source, l.Handler, l.Reason, state)
+		}
+		if r.Executed {
+			fmt.Fprintf(w, "redrove %d record(s); skipped %d\n", r.Redriven, r.Skipped)
+		} else {
+			fmt.Fprintf(w, "list only: add --execute to publish them back (those not redriven yet)\n")
 		}
 	case PositionsReport:
 		fmt.Fprintf(w, "positions of group %s on %s: Kafka's committed offset, the database's position, the gap\n", r.Group, r.Topic)
