@@ -3,13 +3,19 @@ package outbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
+	"net"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/dedupe"
 )
 
 type row struct {
@@ -223,6 +229,9 @@ func (r *Relay) publishInOrder(ctx context.Context, conn *pgx.Conn, rows []row, 
 				return nil, nil, nil, err
 			}
 			ev.Failed++
+			if infrastructure(errs[i]) {
+				ev.Unavailable++
+			}
 			if dead {
 				ev.Dead++
 			}
@@ -273,6 +282,31 @@ func (r *Relay) publishRound(rows []row) []error {
 	return errs
 }
 
+// infrastructure reports whether a publish failed because of the
+// infrastructure, not the message: a topic that does not exist (yet), a
+// broker out of reach or not answering in time, an error the publisher
+// marked retryable or temporary.
+func infrastructure(err error) bool {
+	var temp interface{ Temporary() bool }
+	var nerr net.Error
+	switch {
+	case dedupe.IsRetryable(err), errors.Is(err, context.DeadlineExceeded), errors.As(err, &nerr):
+		return true
+	case errors.As(err, &temp) && temp.Temporary():
+		return true
+	}
+	// Publishers of other clients, and kafka-go's WriteErrors, which
+	// errors.As does not look into.
+	s := strings.ToLower(err.Error())
+	for _, sign := range []string{"unknown topic or partition", "unknown_topic_or_partition", "leader not available",
+		"not_leader_or_follower", "not leader for partition", "connection refused", "broker not available", "i/o timeout"} {
+		if strings.Contains(s, sign) {
+			return true
+		}
+	}
+	return false
+}
+
 func toMessage(x row) (*message.Message, error) {
 	m := message.NewMessage(x.uuid, x.payload)
 	if err := json.Unmarshal(x.metadata, &m.Metadata); err != nil {
@@ -287,9 +321,22 @@ func (r *Relay) recordFailure(ctx context.Context, conn *pgx.Conn, x row, perr e
 	backoff := min(r.cfg.RetryBackoff<<min(x.attempts, 20), r.cfg.MaxRetryBackoff)
 	ctx, cancel := r.bounded(ctx)
 	defer cancel()
+	maxAttempts := r.cfg.MaxAttempts
+	infra := infrastructure(perr)
+	if infra {
+		// Not the message's fault: it is retried until the topic exists
+		// or the broker answers, never DEAD.
+		maxAttempts = math.MaxInt32
+	}
 	var status string
-	if err := conn.QueryRow(ctx, r.q.failed, x.id, perr.Error(), float64(backoff.Microseconds()), r.cfg.MaxAttempts).Scan(&status); err != nil {
+	if err := conn.QueryRow(ctx, r.q.failed, x.id, perr.Error(), float64(backoff.Microseconds()), maxAttempts).Scan(&status); err != nil {
 		return false, fmt.Errorf("outbox: record failure of %s: %w", x.uuid, err)
+	}
+	if infra {
+		r.cfg.Logger.Error("outbox: publish failed: the topic does not exist or the broker is out of reach; retried until it "+
+			"succeeds, never DEAD, and the later messages of its key wait behind it: create the topic (or fix the brokers)",
+			"uuid", x.uuid, "topic", x.topic, "key", x.key, "attempts", x.attempts+1, "backoff", backoff, "err", perr)
+		return false, nil
 	}
 	if status == "DEAD" {
 		r.cfg.Logger.Error("outbox: message is DEAD after repeated publish failures; later messages of its key wait until it is retried or removed",

@@ -16,6 +16,10 @@ type BatchEvent struct {
 	Failed int
 	// Dead counts messages moved to DEAD in the batch.
 	Dead int
+	// Unavailable counts the failures of Failed that are the
+	// infrastructure's (a topic that does not exist yet, a broker out of
+	// reach): retried until they succeed, never moved to DEAD.
+	Unavailable int
 	// Lag is the age of the oldest message published in the batch.
 	Lag time.Duration
 }

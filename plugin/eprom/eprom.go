@@ -104,6 +104,7 @@ type Metrics struct {
 	batches       prometheus.Counter
 	published     prometheus.Counter
 	publishFailed prometheus.Counter
+	unavailable   prometheus.Counter
 	dead          prometheus.Counter
 	batchSize     prometheus.Histogram
 	publishLag    prometheus.Histogram
@@ -160,6 +161,8 @@ func New(cfg *Config) *Metrics {
 			Help: "Outbox messages published and marked."}),
 		publishFailed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "outbox_publish_failures_total", ConstLabels: cl,
 			Help: "Outbox publish failures (the messages are retried)."}),
+		unavailable: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "outbox_publish_unavailable_total", ConstLabels: cl,
+			Help: "Outbox publish failures of the infrastructure: a topic that does not exist, a broker out of reach (retried, never DEAD)."}),
 		dead: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "outbox_dead_total", ConstLabels: cl,
 			Help: "Outbox messages moved to DEAD."}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "outbox_batch_size", ConstLabels: cl,
@@ -190,7 +193,7 @@ func (m *Metrics) Register(reg prometheus.Registerer) error {
 }
 
 func (m *Metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.messages, m.duration, m.deadLettered, m.batches, m.published, m.publishFailed,
+	return []prometheus.Collector{m.messages, m.duration, m.deadLettered, m.batches, m.published, m.publishFailed, m.unavailable,
 		m.dead, m.batchSize, m.publishLag, m.statsErrors}
 }
 
@@ -313,6 +316,7 @@ func (m *Metrics) OnBatch(_ context.Context, ev outbox.BatchEvent) {
 	m.batches.Inc()
 	m.published.Add(float64(ev.Published))
 	m.publishFailed.Add(float64(ev.Failed))
+	m.unavailable.Add(float64(ev.Unavailable))
 	m.dead.Add(float64(ev.Dead))
 	if ev.Published > 0 {
 		m.batchSize.Observe(float64(ev.Published))
