@@ -97,8 +97,15 @@ type Config struct {
 	// TTL is how long a key is kept. Defaults to the store's TTL.
 	TTL time.Duration
 	// Outbox, when set, lets the handler write messages to the outbox in
-	// its transaction with WriteOutbox. Defaults to nil.
+	// its transaction with WriteOutbox; a relay (outbox.NewRelay, or a
+	// worker's on the same schema) publishes them. Defaults to nil.
 	Outbox *outbox.Writer
+	// StaleOutbox: after a request that wrote to the outbox, the middleware
+	// reads the outbox's backlog (at most every 30s, in the background) and
+	// logs a WARN when its oldest pending message has waited longer than
+	// this: no relay publishes it. Its gauge is plugin/eprom's
+	// WatchOutbox of Config.Outbox.Backlog(pool). Defaults to 1 minute.
+	StaleOutbox time.Duration
 	// Logger receives failures of the database. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -146,6 +153,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if o.MaxResponseBytes < 0 {
 		return o, fmt.Errorf("httpkey: Config.MaxResponseBytes %d: want > 0", o.MaxResponseBytes)
+	}
+	if o.StaleOutbox == 0 {
+		o.StaleOutbox = time.Minute
 	}
 	if o.RetryAfter == 0 {
 		o.RetryAfter = time.Second

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -23,6 +24,8 @@ type state struct {
 
 	mu  sync.Mutex
 	ids int // the message IDs minted so far
+
+	wrote *atomic.Bool // the request's: set by WriteOutbox
 }
 
 // nextID returns the request's next message ID (see MessageID).
@@ -103,6 +106,9 @@ func WriteOutbox(ctx context.Context, topic string, msgs ...*message.Message) er
 	s := stateOf(ctx)
 	if s == nil || s.tx == nil || s.m.cfg.Outbox == nil {
 		return ErrNoOutbox
+	}
+	if s.wrote != nil {
+		s.wrote.Store(true)
 	}
 	for _, m := range msgs {
 		if m != nil && m.UUID == "" {

@@ -20,6 +20,7 @@ import (
 	"github.com/exactly-go/exactly/internal/pgerr"
 	"github.com/exactly-go/exactly/internal/pgtx"
 	"github.com/exactly-go/exactly/internal/txguard"
+	"github.com/exactly-go/exactly/outbox"
 	"github.com/exactly-go/exactly/pgstore"
 )
 
@@ -30,6 +31,9 @@ type Middleware struct {
 	cfg   Config
 	space string      // the key table, for advisory lock names
 	ready atomic.Bool // the store's Check passed
+
+	backlog     *outbox.Backlog // Config.Outbox's, read now and then
+	lastBacklog atomic.Int64    // when it was last read, in Unix nanoseconds
 }
 
 // New returns a Middleware that keeps its keys in store (its table, TTL
@@ -52,7 +56,13 @@ func New(store *pgstore.Store, cfg *Config) (*Middleware, error) {
 			"(it takes about %d): lower it or raise pgstore.Config.MaxResultBytes", c.MaxResponseBytes, store.Config().MaxResultBytes, need)
 	}
 	sc := store.Config()
-	return &Middleware{store: store, cfg: c, space: sc.Schema + "." + sc.Table}, nil
+	m := &Middleware{store: store, cfg: c, space: sc.Schema + "." + sc.Table}
+	if c.Outbox != nil {
+		if m.backlog, err = c.Outbox.Backlog(store.Pool()); err != nil {
+			return nil, fmt.Errorf("httpkey: Config.Outbox: %w", err)
+		}
+	}
+	return m, nil
 }
 
 // Wrap returns h behind the middleware.
@@ -63,6 +73,7 @@ func (m *Middleware) Wrap(h http.Handler) http.Handler {
 // request is one request's parsed state.
 type request struct {
 	r         *http.Request
+	wrote     atomic.Bool // the handler wrote to the outbox
 	body      []byte
 	key       string
 	principal string
@@ -136,6 +147,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handle
 	ctx, cancel := detach(r.Context())
 	defer cancel()
 	q := &request{r: r.WithContext(ctx), body: body, key: key, principal: principal}
+	defer func() {
+		if q.wrote.Load() {
+			m.checkBacklog(ctx)
+		}
+	}()
 	if key == "" {
 		m.serveWithoutKey(w, q, h)
 		return
@@ -163,6 +179,33 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handle
 		rec, c, err = m.runTx(q, h)
 	}
 	m.answer(w, q, rec, c, err)
+}
+
+// backlogEvery is how often at most the outbox's backlog is read.
+const backlogEvery = 30 * time.Second
+
+// checkBacklog reads the outbox's backlog, at most every backlogEvery, in
+// the background, and warns when its oldest pending message has waited
+// longer than Config.StaleOutbox: no relay publishes the outbox the
+// handlers write to, or it cannot publish.
+func (m *Middleware) checkBacklog(ctx context.Context) {
+	now := time.Now().UnixNano()
+	last := m.lastBacklog.Load()
+	every := min(backlogEvery, m.cfg.StaleOutbox/2)
+	if m.backlog == nil || now-last < int64(every) || !m.lastBacklog.CompareAndSwap(last, now) {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		st, err := m.backlog.Stats(ctx)
+		if err != nil || st.Pending == 0 || st.Lag < m.cfg.StaleOutbox {
+			return
+		}
+		m.cfg.Logger.WarnContext(ctx, "httpkey: the outbox's oldest pending message has waited longer than Config.StaleOutbox: "+
+			"no relay publishes it (run outbox.NewRelay beside the API, or a worker on this schema), or it cannot publish "+
+			"(see the relay's log)", "pending", st.Pending, "oldest", st.Lag.Round(time.Second), "dead", st.Dead)
+	}()
 }
 
 // scopedID is the stored ID of key sent by principal: the principal,
@@ -270,7 +313,7 @@ func pgMessage(err error) string {
 // whose context carries st, and returns its response or why it is not to
 // be stored.
 func (m *Middleware) handle(ctx context.Context, q *request, h http.Handler, st *state) (*recorder, []byte, error) {
-	st.key, st.scopedID, st.m = q.key, q.req.Key.ID, m
+	st.key, st.scopedID, st.m, st.wrote = q.key, q.req.Key.ID, m, &q.wrote
 	var guard *txguard.Tx
 	if st.tx != nil {
 		guard = txguard.Wrap(st.tx, "the HTTP handler")
