@@ -236,3 +236,57 @@ func TestServerCloseEndsABlockedRequest(t *testing.T) {
 	}
 	f.state(0, 0, 0)
 }
+
+// Concurrent duplicates of a request whose handler answers 409 after a
+// failed statement (stored in a transaction of its own): every client
+// gets that 409 (or, without Wait, the in-flight 409), the key is stored
+// once, nothing of the handler's writes stays, and no duplicate runs the
+// handler after the answer is stored.
+func TestAbortedAnswerRacingDuplicates(t *testing.T) {
+	for _, wait := range []bool{false, true} {
+		t.Run(fmt.Sprintf("wait=%v", wait), func(t *testing.T) {
+			f := newFixture(t, &httpkey.Config{Wait: wait})
+			ctx := context.Background()
+			if _, err := f.db.Pool.Exec(ctx, "CREATE UNIQUE INDEX one_per_tenant ON "+f.db.Table("payments")+" (tenant);"+
+				"INSERT INTO "+f.db.Table("payments")+" (tenant, amount) VALUES ('acme', 1)"); err != nil {
+				t.Fatal(err)
+			}
+			f.h = f.mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				f.runs.Add(1)
+				_, err := httpkey.Tx(r.Context()).Exec(r.Context(), "INSERT INTO "+f.db.Table("payments")+" (tenant, amount) VALUES ('acme', 2)")
+				if err == nil {
+					w.WriteHeader(http.StatusCreated)
+					return
+				}
+				w.WriteHeader(http.StatusConflict)
+				_, _ = w.Write([]byte(`{"error":"exists"}`))
+			}))
+			const n = 12
+			var wg sync.WaitGroup
+			codes := make([]string, n)
+			for i := range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					w := f.do(call{key: `"race"`, body: `{}`})
+					codes[i] = fmt.Sprintf("%d %s", w.Code, w.Body)
+				}()
+			}
+			wg.Wait()
+			for i, c := range codes {
+				if c != `409 {"error":"exists"}` && (wait || !strings.Contains(c, "idempotency-key-in-flight")) {
+					t.Errorf("request %d answered %s", i, c)
+				}
+			}
+			runs := f.runs.Load()
+			if w := f.do(call{key: `"race"`, body: `{}`}); w.Code != http.StatusConflict || w.Body.String() != `{"error":"exists"}` ||
+				w.Header().Get(httpkey.ReplayedHeader) != "true" {
+				t.Fatalf("replay: %d %s", w.Code, w.Body)
+			}
+			if f.runs.Load() != runs {
+				t.Fatal("the handler ran again after its answer was stored")
+			}
+			f.state(1, 1, 0)
+		})
+	}
+}
