@@ -100,6 +100,13 @@ type Config struct {
 	// its transaction with WriteOutbox; a relay (outbox.NewRelay, or a
 	// worker's on the same schema) publishes them. Defaults to nil.
 	Outbox *outbox.Writer
+	// GoneTimeout bounds a request's work once its connection is gone
+	// (the client went away or half-closed its side, or the server's Close
+	// closed it): the request goes on to its end, so that what it started
+	// commits or rolls back whole and the client's retry finds its answer,
+	// for this long at most; then its context ends and what has not
+	// committed rolls back. Defaults to 30s.
+	GoneTimeout time.Duration
 	// StaleOutbox: after a request that wrote to the outbox, the middleware
 	// reads the outbox's backlog (at most every 30s, in the background) and
 	// logs a WARN when its oldest pending message has waited longer than
@@ -154,14 +161,17 @@ func (c *Config) withDefaults() (Config, error) {
 	if o.MaxResponseBytes < 0 {
 		return o, fmt.Errorf("httpkey: Config.MaxResponseBytes %d: want > 0", o.MaxResponseBytes)
 	}
+	if o.GoneTimeout == 0 {
+		o.GoneTimeout = 30 * time.Second
+	}
 	if o.StaleOutbox == 0 {
 		o.StaleOutbox = time.Minute
 	}
 	if o.RetryAfter == 0 {
 		o.RetryAfter = time.Second
 	}
-	if o.RetryAfter < 0 || o.Lease < 0 || o.TTL < 0 {
-		return o, errors.New("httpkey: Config.RetryAfter, Lease and TTL must not be negative")
+	if o.RetryAfter < 0 || o.Lease < 0 || o.TTL < 0 || o.GoneTimeout < 0 || o.StaleOutbox < 0 {
+		return o, errors.New("httpkey: Config.RetryAfter, Lease, TTL, GoneTimeout and StaleOutbox must not be negative")
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -81,13 +82,37 @@ type request struct {
 }
 
 // detach returns a context with ctx's values and deadline that a cancel of
-// ctx does not end.
-func detach(ctx context.Context) (context.Context, context.CancelFunc) {
-	d := context.WithoutCancel(ctx)
+// ctx (its connection gone) ends only gone later.
+func detach(ctx context.Context, gone time.Duration) (context.Context, context.CancelFunc) {
+	base, cancelBase := context.WithCancelCause(context.WithoutCancel(ctx))
+	d, cancelDeadline := context.Context(base), context.CancelFunc(func() {})
 	if deadline, ok := ctx.Deadline(); ok {
-		return context.WithDeadline(d, deadline)
+		d, cancelDeadline = context.WithDeadline(base, deadline)
 	}
-	return context.WithCancel(d)
+	var (
+		mu    sync.Mutex
+		timer *time.Timer
+	)
+	stop := context.AfterFunc(ctx, func() {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return // d has the deadline too
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		timer = time.AfterFunc(gone, func() {
+			cancelBase(fmt.Errorf("httpkey: the request's connection was gone for Config.GoneTimeout (%v)", gone))
+		})
+	})
+	return d, func() {
+		stop()
+		mu.Lock()
+		if timer != nil {
+			timer.Stop()
+		}
+		mu.Unlock()
+		cancelDeadline()
+		cancelBase(context.Canceled)
+	}
 }
 
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handler) {
@@ -143,8 +168,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handle
 	// away (or half-closes its side) once its request is read does not
 	// cut it, so what it started commits or rolls back whole, and a retry
 	// with its key finds the answer. A deadline of the request's (an outer
-	// middleware's timeout) still bounds it.
-	ctx, cancel := detach(r.Context())
+	// middleware's timeout) still bounds it, and so does GoneTimeout once
+	// the connection is gone (the server's Close, too).
+	ctx, cancel := detach(r.Context(), m.cfg.GoneTimeout)
 	defer cancel()
 	q := &request{r: r.WithContext(ctx), body: body, key: key, principal: principal}
 	defer func() {
@@ -234,6 +260,10 @@ func (e *abortedAnswer) Error() string {
 	return fmt.Sprintf("httpkey: response %d answered on an aborted transaction", e.rec.code())
 }
 
+// errEndedOnConn: the handler ended its transaction on the connection
+// itself, past the guard: what it wrote before, and the key, committed.
+var errEndedOnConn = errors.New("httpkey: the handler committed or rolled back on its connection")
+
 // errBusy: another request holds the key's lock (transactional mode).
 var errBusy = errors.New("httpkey: key in flight")
 
@@ -247,6 +277,11 @@ func (m *Middleware) answer(w http.ResponseWriter, q *request, rec *recorder, c 
 		leased *dedupe.InFlightError
 	)
 	switch {
+	case err == nil && c.Decision == dedupe.DecisionDuplicate && len(c.Record.Result) == 0:
+		// Only a handler that committed on its connection, past the guard,
+		// leaves a key with no stored response.
+		writeProblem(w, http.StatusInternalServerError, ReasonHandlerTx, "this Idempotency-Key's request was applied, but "+
+			"its handler ended the transaction on its connection before its response was stored: it cannot be replayed")
 	case err == nil && c.Decision == dedupe.DecisionDuplicate:
 		if rerr := replay(w, c.Record.Result); rerr != nil {
 			m.cfg.Logger.ErrorContext(q.r.Context(), "httpkey: replay", "key", q.req.Key.String(), "err", rerr)
@@ -256,6 +291,10 @@ func (m *Middleware) answer(w http.ResponseWriter, q *request, rec *recorder, c 
 		rec.send(w)
 	case errors.As(err, &nk):
 		nk.rec.send(w)
+	case errors.Is(err, errEndedOnConn):
+		m.cfg.Logger.ErrorContext(q.r.Context(), "httpkey: the handler ended its transaction on its connection", "key", q.req.Key.String(), "err", err)
+		writeProblem(w, http.StatusInternalServerError, ReasonHandlerTx, "the handler ended the request's transaction on "+
+			"its connection: what it wrote before is committed with the key, and its response is not stored; fix the handler")
 	case errors.Is(err, txguard.ErrHandlerEndedTx):
 		m.cfg.Logger.ErrorContext(q.r.Context(), "httpkey: the handler broke its transaction", "key", q.req.Key.String(), "err", err)
 		writeProblem(w, http.StatusInternalServerError, ReasonHandlerTx, "the handler ended or broke the request's "+
@@ -327,7 +366,9 @@ func (m *Middleware) handle(ctx context.Context, q *request, h http.Handler, st 
 	h.ServeHTTP(rec, r)
 	aborted := false
 	if guard != nil {
-		if err := guard.Check(nil); err != nil {
+		if err := guard.Check(nil); err != nil && guard.Ended() {
+			return rec, nil, fmt.Errorf("%w: %w", errEndedOnConn, err)
+		} else if err != nil {
 			aborted = guard.Aborted()
 			if !aborted || rec.code() < 400 {
 				// A success on writes that a failed statement undid, or a
@@ -350,8 +391,10 @@ func (m *Middleware) handle(ctx context.Context, q *request, h http.Handler, st 
 }
 
 // keep reports whether rec is kept: KeepFunc's say, or by default any
-// status below 500 but the answers that say "not now" (408, 423, 425, 429,
-// or any with Retry-After), which a retry of the same key must run again.
+// status below 500 but the 4xx that say "not now" (408, 423, 425, 429, or
+// any 4xx with Retry-After), which a retry of the same key must run again.
+// A 2xx with Retry-After (202 Accepted, poll later) is kept: it reports
+// work that commits.
 func (m *Middleware) keep(rec *recorder) bool {
 	code := rec.code()
 	if m.cfg.KeepFunc != nil {
@@ -361,7 +404,7 @@ func (m *Middleware) keep(rec *recorder) bool {
 	case http.StatusRequestTimeout, http.StatusLocked, http.StatusTooEarly, http.StatusTooManyRequests:
 		return false
 	}
-	return code < 500 && rec.header.Get("Retry-After") == ""
+	return code < 400 || (code < 500 && rec.header.Get("Retry-After") == "")
 }
 
 // runTx is transactional mode answering 409 for a key in flight: the

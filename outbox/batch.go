@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -287,12 +288,12 @@ func (r *Relay) publishRound(rows []row) []error {
 // broker out of reach or not answering in time, an error the publisher
 // marked retryable or temporary.
 func infrastructure(err error) bool {
-	var temp interface{ Temporary() bool }
-	var nerr net.Error
+	// Not net.Error: kafka-go's error codes have Timeout and Temporary
+	// too, the permanent ones (a record too large) included.
+	var operr *net.OpError
 	switch {
-	case dedupe.IsRetryable(err), errors.Is(err, context.DeadlineExceeded), errors.As(err, &nerr):
-		return true
-	case errors.As(err, &temp) && temp.Temporary():
+	case dedupe.IsRetryable(err), errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded),
+		errors.As(err, &operr):
 		return true
 	}
 	// Publishers of other clients, and kafka-go's WriteErrors, which

@@ -176,7 +176,7 @@ func (s *Store) holdLease(ctx context.Context, c dedupe.Claim, lease time.Durati
 		// end after start), measured on this process's monotonic clock.
 		until := start.Add(lease)
 		margin := lease / 10
-		tick := time.NewTicker(lease / 3)
+		tick := time.NewTicker(max(lease/3, time.Millisecond))
 		defer tick.Stop()
 		expire := time.NewTimer(time.Until(until.Add(-margin)))
 		defer expire.Stop()

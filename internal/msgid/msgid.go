@@ -34,12 +34,13 @@ func Fill(msgs []*message.Message) {
 
 // DeriveRequest returns the ID of the index-th message of the HTTP request
 // whose key, scoped by its principal, is scopedID under scope; key is the
-// client's Idempotency-Key: its time bits when it is a UUIDv7 or a ULID
-// minted no later than now, else the Unix epoch's (an ID stays the same
-// across re-applications only if nothing of the moment goes into it).
+// client's Idempotency-Key: its time bits when it is a UUIDv7 or a ULID,
+// else the Unix epoch's (an ID stays the same across re-applications only
+// if nothing of the moment goes into it: a key minted ahead of this
+// clock gives its time all the same).
 func DeriveRequest(scope, scopedID, key string, index int) string {
 	at := time.UnixMilli(0)
-	if t, err := dedupe.ParseTimeID(key); err == nil && !t.Time().After(time.Now()) {
+	if t, err := dedupe.ParseTimeID(key); err == nil && t.Time().UnixMilli() >= 0 {
 		at = t.Time()
 	}
 	id, _ := Derive("http\x00"+scope, scopedID, index, "", at)

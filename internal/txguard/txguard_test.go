@@ -30,6 +30,15 @@ func TestEndsTx(t *testing.T) {
 		"DO $f$ BEGIN PERFORM 1; END $f$; COMMIT": "COMMIT (as SQL)",
 		"SELECT $1::int; END":                     "END (as SQL)",
 		"SELECT $1, $2":                           "",
+		`SELECT E'\''; COMMIT AND CHAIN`:          "COMMIT (as SQL)",
+		"SELECT 1 AS a$b$; COMMIT AND CHAIN; SELECT 1 AS c$b$": "COMMIT (as SQL)",
+		"ROLLBACK WORK TO SAVEPOINT s":                         "",
+		"ROLLBACK TRANSACTION TO s":                            "",
+		"/* a /* nested */ ; end */ SELECT 1":                  "",
+		`SELECT E'don\'t; commit later'`:                       "",
+		`SELECT e'x\\'; COMMIT`:                                "COMMIT (as SQL)",
+		`SELECT 'a\'; COMMIT`:                                  "COMMIT (as SQL)",
+		"COMMIT PREPARED 'x'":                                  "",
 	} {
 		if got := endsTx(sql); got != want {
 			t.Errorf("endsTx(%q) = %q, want %q", sql, got, want)
