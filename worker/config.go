@@ -191,7 +191,10 @@ type Config struct {
 
 	// Hooks receives an Event per message (consumer.Hooks). When it also
 	// implements outbox.Hooks (plugin/eprom does), it receives the relay's
-	// events too. Defaults to none.
+	// events too. A Hooks that is also a Plugin (it implements one of the
+	// Plugin interfaces, as plugin/eotel's Tracer and plugin/eprom's
+	// Metrics do) is installed whole, as if it were listed first in
+	// Plugins (once, if it is listed there too). Defaults to none.
 	Hooks consumer.Hooks
 	// OutboxHooks receives the relay's events. Defaults to Hooks when that
 	// implements outbox.Hooks, else none.
@@ -279,6 +282,7 @@ func withDefaults(cfg *Config) (Config, error) {
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 30 * time.Second
 	}
+	c = hooksAsPlugin(c)
 	if c.OutboxHooks == nil {
 		if h, ok := c.Hooks.(outbox.Hooks); ok {
 			c.OutboxHooks = h
