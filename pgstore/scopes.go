@@ -58,7 +58,7 @@ func (s *Store) RegisterScope(ctx context.Context, scope, topic, group string, t
 	var prev ScopeOwner
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
-		prev, err = RegisterScopeTx(ctx, tx, s.cfg.Schema, scope, topic, group, takeOver)
+		prev, err = s.RegisterScopeTx(ctx, tx, scope, topic, group, takeOver)
 		return err
 	})
 	var taken *ScopeTakenError
@@ -68,11 +68,12 @@ func (s *Store) RegisterScope(ctx context.Context, scope, topic, group string, t
 	return prev, classify("register scope "+scope, err)
 }
 
-// RegisterScopeTx is [Store.RegisterScope] in tx, on the exactly_scopes
-// table of schema: a rebuild records its new group in the transaction that
-// retires the scope's keys ([Store.RetireScopeTx]).
-func RegisterScopeTx(ctx context.Context, tx pgx.Tx, schema, scope, topic, group string, takeOver bool) (ScopeOwner, error) {
-	t := pgx.Identifier{schema, scopesTable}.Sanitize()
+// RegisterScopeTx is [Store.RegisterScope] in tx: a rebuild records its
+// new group in the transaction that retires the scope's keys
+// ([Store.RetireScopeTx]). Its errors are the database's as they are, or
+// a *[ScopeTakenError].
+func (s *Store) RegisterScopeTx(ctx context.Context, tx pgx.Tx, scope, topic, group string, takeOver bool) (ScopeOwner, error) {
+	t := pgx.Identifier{s.cfg.Schema, scopesTable}.Sanitize()
 	if _, err := tx.Exec(ctx, "INSERT INTO "+t+" (scope, topic, consumer_group) VALUES ($1, $2, $3) ON CONFLICT (scope, topic) DO NOTHING",
 		scope, topic, group); err != nil {
 		return ScopeOwner{}, err

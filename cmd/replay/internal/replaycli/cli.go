@@ -47,6 +47,9 @@ Commands:
   replay positions  per partition, the group's committed offset in Kafka, its position kept in
                  the database (pgstore.Positions) and the gap: what a database that lost
                  commits (a failover, a restore) gets delivered again
+  replay rebuild in one transaction, empty a scope's tables (--truncate), delete its keys and
+                 record a new group as the scope's; that group's workers then apply the
+                 topic again from its start, once (dry run unless --execute; docs/rebuild.md)
 
 Examples:
   # redeliver all of ledger.commands into itself, twice, and see nothing move
@@ -70,6 +73,12 @@ Examples:
   # after a failover or a restore: how far the database is behind Kafka
   replay positions --brokers localhost:9092 --group ledger-consumer --topic ledger.commands \
       --database-url "$DATABASE_URL" --schema ledger
+
+  # rebuild the accounts table: empty it, retire the scope's keys, hand the scope to a new
+  # group; then start the workers with that group (worker.Config.Group)
+  replay rebuild --brokers localhost:9092 --database-url "$DATABASE_URL" --schema ledger \
+      --scope ledger-consumer --topic ledger.commands --group ledger-rebuild-1 --truncate accounts,holds
+  replay rebuild ... --execute
 
   # show, then apply, a rewind of a stopped group by 1000 records per partition
   replay rewind --brokers localhost:9092 --group ledger-consumer --topic ledger.commands --back 1000
@@ -148,6 +157,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&dbURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL (default $DATABASE_URL)")
 		fs.StringVar(&schema, "schema", "", "schema of the positions table (default: the database URL's search_path, else public)")
 		fs.StringVar(&table, "table", "exactly_positions", "positions table")
+	case "rebuild":
+		fs.StringVar(&scope, "scope", "", "the consumer's scope (worker.Config.Scope; required)")
+		fs.StringVar(&topic, "topic", "", "the consumer's topic (required)")
+		fs.StringVar(&group, "group", "", "the consumer group that rebuilds, with no committed offset on the topic (required)")
+		fs.StringVar(&dbURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL (default $DATABASE_URL)")
+		fs.StringVar(&schema, "schema", "", "schema of exactly's tables (default: the database URL's search_path, else public)")
+		fs.StringVar(&table, "truncate", "", "the handler's tables to empty in the same transaction, comma-separated (schema.table, or in --schema)")
+		fs.BoolVar(&execute, "execute", false, "commit (default: count the keys in a transaction rolled back, truncate nothing)")
 	default:
 		fmt.Fprintf(stderr, "replay: unknown command %q\n\n%s", cmd, usage)
 		return ExitUsage
@@ -231,6 +248,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			Warn: func(f string, a ...any) { fmt.Fprintf(stderr, "replay verify: warning: "+f+"\n", a...) },
 		})
 		report, pass = rep, rep.Pass
+	case "rebuild":
+		var truncate []string
+		if table != "" {
+			truncate = strings.Split(table, ",")
+		}
+		report, err = Rebuild(ctx, RebuildConfig{Brokers: bs, Security: sec, Scope: scope, Topic: topic, Group: group,
+			Truncate: truncate, DatabaseURL: dbURL, Schema: schema, Execute: execute})
 	case "positions":
 		report, err = Positions(ctx, PositionsConfig{Brokers: bs, Security: sec, Group: group, Topic: topic, DatabaseURL: dbURL, Schema: schema, Table: table})
 	}
@@ -315,6 +339,23 @@ func printReport(w io.Writer, report any) {
 		fmt.Fprintf(w, "rewind of group %s on %s: %s; %d record(s) will be delivered again\n", r.Group, r.Topic, state, r.Redelivered)
 		for _, m := range r.Moves {
 			fmt.Fprintf(w, "  partition %d: %d -> %d\n", m.Partition, m.Current, m.New)
+		}
+	case RebuildReport:
+		state := "plan (dry run; add --execute to apply)"
+		if r.Executed {
+			state = "done"
+		}
+		prev := r.PreviousGroup
+		if prev == "" {
+			prev = "none recorded"
+		}
+		fmt.Fprintf(w, "rebuild of scope %s on %s: %s\n  keys retired   %d\n  truncated      %s\n  group          %s (before: %s)\n",
+			r.Scope, r.Topic, state, r.RetiredKeys, strings.Join(r.Truncated, ", "), r.Group, prev)
+		if r.LostBefore > 0 {
+			fmt.Fprintf(w, "  warning: %d record(s) of %s are no longer in Kafka (retention): the rebuild cannot apply them\n", r.LostBefore, r.Topic)
+		}
+		if r.Executed {
+			fmt.Fprintf(w, "start the workers with group %s now (worker.Config.Group)\n", r.Group)
 		}
 	case PositionsReport:
 		fmt.Fprintf(w, "positions of group %s on %s: Kafka's committed offset, the database's position, the gap\n", r.Group, r.Topic)
