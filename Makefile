@@ -81,11 +81,16 @@ bench:
 bench-keys:
 	GO="$(GO)" scripts/bench-keys.sh
 
-# gofmt, go vet of every module, and the public API files (api/*.txt) up to
-# date with the code (make api rewrites them).
+# gofmt, go vet of every module, the exactlyvet analyzer on the examples
+# (tools/exactlyvet: what a handler must not do with its transaction, its
+# messages and the pool), and the public API files (api/*.txt) up to date
+# with the code (make api rewrites them).
+EXACTLYVET ?= $(CURDIR)/.cache/exactlyvet
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) build -o $(EXACTLYVET) ./tools/exactlyvet/cmd/exactlyvet
+	$(GO) vet -vettool=$(EXACTLYVET) ./examples/... ./examples/ledger-consumer/...
 	scripts/api.sh check
 
 # The public API of each published module, printed to api/*.txt; commit the

@@ -185,7 +185,7 @@ func NewBatchConsumer(store BatchStore, handler BatchHandlerFunc, cfg *BatchConf
 	one := TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
 		outs, err := bc.call(ctx, tx, []*message.Message{msg})
 		if err != nil || len(outs) == 0 {
-			return nil, err
+			return nil, alone(err)
 		}
 		return outs[0], nil
 	})

@@ -32,9 +32,12 @@ type Config struct {
 	// copies of the same commands reach this scope on several topics on
 	// purpose: a topic moved to a new one (more partitions, say) whose
 	// consumers keep the Scope, so that what was applied from the old
-	// topic is not applied again from the new. Consumer groups do not
-	// matter: a new group on the same topic with the same Scope skips what
-	// the old one applied, which is what a group's move needs.
+	// topic is not applied again from the new. Consumer groups are not
+	// compared here: a new group on the same topic with the same Scope
+	// skips what the old one applied, which is what a group's move needs
+	// and what a second service that copied the Scope must not do; a
+	// worker.Worker tells the two apart at start (worker.Config.Group and
+	// TakeOver; pgstore.Store.RegisterScope for a consumer built by hand).
 	AcrossTopics bool
 	// KeyFunc extracts the idempotency key. Defaults to KeyFromUUID.
 	KeyFunc KeyFunc

@@ -170,9 +170,12 @@
 // with [pgstore.Store.DoBatch]: every key claimed in one statement, sorted
 // by key; duplicates and key reuses filtered out; the [BatchHandlerFunc]
 // run once, with the transaction, on the fresh messages, which it applies
-// set-based (one UPDATE … FROM unnest(…) for many messages); the outputs
-// stored for duplicates (or written to the outbox with BatchConfig.Outputs)
-// in one more statement; one commit; then every message of the batch is
+// set-based (one UPDATE … FROM unnest(…) for many messages, with one
+// source row per target row: an UPDATE … FROM that joins two rows to one
+// target row updates it once, so two payments to one account in a batch
+// must be summed first, see docs/batch.md and consumertest.BatchParity);
+// the outputs stored for duplicates (or written to the outbox with
+// BatchConfig.Outputs) in one more statement; one commit; then every message of the batch is
 // acked, after its outputs were published.
 //
 //	bc, _ := consumer.NewBatchConsumer(store, func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {

@@ -177,3 +177,14 @@ func (m *Middleware) unavailable(ctx context.Context, err error) bool {
 // pingTimeout bounds the ping that tells a failing message from a database
 // that does not answer.
 const pingTimeout = 2 * time.Second
+
+// alone is the error of a batch handler run on one message (the
+// per-message path) as that message's own: a MessageError for it (index 0,
+// alone or joined) is its Err, whose text is the dead letter's reason,
+// without "message 0 of the batch".
+func alone(err error) error {
+	if errs := messageErrors(err, 1); errs[0] != nil {
+		return errs[0]
+	}
+	return err
+}

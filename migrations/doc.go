@@ -35,6 +35,7 @@
 //	GRANT SELECT ON ledger.exactly_keys2_state TO ledger_consumer;
 //	GRANT SELECT, UPDATE ON ledger.exactly_keys TO ledger_consumer;
 //	GRANT SELECT, INSERT, UPDATE ON ledger.exactly_positions TO ledger_consumer;
+//	GRANT SELECT, INSERT, UPDATE ON ledger.exactly_scopes TO ledger_consumer;
 //	GRANT INSERT ON ledger.exactly_outbox TO ledger_consumer;
 //	GRANT USAGE ON SEQUENCE ledger.exactly_outbox_id_seq TO ledger_consumer;
 //	GRANT SELECT, UPDATE, DELETE ON ledger.exactly_outbox TO ledger_relay;
@@ -55,7 +56,10 @@
 // (pgstore.LayoutSingleTable) grants SELECT, INSERT, UPDATE, DELETE on
 // exactly_keys instead, and its clean-up (DELETE) may run as the consumer.
 // On exactly_positions, SELECT reads a group's positions when partitions are
-// assigned and INSERT and UPDATE save them (pgstore.Positions). A
+// assigned and INSERT and UPDATE save them (pgstore.Positions). On
+// exactly_scopes, a worker records its group for its scope and topic at
+// start (SELECT, INSERT; UPDATE to take a scope over: worker.Config.TakeOver,
+// pgstore.Store.RegisterScope). A
 // producer needs only INSERT on exactly_outbox and USAGE on its id sequence:
 // the notify trigger that runs at its COMMIT reads exactly_outbox_waiters
 // with the migrator's rights (migration 00004). The relay reads pending rows

@@ -234,6 +234,14 @@ func TestDocumentedGrants(t *testing.T) {
 	if got, err := positions.Load(ctx, "ledger", topic, []int{0, 1}); err != nil || got[0] != 4 || got[1] != 5 {
 		t.Fatalf("load positions as the consumer: %v %v, want 0:4 1:5", got, err)
 	}
+	// A worker records its group for its scope and topic at start, and
+	// takes a scope over with worker.Config.TakeOver.
+	if _, err := store.RegisterScope(ctx, "ledger", topic, "ledger", false); err != nil {
+		t.Fatalf("register the scope as the consumer: %v", err)
+	}
+	if prev, err := store.RegisterScope(ctx, "ledger", topic, "ledger-2", true); err != nil || prev.Group != "ledger" {
+		t.Fatalf("take the scope over as the consumer: %v %v", prev, err)
+	}
 	for _, want := range []struct {
 		key      dedupe.Key
 		attempts int

@@ -237,10 +237,13 @@ func (p *partitioned) retireLegacy(ctx context.Context, conn *pgxpool.Conn, lega
 	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", legacy).Scan(&exists); err != nil {
 		return classify("retire "+legacy, err)
 	}
-	live := `SELECT EXISTS (SELECT FROM ` + legacy + ` o WHERE ` + legacyLiveRow + `)`
-	var busy bool
+	live := `SELECT EXISTS (SELECT FROM ` + legacy + ` o WHERE ` + legacyLiveRow + `), EXISTS (SELECT FROM ` + legacy + `)`
+	// held: the table holds keys, all expired (an upgraded deployment);
+	// an empty one is a fresh schema's (or its keys were cleaned up), and
+	// its retire is no news.
+	var busy, held bool
 	if exists {
-		if err := conn.QueryRow(ctx, live).Scan(&busy); err != nil || busy {
+		if err := conn.QueryRow(ctx, live).Scan(&busy, &held); err != nil || busy {
 			return classify("retire "+legacy, err)
 		}
 	}
@@ -267,7 +270,12 @@ func (p *partitioned) retireLegacy(ctx context.Context, conn *pgxpool.Conn, lega
 	if err != nil {
 		return classify("retire "+legacy, err)
 	}
-	p.s.cfg.Logger.InfoContext(ctx, "pgstore: the single key table has no live key left and is no longer read; it is dropped once no store reads it", "table", legacy)
+	if held {
+		p.s.cfg.Logger.InfoContext(ctx, "pgstore: every key of the single key table (the layout before the partitioned one) has expired; "+
+			"claims no longer read it, and it is dropped once no store reads it", "table", legacy)
+	} else {
+		p.s.cfg.Logger.DebugContext(ctx, "pgstore: the single key table is empty and no longer read; it is dropped once no store reads it", "table", legacy)
+	}
 	return nil
 }
 
@@ -284,7 +292,7 @@ const singleTableName = "exactly_keys"
 // clean-up goes on, and the next run tries again.
 func (p *partitioned) dropRetired(ctx context.Context, conn *pgxpool.Conn) {
 	table := p.quoted(singleTableName)
-	var droppable bool
+	var droppable, held bool
 	err := conn.QueryRow(ctx, `SELECT coalesce((SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = to_regclass($1)), false)
        AND (SELECT started_at IS NOT NULL AND legacy IS NULL FROM `+p.state+`)`, table).Scan(&droppable)
 	p.mu.Lock()
@@ -311,6 +319,9 @@ func (p *partitioned) dropRetired(ctx context.Context, conn *pgxpool.Conn) {
 		if err := tx.QueryRow(ctx, "SELECT started_at IS NOT NULL AND legacy IS NULL FROM "+p.state).Scan(&droppable); err != nil || !droppable {
 			return err
 		}
+		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT FROM "+table+")").Scan(&held); err != nil {
+			return err
+		}
 		_, err := tx.Exec(ctx, "DROP TABLE "+table)
 		return err
 	})
@@ -319,8 +330,10 @@ func (p *partitioned) dropRetired(ctx context.Context, conn *pgxpool.Conn) {
 	case err != nil:
 		p.s.cfg.Logger.WarnContext(ctx, "pgstore: could not drop the retired single key table; the clean-up goes on, and tries again at its next run",
 			"table", table, "err", err)
+	case held:
+		p.s.cfg.Logger.InfoContext(ctx, "pgstore: the retired single key table dropped, with its expired keys", "table", table)
 	default:
-		p.s.cfg.Logger.InfoContext(ctx, "pgstore: the retired single key table dropped", "table", table)
+		p.s.cfg.Logger.DebugContext(ctx, "pgstore: the retired single key table, empty, dropped", "table", table)
 	}
 }
 

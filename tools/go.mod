@@ -7,6 +7,7 @@ require (
 	github.com/exactly-go/exactly/embedpg v0.1.0-rc.1
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
+	golang.org/x/tools v0.48.0
 )
 
 require (
@@ -18,6 +19,7 @@ require (
 	github.com/sethvargo/go-retry v0.5.0 // indirect
 	github.com/ulikunitz/xz v0.5.15 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
+	golang.org/x/mod v0.38.0 // indirect
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )

@@ -48,8 +48,21 @@ type Config struct {
 	// invalid key or payload, dedupe.Permanent errors, poison), with the
 	// reason in metadata "reason_poisoned". Defaults to Topic + ".dlq".
 	DeadLetterTopic string
-	// Group is the Kafka consumer group. Defaults to Scope.
+	// Group is the Kafka consumer group. Defaults to Scope. The worker
+	// records it for Scope and Topic at start (pgstore.Store.RegisterScope,
+	// table exactly_scopes): a worker of another group with the same Scope
+	// on the same Topic (two services that copied a configuration) would
+	// skip every command the first group applied as a duplicate, so it is
+	// refused at start, with the fix, unless TakeOver is set. Not recorded
+	// with a Subscriber of your own, whose group the worker does not know.
 	Group string
+	// TakeOver lets Group take Scope's commands on Topic over from the
+	// group recorded before (a renamed group; a rebuild, docs/rebuild.md):
+	// the commands that group applied are skipped as duplicates, the rest
+	// are applied by this one; logged at WARN. Stop the previous group's
+	// workers first: they would refuse to start again, but the running
+	// ones go on consuming. Defaults to false.
+	TakeOver bool
 
 	// Brokers to consume from and publish to. Required unless Subscriber
 	// and Publisher are both set.
@@ -191,7 +204,10 @@ type Config struct {
 
 	// Hooks receives an Event per message (consumer.Hooks). When it also
 	// implements outbox.Hooks (plugin/eprom does), it receives the relay's
-	// events too. Defaults to none.
+	// events too. A Hooks that is also a Plugin (it implements one of the
+	// Plugin interfaces, as plugin/eotel's Tracer and plugin/eprom's
+	// Metrics do) is installed whole, as if it were listed first in
+	// Plugins (once, if it is listed there too). Defaults to none.
 	Hooks consumer.Hooks
 	// OutboxHooks receives the relay's events. Defaults to Hooks when that
 	// implements outbox.Hooks, else none.
@@ -279,6 +295,7 @@ func withDefaults(cfg *Config) (Config, error) {
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 30 * time.Second
 	}
+	c = hooksAsPlugin(c)
 	if c.OutboxHooks == nil {
 		if h, ok := c.Hooks.(outbox.Hooks); ok {
 			c.OutboxHooks = h

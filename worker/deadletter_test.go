@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
 	"github.com/exactly-go/exactly/internal/testkit/testenv"
@@ -135,4 +137,50 @@ func headerText(hs []kafka.Header) []string {
 		out[i] = h.Key + "=" + string(h.Value)
 	}
 	return out
+}
+
+// A batch handler's MessageError names the message's index in its batch;
+// the message, once alone on the per-message path, is dead-lettered with
+// the handler's own reason, not "message 0 of the batch" (a batch it is not
+// in any more).
+func TestDeadLetterReasonOfAMessageHandledAlone(t *testing.T) {
+	w := newWorld(t, 1)
+	cfg := w.config(func(c *worker.Config) {
+		c.Handler, c.BatchSize = nil, 50
+		c.BatchHandler = func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) ([][]*message.Message, error) {
+			var bad []error
+			for i, m := range msgs {
+				if strings.HasPrefix(m.UUID, "bad") {
+					bad = append(bad, &consumer.MessageError{Index: i, Err: dedupe.Permanent(errors.New("amount is not a number"))})
+				}
+			}
+			if len(bad) > 0 {
+				return nil, errors.Join(bad...)
+			}
+			return w.batchHandler(ctx, tx, msgs)
+		}
+	})
+	_, stop := w.start(cfg)
+	w.send("ok-1", "bad-1", "ok-2")
+	testenv.WaitFor(t, time.Minute, "the good commands applied", func() bool {
+		return w.count("SELECT count(*) FROM "+w.db.Table("applied")) == 2
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	letters := kafkatest.ReadAll(t, w.dlq, 1, time.Minute)
+	if len(letters) == 0 {
+		t.Fatal("no dead letter")
+	}
+	for _, l := range letters {
+		var reason string
+		for _, h := range l.Headers {
+			if h.Key == middleware.ReasonForPoisonedKey {
+				reason = string(h.Value)
+			}
+		}
+		if !strings.Contains(reason, "amount is not a number") || strings.Contains(reason, "of the batch") {
+			t.Errorf("dead letter %q: reason %q, want the handler's reason alone", l.Value, reason)
+		}
+	}
 }

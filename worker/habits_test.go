@@ -291,3 +291,55 @@ func TestBatchResultOfWrongLengthIsHeld(t *testing.T) {
 		t.Fatalf("%d commands applied once, want 3", n)
 	}
 }
+
+// tracerLike is a plugin in the shape of plugin/eotel's Tracer: a
+// Middleware that starts each message's span and a Hooks that ends it.
+type tracerLike struct {
+	started, ended atomic.Int64
+	unstarted      atomic.Int64 // events of a message whose Middleware never ran
+}
+
+type spanKey struct{}
+
+func (p *tracerLike) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		p.started.Add(1)
+		msg.SetContext(context.WithValue(msg.Context(), spanKey{}, true))
+		return h(msg)
+	}
+}
+
+func (p *tracerLike) OnMessage(ctx context.Context, _ consumer.Event) {
+	p.ended.Add(1)
+	if ctx.Value(spanKey{}) == nil {
+		p.unstarted.Add(1)
+	}
+}
+
+// A plugin given as Config.Hooks (a new user's reading of "Hooks receives
+// an Event per message") is installed whole, as in Plugins: its Middleware
+// wraps each message, and its hooks run once per event, also when it is
+// listed in Plugins too.
+func TestHooksThatIsAPluginIsInstalledWhole(t *testing.T) {
+	for _, also := range []bool{false, true} {
+		t.Run(fmt.Sprintf("also-in-plugins=%v", also), func(t *testing.T) {
+			w := newWorld(t, 1)
+			p := &tracerLike{}
+			cfg := w.config(func(c *worker.Config) {
+				c.Hooks = p
+				if also {
+					c.Plugins = []worker.Plugin{p}
+				}
+			})
+			_, stop := w.start(cfg)
+			w.sendOnce(w.commands, "a", "b")
+			testenv.WaitFor(t, time.Minute, "both commands applied", func() bool { return w.appliedOnce() == 2 })
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			if s, e, u := p.started.Load(), p.ended.Load(), p.unstarted.Load(); s != 2 || e != 2 || u != 0 {
+				t.Fatalf("Middleware ran %d times, OnMessage %d times (%d without the Middleware's context); want 2, 2, 0", s, e, u)
+			}
+		})
+	}
+}

@@ -224,6 +224,9 @@ func (w *Worker) missingTables(ctx context.Context) ([]string, error) {
 	if !w.cfg.NoPositions && w.cfg.Subscriber == nil {
 		want = append(want, pgx.Identifier{w.cfg.Schema, "exactly_positions"}.Sanitize())
 	}
+	if w.registersScope() {
+		want = append(want, pgx.Identifier{w.cfg.Schema, "exactly_scopes"}.Sanitize())
+	}
 	for _, t := range w.cfg.Tables {
 		if strings.Contains(t, ".") {
 			want = append(want, t)

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"reflect"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -118,6 +119,40 @@ func (hs batchHooks) OnBatch(ctx context.Context, ev outbox.BatchEvent) {
 	for _, h := range hs {
 		h.OnBatch(ctx, ev)
 	}
+}
+
+// hooksAsPlugin moves c.Hooks into c.Plugins, first, when it is a Plugin
+// beyond its hooks (a Tracer given as Hooks would otherwise put the
+// outcome on a span that its Middleware never started, and leave out its
+// Subscriber, Publisher and Outputs); a Plugins entry that is the same
+// value is not installed twice.
+func hooksAsPlugin(c Config) Config {
+	h := c.Hooks
+	switch h.(type) {
+	case SubscriberPlugin, PublisherPlugin, MiddlewarePlugin, OutputsPlugin, StorePlugin, WatchPlugin:
+	default:
+		return c
+	}
+	ps := []Plugin{h}
+	for _, p := range c.Plugins {
+		if !same(p, h) {
+			ps = append(ps, p)
+		}
+	}
+	c.Hooks, c.Plugins = nil, ps
+	return c
+}
+
+// same says whether a and b are the same value (false for values that
+// == cannot compare).
+func same(a, b any) (eq bool) {
+	defer func() {
+		if recover() != nil {
+			eq = false
+		}
+	}()
+	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
+	return ta == tb && ta != nil && ta.Comparable() && a == b
 }
 
 // withPlugins folds the plugins' hooks into c's: Hooks and OutboxHooks then

@@ -131,6 +131,20 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 			log.Warn("worker: could not check the key clean-up's rights", "err", redact.Password(err.Error()))
 		}
 	}
+	if w.registersScope() {
+		// A second group on Scope and Topic would skip every command the
+		// first applied: refused here, unless it takes the scope over.
+		prev, err := w.store.RegisterScope(ctx, w.cfg.Scope, w.cfg.Topic, w.cfg.Group, w.cfg.TakeOver)
+		if err != nil {
+			w.closeOwn()
+			return fmt.Errorf("worker: %w", err)
+		}
+		if prev.Group != "" {
+			log.Warn("worker: the group takes the scope over: the commands of the topic that the previous group applied are "+
+				"skipped as duplicates, the others applied by this group (Config.TakeOver)",
+				"scope", w.cfg.Scope, "topic", w.cfg.Topic, "group", w.cfg.Group, "previous_group", prev.Group, "previous_since", prev.Since)
+		}
+	}
 	if len(w.cfg.Brokers) > 0 {
 		if err := kafkapubsub.CheckTTL(ctx, w.cfg.Brokers, w.cfg.Security, w.cfg.Topic, w.ttl()); err != nil {
 			log.Warn("worker: key retention", "err", err)
@@ -191,6 +205,11 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	}
 	return err
 }
+
+// registersScope says whether the worker records its group for its scope
+// and topic (pgstore.Store.RegisterScope): when it makes its Subscriber,
+// whose group it knows.
+func (w *Worker) registersScope() bool { return w.cfg.Subscriber == nil }
 
 // ErrSubscriptionEnded is Run's error when the Subscriber ends the
 // subscription on its own, before Run's context ends: the worker would

@@ -4,7 +4,9 @@
 // outcome, the outputs and the key as stored ([Result]); [BatchHandler]
 // runs a batch handler through a real [consumer.BatchConsumer] against the
 // messages of one delivery and reports the same for each, and whether it
-// was acked ([BatchResult]).
+// was acked ([BatchResult]); [BatchParity] checks that a batch handler
+// leaves the same state as one message at a time (a batch statement that
+// updates a row once for two messages does not).
 //
 // Two stores fit:
 //

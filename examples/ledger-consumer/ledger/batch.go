@@ -184,7 +184,12 @@ func (w *Worker) lockBatch(ctx context.Context, tx pgx.Tx, cmds []Command) (*bat
 }
 
 // writeBatch writes what the batch changed, one statement per table, in
-// one round trip, each in id order: two batches that create the same holds
+// one round trip, one row per changed account or hold (the batch's
+// commands were applied in memory first, in order): an UPDATE … FROM
+// unnest(…) with a row per command would update an account that two
+// commands of the batch touch once, with one of the two, and lose the
+// other's effect without an error (docs/batch.md, "One source row per
+// target row"). Each statement is in id order: two batches that create the same holds
 // insert them in the same order, so the later waits for the earlier
 // instead of deadlocking with it. A hold that another transaction created
 // meanwhile (a command of another account naming the same hold id, on

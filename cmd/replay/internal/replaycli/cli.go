@@ -51,6 +51,9 @@ Commands:
   replay positions  per partition, the group's committed offset in Kafka, its position kept in
                  the database (pgstore.Positions) and the gap: what a database that lost
                  commits (a failover, a restore) gets delivered again
+  replay rebuild in one transaction, empty a scope's tables (--truncate), delete its keys and
+                 record a new group as the scope's; that group's workers then apply the
+                 topic again from its start, once (dry run unless --execute; docs/rebuild.md)
 
 Examples:
   # redeliver all of ledger.commands into itself, twice, and see nothing move
@@ -78,6 +81,11 @@ Examples:
   # the dead letters of a worker, then redrive those a fixed handler now accepts
   replay redrive --brokers localhost:9092 --dlq ledger.commands.dlq --database-url "$DATABASE_URL"
   replay redrive ... --reason 'unknown account' --from-time 2026-11-28T00:00:00Z --execute
+  # rebuild the accounts table: empty it, retire the scope's keys, hand the scope to a new
+  # group; then start the workers with that group (worker.Config.Group)
+  replay rebuild --brokers localhost:9092 --database-url "$DATABASE_URL" --schema ledger \
+      --scope ledger-consumer --topic ledger.commands --group ledger-rebuild-1 --truncate accounts,holds
+  replay rebuild ... --execute
 
   # show, then apply, a rewind of a stopped group by 1000 records per partition
   replay rewind --brokers localhost:9092 --group ledger-consumer --topic ledger.commands --back 1000
@@ -171,6 +179,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&dbURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL (default $DATABASE_URL)")
 		fs.StringVar(&schema, "schema", "", "schema of the positions table (default: the database URL's search_path, else public)")
 		fs.StringVar(&table, "table", "exactly_positions", "positions table")
+	case "rebuild":
+		fs.StringVar(&scope, "scope", "", "the consumer's scope (worker.Config.Scope; required)")
+		fs.StringVar(&topic, "topic", "", "the consumer's topic (required)")
+		fs.StringVar(&group, "group", "", "the consumer group that rebuilds, with no committed offset on the topic (required)")
+		fs.StringVar(&dbURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL (default $DATABASE_URL)")
+		fs.StringVar(&schema, "schema", "", "schema of exactly's tables (default: the database URL's search_path, else public)")
+		fs.StringVar(&table, "truncate", "", "the handler's tables to empty in the same transaction, comma-separated (schema.table, or in --schema)")
+		fs.BoolVar(&execute, "execute", false, "commit (default: count the keys in a transaction rolled back, truncate nothing)")
 	default:
 		fmt.Fprintf(stderr, "replay: unknown command %q\n\n%s", cmd, usage)
 		return ExitUsage
@@ -257,6 +273,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "redrive":
 		report, err = Redrive(ctx, RedriveConfig{Brokers: bs, Security: sec, DeadLetterTopic: dlq, Range: r, Reason: reason, Key: letterKey,
 			ID: letterID, To: to, Execute: execute, DatabaseURL: dbURL, Schema: schema})
+	case "rebuild":
+		var truncate []string
+		if table != "" {
+			truncate = strings.Split(table, ",")
+		}
+		report, err = Rebuild(ctx, RebuildConfig{Brokers: bs, Security: sec, Scope: scope, Topic: topic, Group: group,
+			Truncate: truncate, DatabaseURL: dbURL, Schema: schema, Execute: execute})
 	case "positions":
 		report, err = Positions(ctx, PositionsConfig{Brokers: bs, Security: sec, Group: group, Topic: topic, DatabaseURL: dbURL, Schema: schema, Table: table})
 	}
@@ -359,6 +382,23 @@ func printReport(w io.Writer, report any) {
 			fmt.Fprintf(w, "redrove %d record(s); skipped %d\n", r.Redriven, r.Skipped)
 		} else {
 			fmt.Fprintf(w, "list only: add --execute to publish them back (those not redriven yet)\n")
+		}
+	case RebuildReport:
+		state := "plan (dry run; add --execute to apply)"
+		if r.Executed {
+			state = "done"
+		}
+		prev := r.PreviousGroup
+		if prev == "" {
+			prev = "none recorded"
+		}
+		fmt.Fprintf(w, "rebuild of scope %s on %s: %s\n  keys retired   %d\n  truncated      %s\n  group          %s (before: %s)\n",
+			r.Scope, r.Topic, state, r.RetiredKeys, strings.Join(r.Truncated, ", "), r.Group, prev)
+		if r.LostBefore > 0 {
+			fmt.Fprintf(w, "  warning: %d record(s) of %s are no longer in Kafka (retention): the rebuild cannot apply them\n", r.LostBefore, r.Topic)
+		}
+		if r.Executed {
+			fmt.Fprintf(w, "start the workers with group %s now (worker.Config.Group)\n", r.Group)
 		}
 	case PositionsReport:
 		fmt.Fprintf(w, "positions of group %s on %s: Kafka's committed offset, the database's position, the gap\n", r.Group, r.Topic)
