@@ -107,7 +107,7 @@ func TestNewBatchConsumerRefusesNegatives(t *testing.T) {
 // dead-lettered or counted towards MaxAttempts, though a ping succeeds.
 func TestBatchTimeoutNacksTheBatchWhole(t *testing.T) {
 	t.Parallel()
-	batchCutWaitingForLock(t, 300*time.Millisecond, 300*time.Millisecond)
+	batchCutWaitingForLock(t, time.Second, time.Second)
 }
 
 // The same when the handler first runs its own code past the time the
