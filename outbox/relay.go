@@ -19,7 +19,8 @@ import (
 // Relay publishes committed outbox rows through any Watermill publisher,
 // at least once and in order per partition key (see the package doc for
 // which order). Several relays may run at once: a lane (a sixteenth of the
-// keys) is worked by one relay at a time, under a session advisory lock. A
+// keys) is worked by one relay at a time, under a transaction-scoped advisory
+// lock (it holds no session state: it runs behind a transaction pooler). A
 // relay that dies mid-batch leaves its rows pending; they are published
 // again with their original UUIDs, which consumers deduplicate.
 type Relay struct {
@@ -139,11 +140,11 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("outbox: relay: %w", err)
 	}
 	defer conn.Release()
-	held, err := r.lockLanes(ctx, conn, nil)
-	if err == nil && len(held) == 0 {
-		held, err = r.waitLane(ctx, conn)
+	tx, held, err := r.takeLanes(ctx, conn, nil)
+	if err == nil && tx == nil {
+		tx, held, err = r.waitLane(ctx, conn)
 	}
-	if err != nil || len(held) == 0 {
+	if err != nil || tx == nil {
 		return 0, err
 	}
 	m := r.newMarker()
@@ -154,7 +155,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		pf = next
 		total += n
 		if err != nil {
-			return total, r.release(ctx, conn, held, m, err)
+			return total, r.release(ctx, conn, tx, m, err)
 		}
 		if len(more) == 0 {
 			break
@@ -165,22 +166,23 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		}
 		// Time to share: let go, and take again those still free.
 		pf = nil // read under locks let go
-		if err := r.release(ctx, conn, held, m, nil); err != nil {
+		if err := r.release(ctx, conn, tx, m, nil); err != nil {
 			return total, err
 		}
-		if held, err = r.lockLanes(ctx, conn, lanes); err != nil || len(held) == 0 {
+		if tx, held, err = r.takeLanes(ctx, conn, lanes); err != nil || tx == nil {
 			return total, err
 		}
 		since, lanes = time.Now(), held
 	}
-	return total, r.release(ctx, conn, held, m, nil)
+	return total, r.release(ctx, conn, tx, m, nil)
 }
 
-// release waits for the marks in flight, then lets go of the lanes held.
-// It returns every error: the batch's own (berr), the mark's, the unlock's.
-func (r *Relay) release(ctx context.Context, conn *pgxpool.Conn, held []int, m *marker, berr error) error {
+// release waits for the marks in flight, then lets go of the lanes that tx
+// holds. It returns every error: the batch's own (berr), the mark's, the
+// unlock's.
+func (r *Relay) release(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, m *marker, berr error) error {
 	merr := m.close(ctx, conn)
-	uerr := r.unlockLanes(ctx, conn, held)
+	uerr := r.unlockLanes(ctx, tx)
 	return errors.Join(berr, merr, uerr)
 }
 
