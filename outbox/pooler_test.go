@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/internal/testkit/pgtest"
+	"github.com/exactly-go/exactly/internal/testkit/testenv"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -105,6 +106,97 @@ func TestRelaysBehindTransactionPooler(t *testing.T) {
 			if held != 0 {
 				t.Errorf("%d lane lock(s) stay held after the relays are done: no relay works those lanes", held)
 			}
+		})
+	}
+}
+
+// Behind a transaction pooler LISTEN cannot work (the registration stays on
+// a server session the relay no longer holds): the relay polls only, and
+// never registers as a waiter, so producers do not pay for a NOTIFY that
+// no relay hears. Messages are published by the poll.
+func TestRelayPollsOnlyBehindTransactionPooler(t *testing.T) {
+	if pgtest.PoolerURL(t) != "" && pgtest.PoolerMode() != "transaction" {
+		t.Skipf("the pooler runs in %s mode", pgtest.PoolerMode())
+	}
+	f := &fixture{db: pgtest.New(t)}
+	var err error
+	if f.w, err = outbox.NewWriter(&outbox.Config{Schema: f.db.Schema}); err != nil {
+		t.Fatal(err)
+	}
+	first := keyed("k", "1")
+	f.commitOne(t, "polled", first)
+	pub := &copiesPublisher{count: map[string]int{}}
+	r, err := outbox.NewRelay(pgtest.PoolerPool(t, poolerMode), pub, &outbox.RelayConfig{Config: outbox.Config{Schema: f.db.Schema},
+		PollInterval: 500 * time.Millisecond, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	published := func(u string) {
+		t.Helper()
+		testenv.WaitFor(t, 20*time.Second, "message "+u+" published", func() bool { return f.status(t, u) == "PUBLISHED" })
+	}
+	published(first.UUID)
+	// Idle now: a relay that listened would register within milliseconds.
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) { // observe a second
+		var n int
+		if err := f.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+f.db.Table("exactly_outbox_waiters")).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Fatalf("the relay behind a transaction pooler registered as a waiter: producers notify, and it never hears them")
+		}
+	}
+	second := keyed("k", "2")
+	f.commitOne(t, "polled", second)
+	published(second.UUID)
+}
+
+// BenchmarkRelayLatency measures the time from a producer's commit to its
+// message marked PUBLISHED with LISTEN/NOTIFY and with PollOnly (the
+// default PollInterval, 1s), on a direct connection:
+//
+//	go test -run '^$' -bench RelayLatency -benchtime 20x ./outbox/
+func BenchmarkRelayLatency(b *testing.B) {
+	for _, pollOnly := range []bool{false, true} {
+		name := "listen"
+		if pollOnly {
+			name = "poll-only"
+		}
+		b.Run(name, func(b *testing.B) {
+			f := &fixture{db: pgtest.New(b)}
+			var err error
+			if f.w, err = outbox.NewWriter(&outbox.Config{Schema: f.db.Schema}); err != nil {
+				b.Fatal(err)
+			}
+			r, err := outbox.NewRelay(f.db.Pool, &copiesPublisher{count: map[string]int{}}, &outbox.RelayConfig{Config: outbox.Config{Schema: f.db.Schema},
+				PollOnly: pollOnly, Logger: quiet()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx) }()
+			defer func() { cancel(); <-done }()
+			warm := keyed("k", "warm")
+			f.commitOne(b, "latency", warm)
+			testenv.WaitFor(b, 10*time.Second, "warm-up", func() bool { return f.status(b, warm.UUID) == "PUBLISHED" })
+			var total time.Duration
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				// Let the relay go idle at a random point of its poll.
+				time.Sleep(time.Duration(i%10) * 97 * time.Millisecond) // spread the commits over the poll interval
+				m := keyed("k", fmt.Sprint(i))
+				start := time.Now()
+				f.commitOne(b, "latency", m)
+				testenv.WaitFor(b, 10*time.Second, "published", func() bool { return f.status(b, m.UUID) == "PUBLISHED" })
+				total += time.Since(start)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(total.Milliseconds())/float64(b.N), "ms/publish")
 		})
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/exactly-go/exactly/internal/advisory"
+	"github.com/exactly-go/exactly/internal/pooler"
 	"github.com/exactly-go/exactly/internal/sqlident"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -53,7 +54,8 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg *RelayConfig) (*Rel
 }
 
 // Run relays until ctx is done: it wakes on LISTEN/NOTIFY when rows are
-// written and polls every PollInterval as a floor. Before it sleeps it
+// written and polls every PollInterval as a floor (only polls with
+// RelayConfig.PollOnly, or behind a connection pooler in transaction mode). Before it sleeps it
 // registers in the waiters table (migration 00003), so that producers
 // notify only while some relay sleeps; a relay with work in hand is not
 // registered and producers commit without the NOTIFY's lock. A relay whose
@@ -68,10 +70,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
 	lctx, stopListening := context.WithCancel(ctx)
 	listened := make(chan struct{})
-	go func() {
-		defer close(listened)
-		r.listen(lctx, wake)
-	}()
+	if r.pollOnly(ctx) {
+		close(listened)
+	} else {
+		go func() {
+			defer close(listened)
+			r.listen(lctx, wake)
+		}()
+	}
 	waiters := false // the table has a waiters table; asked until it answers yes
 	defer func() {
 		r.unregister(ctx, waiters)
@@ -122,6 +128,23 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.unregister(ctx, true) // awake: producers need not notify
 		}
 	}
+}
+
+// pollOnly reports whether Run polls only: RelayConfig.PollOnly, or a
+// pool whose connections go through a pooler in transaction mode.
+func (r *Relay) pollOnly(ctx context.Context) bool {
+	if r.cfg.PollOnly {
+		return true
+	}
+	dctx, cancel := r.bounded(ctx)
+	defer cancel()
+	info, err := pooler.Detect(dctx, r.pool)
+	if err != nil || !info.Transaction {
+		return false // LISTEN, as ever; a pooler missed here still leaves the poll
+	}
+	r.cfg.Logger.Info("outbox: relay polls only: its pool goes through a connection pooler in transaction mode, where LISTEN does not work "+
+		"(set RelayConfig.PollOnly to say so, and PollInterval for the latency)", "table", r.table, "poll_interval", r.cfg.PollInterval)
+	return true
 }
 
 // RunOnce publishes what is due in the lanes that no other relay holds,
