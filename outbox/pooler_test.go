@@ -200,3 +200,48 @@ func BenchmarkRelayLatency(b *testing.B) {
 		})
 	}
 }
+
+// The writer and the relay work in every pgx QueryExecMode (with exec and
+// simple_protocol pgx takes a parameter's type from its Go type: the
+// metadata went as bytea, which is not JSON).
+func TestEveryExecMode(t *testing.T) {
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.New(t)
+			cfg, err := pgtest.Config(pgtest.RequireURL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.MaxConns = 4
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			w, err := outbox.NewWriter(&outbox.Config{Schema: db.Schema})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			m := keyed("k", "1")
+			m.Metadata.Set("trace", `"quoted" \ value`)
+			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.WriteTx(ctx, tx, "modes", m) }); err != nil {
+				t.Fatalf("WriteTx: %v", err)
+			}
+			pub := &copiesPublisher{count: map[string]int{}}
+			r, err := outbox.NewRelay(pool, pub, &outbox.RelayConfig{Config: outbox.Config{Schema: db.Schema}, Logger: quiet()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n, err := r.RunOnce(ctx); err != nil || n != 1 {
+				t.Fatalf("RunOnce = %d, %v; want 1 published", n, err)
+			}
+			if pub.count[m.UUID] != 1 {
+				t.Fatalf("message published %d times", pub.count[m.UUID])
+			}
+		})
+	}
+}
