@@ -120,7 +120,7 @@ func TestCutJudgedBehindTransactionPooler(t *testing.T) {
 			c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 		}
 	})
-	for want, got := range judge(t, db, pool, 2*time.Second) {
+	for want, got := range judge(t, db, pool, 5*time.Second) {
 		if got != want {
 			t.Errorf("behind the pooler, an attempt that should be judged %d was judged %d", want, got)
 		}
@@ -150,7 +150,7 @@ func TestCutJudgedOnAPoolOfOneWithBeforeConnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	for want, got := range judge(t, db, pool, 2*time.Second) {
+	for want, got := range judge(t, db, pool, 5*time.Second) {
 		if got != want {
 			t.Errorf("on a pool of 1 with BeforeConnect, an attempt that should be judged %d was judged %d", want, got)
 		}

@@ -70,8 +70,8 @@ func (o *Config) withDefaults(pool *pgxpool.Pool) (Config, error) {
 // Migrate applies every pending migration (up to cfg.Version when set).
 // The SQL names no schema: it runs with search_path set to Config.Schema,
 // and Migrate refuses, naming the fix, where that cannot hold: behind a
-// connection pooler in transaction mode, or a proxy that changes the
-// session's search_path (run it on a direct connection there).
+// connection pooler, or a proxy that changes the session's search_path
+// (run it on a direct connection there).
 func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
 	o, err := cfg.withDefaults(pool)
 	if err != nil {
@@ -207,19 +207,19 @@ func withProvider(ctx context.Context, pool *pgxpool.Pool, o Config, changes boo
 }
 
 // checkSession refuses to migrate where the SQL's unqualified names would
-// not land in schema: behind a pooler in transaction mode (the search_path
+// not land in schema: behind a pooler (in transaction mode the search_path
 // set for a session and goose's session lock do not hold from one
-// statement to the next there) or on a session whose search_path does not
-// start with schema.
+// statement to the next, and a client cannot tell session mode from it) or
+// on a session whose search_path does not start with schema.
 func checkSession(ctx context.Context, pool *pgxpool.Pool, db *sql.DB, schema string) error {
 	info, err := pooler.Detect(ctx, pool)
 	if err != nil {
 		return fmt.Errorf("migrations: schema %s: look at the connection: %w", schema, err)
 	}
 	if info.Transaction {
-		return fmt.Errorf("migrations: schema %s: the pool's connections go through a connection pooler in transaction mode, "+
+		return fmt.Errorf("migrations: schema %s: the pool's connections go through a connection pooler, which may run in transaction mode, "+
 			"where the migrations' search_path and their lock do not hold from one statement to the next (the tables would land in another schema): "+
-			"run Migrate on a direct connection to the server, or through a pooler in session mode", schema)
+			"run Migrate on a direct connection to the server", schema)
 	}
 	var current sql.NullString
 	if err := db.QueryRowContext(ctx, "SELECT pg_catalog.current_schema()").Scan(&current); err != nil {

@@ -19,11 +19,12 @@ type RelayConfig struct {
 	PollInterval time.Duration
 	// PollOnly turns LISTEN/NOTIFY off: the relay polls every PollInterval
 	// and never registers as a waiter, so producers never notify (River's
-	// PollOnly). A relay whose pool goes through a connection pooler in
-	// transaction mode (PgBouncer's pool_mode = transaction, most managed
-	// proxies), where a LISTEN registration stays on a server session the
-	// relay no longer holds, polls only whatever this says; Run finds out
-	// at start and logs it. Publishing latency is then up to PollInterval
+	// PollOnly). A relay whose pool goes through a connection pooler
+	// (PgBouncer, most managed proxies), which may run in transaction mode,
+	// where a LISTEN registration stays on a server session the relay no
+	// longer holds, polls only whatever this says; Run finds out at start
+	// (the server session's process ID is not the one the connection was
+	// given at start-up) and logs it. Publishing latency is then up to PollInterval
 	// (docs/deployments.md, "Behind a connection pooler"). Defaults to
 	// false.
 	PollOnly bool

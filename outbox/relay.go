@@ -55,7 +55,7 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg *RelayConfig) (*Rel
 
 // Run relays until ctx is done: it wakes on LISTEN/NOTIFY when rows are
 // written and polls every PollInterval as a floor (only polls with
-// RelayConfig.PollOnly, or behind a connection pooler in transaction mode). Before it sleeps it
+// RelayConfig.PollOnly, or behind a connection pooler). Before it sleeps it
 // registers in the waiters table (migration 00003), so that producers
 // notify only while some relay sleeps; a relay with work in hand is not
 // registered and producers commit without the NOTIFY's lock. A relay whose
@@ -131,7 +131,7 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // pollOnly reports whether Run polls only: RelayConfig.PollOnly, or a
-// pool whose connections go through a pooler in transaction mode.
+// pool whose connections go through a connection pooler.
 func (r *Relay) pollOnly(ctx context.Context) bool {
 	if r.cfg.PollOnly {
 		return true
@@ -142,7 +142,7 @@ func (r *Relay) pollOnly(ctx context.Context) bool {
 	if err != nil || !info.Transaction {
 		return false // LISTEN, as ever; a pooler missed here still leaves the poll
 	}
-	r.cfg.Logger.Info("outbox: relay polls only: its pool goes through a connection pooler in transaction mode, where LISTEN does not work "+
+	r.cfg.Logger.Info("outbox: relay polls only: its pool goes through a connection pooler, which may run in transaction mode, where LISTEN does not work "+
 		"(set RelayConfig.PollOnly to say so, and PollInterval for the latency)", "table", r.table, "poll_interval", r.cfg.PollInterval)
 	return true
 }

@@ -93,9 +93,8 @@
 // default retention). [Store.Cleanup] (or [Store.RunCleanup], on an interval)
 // deletes expired keys in batches with FOR UPDATE SKIP LOCKED, so it never
 // waits for (or holds up) a claim, and an advisory lock keeps it to one
-// runner per table (behind a pooler in transaction mode, a
-// transaction-scoped one, held on a second connection of the pool while it
-// runs).
+// runner per table (behind a connection pooler, a transaction-scoped one,
+// held on a second connection of the pool while it runs).
 //
 // Errors cross this package's boundary wrapped ("pgstore: claim s/k: …");
 // transient ones are marked with [dedupe.Retryable].

@@ -193,9 +193,9 @@ func (s *Store) Release(ctx context.Context, c dedupe.Claim) error {
 // wrapping ErrSingleTableClosed once the partitioned layout has started on the
 // schema.
 //
-// Check also looks at how the pool connects: behind a connection pooler in
-// transaction mode (PgBouncer's pool_mode = transaction, most managed
-// proxies), a pool whose pgx QueryExecMode keeps statements on the server
+// Check also looks at how the pool connects: behind a connection pooler
+// (PgBouncer, a managed proxy), which may run in transaction mode, a pool
+// whose pgx QueryExecMode keeps statements on the server
 // between round trips (cache_statement, pgx's default, and describe_exec)
 // cannot work, and Check returns an error wrapping dedupe.ErrMisconfigured
 // that names the modes that do (docs/deployments.md, "Behind a connection
@@ -263,17 +263,17 @@ func (s *Store) GetTx(ctx context.Context, db DBTX, key dedupe.Key) (dedupe.Reco
 // Cleanup implements dedupe.Store. Each batch is its own statement and
 // skips rows that a claim holds, so it never makes a claim wait. An
 // advisory lock keeps it to one runner per table. On a direct connection
-// (or through a pooler in session mode) it is a session lock, taken and
-// let go on the connection that does the work; a failed release closes
-// that connection, which lets go of it on the server. Behind a pooler in
-// transaction mode, where two statements of one connection may run on two
-// server sessions, it is a transaction-scoped lock held by a transaction
+// it is a session lock, taken and let go on the connection that does the
+// work; a failed release closes that connection, which lets go of it on
+// the server. Behind a connection pooler, which may give two statements of
+// one connection two server sessions (transaction mode), it is a
+// transaction-scoped lock held by a transaction
 // of its own on a second connection of the pool for as long as Cleanup
 // runs: it ends with that transaction whatever happens. There Cleanup
 // needs two of the pool's connections; with only one to be had within a
 // second it returns a retryable error, and on a pool whose MaxConns is 1
 // an error that names the fix.
-func (s *Store) Cleanup(ctx context.Context, cfg *dedupe.CleanupConfig) (total int64, err error) {
+func (s *Store) Cleanup(ctx context.Context, cfg *dedupe.CleanupConfig) (int64, error) {
 	batch, maxBatches := 1000, 0
 	if cfg != nil {
 		if cfg.BatchSize < 0 || cfg.MaxBatches < 0 {
@@ -291,8 +291,14 @@ func (s *Store) Cleanup(ctx context.Context, cfg *dedupe.CleanupConfig) (total i
 	if !info.Transaction {
 		return s.cleanupSession(ctx, batch, maxBatches)
 	}
+	return s.cleanupPooled(ctx, batch, maxBatches)
+}
+
+// cleanupPooled is Cleanup behind a connection pooler: under a
+// transaction-scoped lock held on a connection of its own.
+func (s *Store) cleanupPooled(ctx context.Context, batch, maxBatches int) (total int64, err error) {
 	if m := s.pool.Config().MaxConns; m < 2 {
-		return 0, fmt.Errorf("pgstore: cleanup %s: the pool's connections go through a pooler in transaction mode and its MaxConns is %d: Cleanup holds its lock in a transaction on one connection while it works on another there: give the pool 2 connections or more (pool_max_conns) (%w)", s.table, m, dedupe.ErrMisconfigured)
+		return 0, fmt.Errorf("pgstore: cleanup %s: the pool's connections go through a connection pooler and its MaxConns is %d: Cleanup holds its lock in a transaction on one connection while it works on another there: give the pool 2 connections or more (pool_max_conns) (%w)", s.table, m, dedupe.ErrMisconfigured)
 	}
 	lock, err := s.lockCleanup(ctx)
 	if err != nil {
