@@ -48,10 +48,18 @@ install() {
 	[ -x /usr/sbin/pgbouncer ] && return 0
 	[ "$(id -u)" = 0 ] || die "PgBouncer is not installed and installing it needs root: apt-get install pgbouncer"
 	echo "pgbouncer.sh: installing Debian's pgbouncer package" >&2
-	if ! apt-get install -y pgbouncer >&2; then
-		apt-get update >&2
-		apt-get install -y pgbouncer >&2
+	# The package would start Debian's own service on this port: a
+	# policy-rc.d that says no keeps it from starting (as in containers).
+	local policy=
+	if [ ! -e /usr/sbin/policy-rc.d ]; then
+		policy=/usr/sbin/policy-rc.d
+		printf '#!/bin/sh\nexit 101\n' >"$policy"
+		chmod +x "$policy"
 	fi
+	local ok=0
+	if apt-get install -y pgbouncer >&2 || { apt-get update >&2 && apt-get install -y pgbouncer >&2; }; then ok=1; fi
+	if [ -n "$policy" ]; then rm -f "$policy"; fi
+	[ "$ok" = 1 ] || die "apt-get install pgbouncer failed"
 }
 
 # parse TEST_DATABASE_URL: postgres://user:password@host:port/db?...
