@@ -5,7 +5,7 @@ GO ?= go
 # systest, tools, internal/testkit/testservices).
 PKGS ?= $(shell GO="$(GO)" scripts/packages.sh)
 
-.PHONY: api release-check release-check-selftest bench-keys throughput demo test test-matrix test-short chaos chaos-short chaos-keys chaos-franz chaos-topology bench lint services services-stop up down images test-docker compose-test
+.PHONY: api release-check release-check-selftest bench-keys throughput demo test test-matrix test-pooler test-short chaos chaos-short chaos-keys chaos-franz chaos-topology bench lint services services-stop up down images test-docker compose-test
 
 # The ledger demo: Postgres at DATABASE_URL, else at localhost, else a
 # throwaway server for the demo's lifetime; Kafka in-process unless
@@ -26,6 +26,14 @@ test:
 # scripts/matrix.sh (MATRIX_PKGS, MATRIX_PG, MATRIX_KAFKA, MATRIX_JOBS).
 test-matrix:
 	GO="$(GO)" scripts/matrix.sh
+
+# The tests behind PgBouncer (Debian's package, scripts/pgbouncer.sh) in
+# transaction mode: the pooler tests with pgx's default QueryExecMode, then
+# the pgstore, outbox, consumer, worker and httpkey suites through it with
+# default_query_exec_mode=exec (scripts/test-pooler.sh says which tests it
+# holds out, and why). docs/deployments.md, "Behind a connection pooler".
+test-pooler:
+	GO="$(GO)" scripts/test-pooler.sh
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)

@@ -15,9 +15,15 @@ import (
 // An attempt cut by its deadline (a middleware.Timeout, BatchConfig.Timeout)
 // while its handler ran is judged by what the handler's session was doing
 // just before the deadline (the last of the reads that run from shortly
-// before it and were done by it), read from pg_stat_activity on a
-// connection of its own (outside the pool, so that no pool connection is
-// held while another is waited for):
+// before it and were done by it), read from pg_stat_activity on another
+// connection: one of the pool's when one is free at once, else one opened
+// through the pool's own connect path (its BeforeConnect: IAM tokens,
+// rotated passwords), so that no pool connection is waited for while the
+// attempt holds one. The session is named by the server process ID read
+// inside the attempt's own transaction (behind a pooler, the ID the
+// connection was given at start-up is the pooler's, and a transaction
+// pooler gives each transaction a server session of its own); on a
+// connection where the two agree, the start-up one is used from then on.
 //
 //   - waiting for the database — a lock another session holds, a read or a
 //     write of the disk, a buffer, an internal lock, another backend or a
@@ -29,8 +35,9 @@ import (
 //     the message's, counted towards MaxAttempts like a handler's error.
 //
 // When the session could not be read (no deadline, a store without a pool,
-// the read failed, no read done by the deadline), the cut is taken as the
-// infrastructure's.
+// the read failed, no read done by the deadline), the verdict is unknown:
+// the cut is the infrastructure's only while the database does not answer
+// (failed), so that an unknown verdict cannot hold a partition for ever.
 
 // wait is what a cut attempt's session was doing before its deadline.
 type wait int
@@ -80,7 +87,10 @@ func watchCut(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn) *cutWatch
 	left := time.Until(dl)
 	lead := min(left/5, cutLead)
 	connect := min(left/5, cutConnect)
-	pid := conn.PgConn().PID()
+	pid, ok := sessionPID(ctx, conn)
+	if !ok {
+		return nil
+	}
 	w := &cutWatch{done: make(chan struct{})}
 	w.ctx, w.cancel = context.WithDeadline(context.Background(), dl)
 	w.timer = time.AfterFunc(left-lead-connect, func() {
@@ -90,23 +100,78 @@ func watchCut(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn) *cutWatch
 	return w
 }
 
-// watch opens a connection of its own and, from readFrom, reads the
+// directKey marks, in a connection's CustomData, one whose start-up
+// process ID is its server session's (no pooler in between).
+const directKey = "exactly/consumer: direct"
+
+// sessionPID returns the server process ID of the session that runs the
+// transaction open on conn, read in it unless conn is known to reach the
+// server directly; false when it could not be read.
+func sessionPID(ctx context.Context, conn *pgx.Conn) (uint32, bool) {
+	data := conn.PgConn().CustomData()
+	if data[directKey] == true {
+		return conn.PgConn().PID(), true
+	}
+	var pid uint32
+	if err := conn.QueryRow(ctx, "SELECT pg_catalog.pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&pid); err != nil {
+		return 0, false
+	}
+	if pid == conn.PgConn().PID() {
+		data[directKey] = true
+	}
+	return pid, true
+}
+
+// watchConn is the connection the watch reads on.
+type watchConn interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// openWatch returns a connection to read on and its release: one of the
+// pool's when one can be had within a millisecond, else one opened
+// through the pool's connect path (BeforeConnect, then AfterConnect).
+func openWatch(ctx context.Context, pool *pgxpool.Pool) (watchConn, func(), error) {
+	actx, cancel := context.WithTimeout(ctx, time.Millisecond)
+	pc, err := pool.Acquire(actx)
+	cancel()
+	if err == nil {
+		return pc, pc.Release, nil
+	}
+	cfg := pool.Config()
+	cc := cfg.ConnConfig.Copy()
+	if cfg.BeforeConnect != nil {
+		if err := cfg.BeforeConnect(ctx, cc); err != nil {
+			return nil, nil, err
+		}
+	}
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, nil, err
+	}
+	closeConn := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(ctx)
+	}
+	if cfg.AfterConnect != nil {
+		if err := cfg.AfterConnect(ctx, conn); err != nil {
+			closeConn()
+			return nil, nil, err
+		}
+	}
+	return conn, closeConn, nil
+}
+
+// watch opens a connection (openWatch) and, from readFrom, reads the
 // session pid's state on it every cutSample until w.ctx ends, keeping the
 // last read that finished before the deadline.
 func (w *cutWatch) watch(pool *pgxpool.Pool, pid uint32, readFrom time.Time) {
 	dl, _ := w.ctx.Deadline()
-	conn, err := pgx.ConnectConfig(w.ctx, pool.Config().ConnConfig.Copy())
+	conn, release, err := openWatch(w.ctx, pool)
 	if err != nil {
 		return
 	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = conn.Close(ctx)
-	}()
-	if _, err := conn.Prepare(w.ctx, readWaitSQL, readWaitSQL); err != nil {
-		return
-	}
+	defer release()
 	for wait := time.Until(readFrom); clock.Sleep(w.ctx, wait) == nil; wait = cutSample {
 		got, what, err := readWait(w.ctx, conn, pid)
 		if err != nil || !time.Now().Before(dl) {
@@ -130,16 +195,16 @@ func (w *cutWatch) result() (wait, string) {
 	return w.got, w.what
 }
 
-// readWaitSQL reads a session's state and wait event; the watch prepares
-// it on opening its connection (named by its text, so that a read is one
-// round trip).
+// readWaitSQL reads a session's state and wait event (a read is one round
+// trip in every exec mode but describe_exec: the watch reads with the
+// simple protocol).
 const readWaitSQL = `SELECT coalesce(state, ''), coalesce(wait_event_type, ''), coalesce(wait_event, '')
 FROM pg_catalog.pg_stat_activity WHERE pid = $1`
 
 // readWait reads the session pid's state and wait event on conn.
-func readWait(ctx context.Context, conn *pgx.Conn, pid uint32) (wait, string, error) {
+func readWait(ctx context.Context, conn watchConn, pid uint32) (wait, string, error) {
 	var state, typ, event string
-	if err := conn.QueryRow(ctx, readWaitSQL, int32(pid)).Scan(&state, &typ, &event); err != nil {
+	if err := conn.QueryRow(ctx, readWaitSQL, pgx.QueryExecModeSimpleProtocol, int32(pid)).Scan(&state, &typ, &event); err != nil {
 		return waitUnknown, "", err
 	}
 	what := state

@@ -122,9 +122,15 @@ func (m *Middleware) failed(msg *message.Message, ev *Event, err error, ownErr b
 	}
 	var cut *cutError
 	switch {
-	case errors.As(err, &cut) && cut.wait != waitMessage:
-		// Cut while waiting for the database (or not known): not the
-		// message's fault.
+	case errors.As(err, &cut) && cut.wait == waitDatabase:
+		// Cut while waiting for the database: not the message's fault.
+		ev.Outcome = OutcomeUnavailable
+		return err
+	case cut != nil && cut.wait == waitUnknown && m.unavailable(msg.Context(), err):
+		// Not known, and the database does not answer now: not the
+		// message's fault. While it answers, an unknown verdict counts
+		// against the message, so that it cannot hold its partition for
+		// ever.
 		ev.Outcome = OutcomeUnavailable
 		return err
 	case cut != nil:

@@ -2,6 +2,7 @@ package migrations
 
 import (
 	"context"
+	"database/sql"
 	"embed"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/exactly-go/exactly/internal/advisory"
+	"github.com/exactly-go/exactly/internal/pooler"
 	"github.com/exactly-go/exactly/internal/sqlident"
 )
 
@@ -66,6 +68,10 @@ func (o *Config) withDefaults(pool *pgxpool.Pool) (Config, error) {
 }
 
 // Migrate applies every pending migration (up to cfg.Version when set).
+// The SQL names no schema: it runs with search_path set to Config.Schema,
+// and Migrate refuses, naming the fix, where that cannot hold: behind a
+// connection pooler, or a proxy that changes the session's search_path
+// (run it on a direct connection there).
 func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
 	o, err := cfg.withDefaults(pool)
 	if err != nil {
@@ -74,7 +80,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
 	if err := ensureSchema(ctx, pool, o.Schema); err != nil {
 		return err
 	}
-	return withProvider(ctx, pool, o, func(p *goose.Provider) error {
+	return withProvider(ctx, pool, o, true, func(p *goose.Provider) error {
 		var results []*goose.MigrationResult
 		var err error
 		if o.Version == 0 {
@@ -94,7 +100,7 @@ func Down(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
 	if err != nil {
 		return err
 	}
-	return withProvider(ctx, pool, o, func(p *goose.Provider) error {
+	return withProvider(ctx, pool, o, true, func(p *goose.Provider) error {
 		results, err := p.DownTo(ctx, o.Version)
 		logResults(o, results)
 		return err
@@ -108,7 +114,7 @@ func Version(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (current, lat
 	if err != nil {
 		return 0, 0, err
 	}
-	err = withProvider(ctx, pool, o, func(p *goose.Provider) error {
+	err = withProvider(ctx, pool, o, false, func(p *goose.Provider) error {
 		current, latest, err = p.GetVersions(ctx)
 		return err
 	})
@@ -150,15 +156,29 @@ func logResults(o Config, results []*goose.MigrationResult) {
 
 // withProvider opens a database/sql handle on the pool's connection settings
 // with search_path pinned to the schema, and runs f with a goose Provider.
-func withProvider(ctx context.Context, pool *pgxpool.Pool, o Config, f func(*goose.Provider) error) error {
+// When the migrations change the schema (changes), it first makes sure
+// that they land in it (checkSession).
+func withProvider(ctx context.Context, pool *pgxpool.Pool, o Config, changes bool, f func(*goose.Provider) error) error {
 	cc := pool.Config().ConnConfig.Copy()
 	if cc.RuntimeParams == nil {
 		cc.RuntimeParams = map[string]string{}
 	}
 	cc.RuntimeParams["search_path"] = o.Schema
-	db := stdlib.OpenDB(*cc)
+	// A pooler may drop the startup search_path (PgBouncer's
+	// ignore_startup_parameters): each session sets it again, and the
+	// migrations run only where it took (checkSession).
+	setPath := "SET search_path TO " + pgx.Identifier{o.Schema}.Sanitize()
+	db := stdlib.OpenDB(*cc, stdlib.OptionAfterConnect(func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, setPath, pgx.QueryExecModeSimpleProtocol)
+		return err
+	}))
 	defer db.Close()
 	db.SetMaxOpenConns(2)
+	if changes {
+		if err := checkSession(ctx, pool, db, o.Schema); err != nil {
+			return err
+		}
+	}
 
 	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID(o.Schema)), lock.WithLockTimeout(1, 300))
 	if err != nil {
@@ -182,6 +202,32 @@ func withProvider(ctx context.Context, pool *pgxpool.Pool, o Config, f func(*goo
 			return fmt.Errorf("migrations: schema %s, version %d (%s): %w", o.Schema, pe.Failed.Source.Version, pe.Failed.Source.Path, pe.Err)
 		}
 		return fmt.Errorf("migrations: schema %s: %w", o.Schema, err)
+	}
+	return nil
+}
+
+// checkSession refuses to migrate where the SQL's unqualified names would
+// not land in schema: behind a pooler (in transaction mode the search_path
+// set for a session and goose's session lock do not hold from one
+// statement to the next, and a client cannot tell session mode from it) or
+// on a session whose search_path does not start with schema.
+func checkSession(ctx context.Context, pool *pgxpool.Pool, db *sql.DB, schema string) error {
+	info, err := pooler.Detect(ctx, pool)
+	if err != nil {
+		return fmt.Errorf("migrations: schema %s: look at the connection: %w", schema, err)
+	}
+	if info.Transaction {
+		return fmt.Errorf("migrations: schema %s: the pool's connections go through a connection pooler, which may run in transaction mode, "+
+			"where the migrations' search_path and their lock do not hold from one statement to the next (the tables would land in another schema): "+
+			"run Migrate on a direct connection to the server", schema)
+	}
+	var current sql.NullString
+	if err := db.QueryRowContext(ctx, "SELECT pg_catalog.current_schema()").Scan(&current); err != nil {
+		return fmt.Errorf("migrations: schema %s: %w", schema, err)
+	}
+	if current.String != schema {
+		return fmt.Errorf("migrations: schema %s: the session's search_path puts the tables in %q, not in the schema: "+
+			"a pooler or proxy between the client and the server changes it; run Migrate on a direct connection to the server", schema, current.String)
 	}
 	return nil
 }

@@ -17,6 +17,17 @@ type RelayConfig struct {
 	// not notify (see the package doc), and is the publishing latency when
 	// the NOTIFY trigger is disabled.
 	PollInterval time.Duration
+	// PollOnly turns LISTEN/NOTIFY off: the relay polls every PollInterval
+	// and never registers as a waiter, so producers never notify (River's
+	// PollOnly). A relay whose pool goes through a connection pooler
+	// (PgBouncer, most managed proxies), which may run in transaction mode,
+	// where a LISTEN registration stays on a server session the relay no
+	// longer holds, polls only whatever this says; Run finds out at start
+	// (the server session's process ID is not the one the connection was
+	// given at start-up) and logs it. Publishing latency is then up to PollInterval
+	// (docs/deployments.md, "Behind a connection pooler"). Defaults to
+	// false.
+	PollOnly bool
 	// RetryBackoff is the first pause before a failed message is tried
 	// again; it doubles per attempt up to MaxRetryBackoff. Defaults to
 	// 100ms and 1m.

@@ -20,7 +20,8 @@
 // before marking it publishes the batch again, with the same UUIDs, which
 // consumers with the dedupe middleware absorb. Several relays may run at
 // once: keys are spread over [Lanes] lanes and one relay at a time works a
-// lane, under a session advisory lock. A relay wakes on LISTEN/NOTIFY (a
+// lane, under a transaction-scoped advisory lock held by a transaction of
+// the relay's, which ends at least every PollInterval. A relay wakes on LISTEN/NOTIFY (a
 // trigger notifies on insert) and polls as a floor. Each of its database
 // calls is bounded by [RelayConfig].StatementTimeout (30s by default), so a
 // connection whose peer is silently gone fails a pass, which runs again on

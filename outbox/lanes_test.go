@@ -25,9 +25,10 @@ func lockID(schema string) int64 {
 
 // Postgres may grant a lane's lock to a relay that waits for it just as the
 // wait's lock_timeout fires, and still fail the statement with the timeout.
-// A session lock outlives the aborted transaction: the relay must not hand
-// that connection back to the pool holding the lane, where no relay works
-// it until the connection closes. The race is made certain by freezing the
+// The relay must not hand that connection back to the pool holding the
+// lane, where no relay works it until the connection closes (a session
+// lock outlived the aborted transaction; the relay's transaction-scoped
+// locks end with it). The race is made certain by freezing the
 // waiting backend while the lane is handed over and the timeout passes.
 func TestLaneGrantedAsTheWaitTimesOut(t *testing.T) {
 	t.Parallel()
@@ -123,7 +124,11 @@ WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = $1`, ap
 		t.Logf("RunOnce: %v", err)
 	}
 
-	// The relay found it held the lane after all, and worked it.
+	// The relay let go of the lane with its transaction (or found it held
+	// it after all, and worked it): the next pass works it.
+	if _, err := r.RunOnce(ctx); err != nil {
+		t.Fatalf("RunOnce after the wait: %v", err)
+	}
 	if got := f.status(t, byLane[int(key-id)]); got != "PUBLISHED" {
 		t.Errorf("the message in the lane granted as the wait timed out is %s, want PUBLISHED", got)
 	}

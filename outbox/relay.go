@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/exactly-go/exactly/internal/advisory"
+	"github.com/exactly-go/exactly/internal/pooler"
 	"github.com/exactly-go/exactly/internal/sqlident"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,7 +20,8 @@ import (
 // Relay publishes committed outbox rows through any Watermill publisher,
 // at least once and in order per partition key (see the package doc for
 // which order). Several relays may run at once: a lane (a sixteenth of the
-// keys) is worked by one relay at a time, under a session advisory lock. A
+// keys) is worked by one relay at a time, under a transaction-scoped advisory
+// lock (it holds no session state: it runs behind a transaction pooler). A
 // relay that dies mid-batch leaves its rows pending; they are published
 // again with their original UUIDs, which consumers deduplicate.
 type Relay struct {
@@ -52,7 +54,8 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg *RelayConfig) (*Rel
 }
 
 // Run relays until ctx is done: it wakes on LISTEN/NOTIFY when rows are
-// written and polls every PollInterval as a floor. Before it sleeps it
+// written and polls every PollInterval as a floor (only polls with
+// RelayConfig.PollOnly, or behind a connection pooler). Before it sleeps it
 // registers in the waiters table (migration 00003), so that producers
 // notify only while some relay sleeps; a relay with work in hand is not
 // registered and producers commit without the NOTIFY's lock. A relay whose
@@ -67,10 +70,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
 	lctx, stopListening := context.WithCancel(ctx)
 	listened := make(chan struct{})
-	go func() {
-		defer close(listened)
-		r.listen(lctx, wake)
-	}()
+	if r.pollOnly(ctx) {
+		close(listened)
+	} else {
+		go func() {
+			defer close(listened)
+			r.listen(lctx, wake)
+		}()
+	}
 	waiters := false // the table has a waiters table; asked until it answers yes
 	defer func() {
 		r.unregister(ctx, waiters)
@@ -123,6 +130,23 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
+// pollOnly reports whether Run polls only: RelayConfig.PollOnly, or a
+// pool whose connections go through a connection pooler.
+func (r *Relay) pollOnly(ctx context.Context) bool {
+	if r.cfg.PollOnly {
+		return true
+	}
+	dctx, cancel := r.bounded(ctx)
+	defer cancel()
+	info, err := pooler.Detect(dctx, r.pool)
+	if err != nil || !info.Transaction {
+		return false // LISTEN, as ever; a pooler missed here still leaves the poll
+	}
+	r.cfg.Logger.Info("outbox: relay polls only: its pool goes through a connection pooler, which may run in transaction mode, where LISTEN does not work "+
+		"(set RelayConfig.PollOnly to say so, and PollInterval for the latency)", "table", r.table, "poll_interval", r.cfg.PollInterval)
+	return true
+}
+
 // RunOnce publishes what is due in the lanes that no other relay holds,
 // batch after batch, and returns how many messages it published. With
 // nothing due it costs one statement. It lets go of its lanes at least
@@ -139,11 +163,11 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("outbox: relay: %w", err)
 	}
 	defer conn.Release()
-	held, err := r.lockLanes(ctx, conn, nil)
-	if err == nil && len(held) == 0 {
-		held, err = r.waitLane(ctx, conn)
+	tx, held, err := r.takeLanes(ctx, conn, nil)
+	if err == nil && tx == nil {
+		tx, held, err = r.waitLane(ctx, conn)
 	}
-	if err != nil || len(held) == 0 {
+	if err != nil || tx == nil {
 		return 0, err
 	}
 	m := r.newMarker()
@@ -154,7 +178,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		pf = next
 		total += n
 		if err != nil {
-			return total, r.release(ctx, conn, held, m, err)
+			return total, r.release(ctx, conn, tx, m, err)
 		}
 		if len(more) == 0 {
 			break
@@ -165,22 +189,23 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		}
 		// Time to share: let go, and take again those still free.
 		pf = nil // read under locks let go
-		if err := r.release(ctx, conn, held, m, nil); err != nil {
+		if err := r.release(ctx, conn, tx, m, nil); err != nil {
 			return total, err
 		}
-		if held, err = r.lockLanes(ctx, conn, lanes); err != nil || len(held) == 0 {
+		if tx, held, err = r.takeLanes(ctx, conn, lanes); err != nil || tx == nil {
 			return total, err
 		}
 		since, lanes = time.Now(), held
 	}
-	return total, r.release(ctx, conn, held, m, nil)
+	return total, r.release(ctx, conn, tx, m, nil)
 }
 
-// release waits for the marks in flight, then lets go of the lanes held.
-// It returns every error: the batch's own (berr), the mark's, the unlock's.
-func (r *Relay) release(ctx context.Context, conn *pgxpool.Conn, held []int, m *marker, berr error) error {
+// release waits for the marks in flight, then lets go of the lanes that tx
+// holds. It returns every error: the batch's own (berr), the mark's, the
+// unlock's.
+func (r *Relay) release(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, m *marker, berr error) error {
 	merr := m.close(ctx, conn)
-	uerr := r.unlockLanes(ctx, conn, held)
+	uerr := r.unlockLanes(ctx, tx)
 	return errors.Join(berr, merr, uerr)
 }
 

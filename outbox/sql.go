@@ -50,20 +50,18 @@ WHERE status = 'PENDING' AND attempts > 0`
     status = CASE WHEN attempts + 1 >= $4 THEN 'DEAD' ELSE status END
 WHERE id = $1 RETURNING status`
 
-	// lockLanesSQL takes, in the order given, every lane of $2 that no
-	// other session holds, and returns those it took.
+	// lockLanesSQL takes, in the order given and until the transaction
+	// ends, every lane of $2 that no other transaction holds, and returns
+	// those it took.
 	lockLanesSQL = `SELECT coalesce(array_agg(l ORDER BY o), '{}') FROM unnest($2::smallint[]) WITH ORDINALITY AS u(l, o)
-WHERE pg_try_advisory_lock($1::bigint + l)`
-	unlockLanesSQL = `SELECT coalesce(bool_and(pg_advisory_unlock($1::bigint + l)), true) FROM unnest($2::smallint[]) AS u(l)`
-	waitLaneSQL    = `SELECT pg_advisory_lock($1::bigint + $2::smallint)`
-	// holdsLaneSQL is true when this session holds lane $2 (a bigint
-	// advisory key is classid:objid, high:low, with objsubid 1).
-	holdsLaneSQL = `SELECT EXISTS (SELECT FROM pg_locks
-    WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted AND objsubid = 1
-      AND (classid::bigint << 32) | objid::bigint = $1::bigint + $2::smallint)`
+WHERE pg_try_advisory_xact_lock($1::bigint + l)`
+	waitLaneSQL = `SELECT pg_advisory_xact_lock($1::bigint + $2::smallint)`
 	// lockTimeoutSQL bounds, for the transaction, how long waitLaneSQL waits
 	// ($1 in milliseconds).
 	lockTimeoutSQL = `SELECT set_config('lock_timeout', $1, true)`
+	// resetLockTimeoutSQL gives the rest of the transaction the session's
+	// lock_timeout back.
+	resetLockTimeoutSQL = `SET LOCAL lock_timeout TO DEFAULT`
 
 	cleanupSQL = `DELETE FROM {T} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {T}
     WHERE status = 'PUBLISHED' AND published_at < now() - $1::float8 * interval '1 microsecond' LIMIT 1000))`

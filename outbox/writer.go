@@ -129,7 +129,9 @@ func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*
 	}
 	keys := make([]*string, len(msgs))
 	uuids := make([]string, len(msgs))
-	mds := make([][]byte, len(msgs))
+	// JSON text: pgx sends a []byte as bytea when it takes the parameter's
+	// type from the Go type (QueryExecMode exec, simple_protocol).
+	mds := make([]string, len(msgs))
 	payloads := make([][]byte, len(msgs))
 	lanes := make([]int16, len(msgs))
 	for i, m := range msgs {
@@ -159,9 +161,11 @@ func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*
 		if md == nil {
 			md = message.Metadata{}
 		}
-		if mds[i], err = json.Marshal(md); err != nil {
+		b, err := json.Marshal(md)
+		if err != nil {
 			return fmt.Errorf("outbox: metadata of %s: %w", m.UUID, err)
 		}
+		mds[i] = string(b)
 		uuids[i], payloads[i], lanes[i] = m.UUID, m.Payload, lane(k, m.UUID)
 		if payloads[i] == nil {
 			payloads[i] = []byte{}

@@ -92,8 +92,9 @@
 // Keys expire TTL after completion ([Config.TTL], 7 days by default: Kafka's
 // default retention). [Store.Cleanup] (or [Store.RunCleanup], on an interval)
 // deletes expired keys in batches with FOR UPDATE SKIP LOCKED, so it never
-// waits for (or holds up) a claim, and a session advisory lock keeps it to
-// one runner per table.
+// waits for (or holds up) a claim, and an advisory lock keeps it to one
+// runner per table (behind a connection pooler, a transaction-scoped one,
+// held on a second connection of the pool while it runs).
 //
 // Errors cross this package's boundary wrapped ("pgstore: claim s/k: …");
 // transient ones are marked with [dedupe.Retryable].

@@ -90,7 +90,7 @@ func (p *partitioned) named(a claimArgs, more pgx.NamedArgs) pgx.NamedArgs {
 	pa := a.part
 	n := pgx.NamedArgs{
 		"scope": a.scope, "id": a.id, "fp": pa.fp, "status": string(a.status), "topic": pa.topicCode, "part": a.partition,
-		"off": a.offset, "lease": a.leaseMicros, "ttl": a.ttlMicros, "scode": pa.scopeCode, "kid": pa.sid.kid,
+		"off": a.offset, "lease": a.leaseMicros, "ttl": a.ttlMicros, "scode": pa.scopeCode, "kid": kidArg(pa.sid.kid),
 		"kind": string(pa.sid.kind), "idtext": pa.sid.text, "tname": a.topic,
 	}
 	for k, v := range more {

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/exactly-go/exactly/dedupe"
 )
@@ -69,7 +70,7 @@ func (p *partitioned) batchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.R
 	var (
 		scopes, ids, kinds = make([]string, n), make([]string, n), make([]string, n)
 		scodes, topics     = make([]int16, n), make([]*int16, n)
-		kids               = make([][16]byte, n)
+		kids               = make([]pgtype.UUID, n)
 		texts              = make([]*string, n)
 		fps                = make([][]byte, n)
 		parts, offsets     = make([]*int32, n), make([]*int64, n)
@@ -79,13 +80,13 @@ func (p *partitioned) batchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.R
 	for j, k := range idx {
 		a := &args[k]
 		st.order[j] = kept[k]
-		scopes[j], ids[j], scodes[j], kids[j], kinds[j], texts[j] = a.scope, a.id, a.part.scopeCode, a.part.sid.kid, string(a.part.sid.kind), a.part.sid.text
+		scopes[j], ids[j], scodes[j], kids[j], kinds[j], texts[j] = a.scope, a.id, a.part.scopeCode, kidArg(a.part.sid.kid), string(a.part.sid.kind), a.part.sid.text
 		fps[j], topics[j], parts[j], offsets[j], ttls[j] = a.part.fp, a.part.topicCode, a.partition, a.offset, a.ttlMicros
 	}
 	st.claim, st.lock = p.batchClaim, p.batchLock
 	st.claimArgs = []any{scopes, ids, scodes, kids, kinds, texts, fps, topics, parts, offsets, ttls, n}
 	st.lockArgs = func(js []int) []any {
-		ls, li, lc, lk, lt, lx := make([]string, len(js)), make([]string, len(js)), make([]int16, len(js)), make([][16]byte, len(js)), make([]string, len(js)), make([]*string, len(js))
+		ls, li, lc, lk, lt, lx := make([]string, len(js)), make([]string, len(js)), make([]int16, len(js)), make([]pgtype.UUID, len(js)), make([]string, len(js)), make([]*string, len(js))
 		for m, j := range js {
 			ls[m], li[m], lc[m], lk[m], lt[m], lx[m] = scopes[j], ids[j], scodes[j], kids[j], kinds[j], texts[j]
 		}
@@ -126,10 +127,10 @@ func (p *partitioned) storeResults(ctx context.Context, tx pgx.Tx, scopes, ids [
 	if err != nil {
 		return 0, err
 	}
-	kids, kinds := make([][16]byte, len(ids)), make([]string, len(ids))
+	kids, kinds := make([]pgtype.UUID, len(ids)), make([]string, len(ids))
 	for j, id := range ids {
 		sid := encodeID(id, st.low)
-		kids[j], kinds[j] = sid.kid, string(sid.kind)
+		kids[j], kinds[j] = kidArg(sid.kid), string(sid.kind)
 	}
 	var n int64
 	if err := tx.QueryRow(ctx, p.queriesFor(st, "").batchResult, scopes, ids, kids, kinds, blobs).Scan(&n); err != nil {

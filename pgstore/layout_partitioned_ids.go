@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/exactly-go/exactly/dedupe"
 )
 
@@ -57,6 +59,11 @@ func encodeID(id string, low time.Time) storedID {
 
 // parseUUID parses a UUID in canonical form (lowercase, hyphenated): only
 // that form is stored as 16 bytes, so that the ID is written back exactly.
+// kidArg is a kid as a query argument: a pgtype.UUID, whose type pgx knows
+// in every QueryExecMode (a [16]byte it encodes only into a parameter whose
+// type the server described, which exec and simple_protocol never ask).
+func kidArg(kid [16]byte) pgtype.UUID { return pgtype.UUID{Bytes: kid, Valid: true} }
+
 func parseUUID(id string) ([16]byte, bool) {
 	var u [16]byte
 	if len(id) != 36 || id[8] != '-' || id[13] != '-' || id[18] != '-' || id[23] != '-' || strings.ToLower(id) != id {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,6 +14,8 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/advisory"
+	"github.com/exactly-go/exactly/internal/pgtx"
+	"github.com/exactly-go/exactly/internal/pooler"
 )
 
 // DBTX is what the queries run on: a pool, a connection or a transaction.
@@ -32,6 +35,12 @@ type Store struct {
 	beginSQL string
 	// l is Config.Layout: its statements and its own steps.
 	l layout
+	// pooler is what pooler.Detect found on pool, once it answered.
+	pooler struct {
+		mu    sync.Mutex
+		known bool
+		info  pooler.Info
+	}
 }
 
 var _ dedupe.Store[pgx.Tx] = (*Store)(nil)
@@ -201,7 +210,24 @@ func (s *Store) Extend(ctx context.Context, c dedupe.Claim, lease time.Duration)
 // are none yet, as Cleanup does. For LayoutSingleTable it returns an error
 // wrapping ErrSingleTableClosed once the partitioned layout has started on the
 // schema.
-func (s *Store) Check(ctx context.Context) error { return s.l.check(ctx) }
+//
+// Check also looks at how the pool connects: behind a connection pooler
+// (PgBouncer, a managed proxy), which may run in transaction mode, a pool
+// whose pgx QueryExecMode keeps statements on the server
+// between round trips (cache_statement, pgx's default, and describe_exec)
+// cannot work, and Check returns an error wrapping dedupe.ErrMisconfigured
+// that names the modes that do (docs/deployments.md, "Behind a connection
+// pooler").
+func (s *Store) Check(ctx context.Context) error {
+	info, err := s.poolerInfo(ctx)
+	if err != nil {
+		return classify("check the connection", err)
+	}
+	if err := pooler.CheckExecMode("pgstore: check "+s.table, s.pool, info); err != nil {
+		return fmt.Errorf("%w (%w)", err, dedupe.ErrMisconfigured)
+	}
+	return s.l.check(ctx)
+}
 
 // CheckMaintenance reports whether the store's role can run Cleanup: an
 // error wrapping dedupe.ErrMisconfigured that names the missing right, or
@@ -253,8 +279,18 @@ func (s *Store) GetTx(ctx context.Context, db DBTX, key dedupe.Key) (dedupe.Reco
 }
 
 // Cleanup implements dedupe.Store. Each batch is its own statement and
-// skips rows that a claim holds, so it never makes a claim wait. A session
-// advisory lock keeps it to one runner per table.
+// skips rows that a claim holds, so it never makes a claim wait. An
+// advisory lock keeps it to one runner per table. On a direct connection
+// it is a session lock, taken and let go on the connection that does the
+// work; a failed release closes that connection, which lets go of it on
+// the server. Behind a connection pooler, which may give two statements of
+// one connection two server sessions (transaction mode), it is a
+// transaction-scoped lock held by a transaction
+// of its own on a second connection of the pool for as long as Cleanup
+// runs: it ends with that transaction whatever happens. There Cleanup
+// needs two of the pool's connections; with only one to be had within a
+// second it returns a retryable error, and on a pool whose MaxConns is 1
+// an error that names the fix.
 func (s *Store) Cleanup(ctx context.Context, cfg *dedupe.CleanupConfig) (int64, error) {
 	batch, maxBatches := 1000, 0
 	if cfg != nil {
@@ -266,6 +302,56 @@ func (s *Store) Cleanup(ctx context.Context, cfg *dedupe.CleanupConfig) (int64, 
 		}
 		maxBatches = cfg.MaxBatches
 	}
+	info, err := s.poolerInfo(ctx)
+	if err != nil {
+		return 0, classify("cleanup", err)
+	}
+	if !info.Transaction {
+		return s.cleanupSession(ctx, batch, maxBatches)
+	}
+	return s.cleanupPooled(ctx, batch, maxBatches)
+}
+
+// cleanupPooled is Cleanup behind a connection pooler: under a
+// transaction-scoped lock held on a connection of its own.
+func (s *Store) cleanupPooled(ctx context.Context, batch, maxBatches int) (total int64, err error) {
+	if m := s.pool.Config().MaxConns; m < 2 {
+		return 0, fmt.Errorf("pgstore: cleanup %s: the pool's connections go through a connection pooler and its MaxConns is %d: Cleanup holds its lock in a transaction on one connection while it works on another there: give the pool 2 connections or more (pool_max_conns) (%w)", s.table, m, dedupe.ErrMisconfigured)
+	}
+	lock, err := s.lockCleanup(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		// A failed rollback closes the connection (pgx), which ends the
+		// transaction and its lock on the server: it is reported, never
+		// left held.
+		if rerr := lock.tx.Rollback(uctx); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("pgstore: cleanup %s: unlock (its connection was closed, which lets go of it): %w", s.table, rerr))
+		}
+		lock.conn.Release()
+	}()
+	// The work's connection: waiting for it while holding the lock's is
+	// bounded, so that a busy pool makes this run fail rather than wait on
+	// its neighbours.
+	actx, cancel := context.WithTimeout(ctx, time.Second)
+	conn, err := s.pool.Acquire(actx)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			err = fmt.Errorf("%w: no second connection of the pool within 1s (the pool is busy; the next run tries again)", err)
+		}
+		return 0, dedupe.Retryable(fmt.Errorf("pgstore: cleanup %s: %w", s.table, err))
+	}
+	defer conn.Release()
+	return s.cleanupOn(ctx, conn, batch, maxBatches)
+}
+
+// cleanupSession is Cleanup under a session advisory lock on the
+// connection that does the work.
+func (s *Store) cleanupSession(ctx context.Context, batch, maxBatches int) (total int64, err error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return 0, classify("cleanup", err)
@@ -279,13 +365,26 @@ func (s *Store) Cleanup(ctx context.Context, cfg *dedupe.CleanupConfig) (int64, 
 		return 0, fmt.Errorf("pgstore: cleanup %s: %w", s.table, dedupe.ErrCleanupBusy)
 	}
 	defer func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", s.lockID); err != nil {
-			// Never hand a connection that may still hold the lock back to the pool.
-			_ = conn.Conn().Close(ctx)
+		var released bool
+		uerr := conn.QueryRow(uctx, "SELECT pg_advisory_unlock($1)", s.lockID).Scan(&released)
+		if uerr == nil && !released {
+			uerr = errors.New("the session did not hold it: its statements ran on another server session (a pooler in transaction mode?)")
+		}
+		if uerr != nil {
+			// Never hand a connection that may still hold the lock back to
+			// the pool: closing it ends the session on a direct connection.
+			_ = conn.Conn().Close(uctx)
+			err = errors.Join(err, fmt.Errorf("pgstore: cleanup %s: unlock: %w", s.table, uerr))
 		}
 	}()
+	return s.cleanupOn(ctx, conn, batch, maxBatches)
+}
+
+// cleanupOn runs the layout's maintenance, then deletes expired keys in
+// batches, on conn (the cleanup lock held).
+func (s *Store) cleanupOn(ctx context.Context, conn *pgxpool.Conn, batch, maxBatches int) (int64, error) {
 	total, cleanup, err := s.l.cleanup(ctx, conn)
 	if err != nil {
 		return total, err
@@ -301,6 +400,52 @@ func (s *Store) Cleanup(ctx context.Context, cfg *dedupe.CleanupConfig) (int64, 
 		}
 	}
 	return total, nil
+}
+
+// poolerInfo is what pooler.Detect found on the store's pool, asked once.
+func (s *Store) poolerInfo(ctx context.Context) (pooler.Info, error) {
+	s.pooler.mu.Lock()
+	defer s.pooler.mu.Unlock()
+	if s.pooler.known {
+		return s.pooler.info, nil
+	}
+	info, err := pooler.Detect(ctx, s.pool)
+	if err != nil {
+		return info, err
+	}
+	s.pooler.info, s.pooler.known = info, true
+	return info, nil
+}
+
+// cleanupLock is the transaction that holds a table's cleanup lock, on a
+// connection of the pool.
+type cleanupLock struct {
+	tx   pgx.Tx
+	conn *pgxpool.Conn
+}
+
+// lockCleanup takes the table's cleanup lock in a transaction of its own,
+// or returns dedupe.ErrCleanupBusy when another runner holds it.
+func (s *Store) lockCleanup(ctx context.Context) (*cleanupLock, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, classify("cleanup", err)
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		conn.Release()
+		return nil, classify("cleanup", err)
+	}
+	var locked bool
+	if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", s.lockID).Scan(&locked); err != nil || !locked {
+		pgtx.Rollback(ctx, tx)
+		conn.Release()
+		if err != nil {
+			return nil, classify("cleanup", err)
+		}
+		return nil, fmt.Errorf("pgstore: cleanup %s: %w", s.table, dedupe.ErrCleanupBusy)
+	}
+	return &cleanupLock{tx: tx, conn: conn}, nil
 }
 
 // RunCleanup calls Cleanup every interval until ctx is done, logging what it

@@ -12,8 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/backoff"
 	"github.com/exactly-go/exactly/internal/clock"
+	"github.com/exactly-go/exactly/internal/pooler"
 	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/pgstore"
@@ -70,7 +72,18 @@ func (w *Worker) HealthHandler() http.Handler {
 func (w *Worker) waitReady(ctx context.Context) (bool, error) {
 	wait := backoff.New(100*time.Millisecond, w.cfg.StartupBackoff)
 	migrated := !w.cfg.Migrate
+	looked := false // at how the pool connects (a transaction pooler)
 	for {
+		if !looked {
+			// A pgx exec mode that a transaction pooler breaks would fail
+			// every statement for good, reported as Postgres unavailable.
+			if info, err := pooler.Detect(ctx, w.pool); err == nil {
+				looked = true
+				if err := pooler.CheckExecMode("worker", w.pool, info); err != nil {
+					return false, fmt.Errorf("%w (%w)", err, dedupe.ErrMisconfigured)
+				}
+			}
+		}
 		if !migrated {
 			if err := w.migrate(ctx); err != nil {
 				if ctx.Err() != nil {

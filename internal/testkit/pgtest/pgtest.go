@@ -117,7 +117,8 @@ func RequireURL(t testing.TB) string {
 	return u
 }
 
-// Pool returns the process-wide pool, search_path pinned to pg_catalog.
+// Pool returns the process-wide pool, search_path pinned to pg_catalog
+// (behind a pooler that drops it, see ViaPooler, nothing is pinned).
 // It skips t (fails under CI) when there is no server.
 func Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
@@ -127,6 +128,9 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	}
 	testenv.Report(t, "Postgres", server.src, server.where)
 	poolOnce.Do(func() {
+		if ViaPooler() {
+			u = os.Getenv(PoolerEnv) // the code under test goes through the pooler
+		}
 		cfg, err := Config(u)
 		if err != nil {
 			poolErr = err
@@ -199,7 +203,7 @@ func NewEmpty(t testing.TB) *DB {
 func New(t testing.TB) *DB {
 	t.Helper()
 	d := NewEmpty(t)
-	if err := migrations.Migrate(context.Background(), d.Pool, &migrations.Config{Schema: d.Schema}); err != nil {
+	if err := migrations.Migrate(context.Background(), migrationPool(t), &migrations.Config{Schema: d.Schema}); err != nil {
 		t.Fatalf("pgtest: migrate: %v", err)
 	}
 	return d
