@@ -52,6 +52,10 @@ func (k *Kit) Start(cfg *worker.Config) {
 	k.Run(func(ctx context.Context, group string) error {
 		wc := c
 		wc.Group = group
+		// A replay's group takes the scope over from the first, on
+		// purpose (worker.Config.TakeOver): that is what proves every
+		// command a duplicate.
+		wc.TakeOver = wc.TakeOver || group != c.Group
 		w, err := worker.New(k.pool, &wc)
 		if err != nil {
 			return err
@@ -130,7 +134,10 @@ func (k *Kit) Restart() {
 // its first record: every command is delivered again, as after a group
 // reset or a consumer that replays the topic. A command the worker applied
 // is a duplicate now (not applied again); one refused for good (a bad
-// payload, a reused key) is dead-lettered again, since no key kept it.
+// payload, a reused key) is dead-lettered again, since no key kept it. The
+// new group takes the scope over (worker.Config.TakeOver): a worker started
+// with Start does so by itself; a program of your own (Run) sets TakeOver
+// when the group it is given is not the first.
 func (k *Kit) Replay() {
 	k.t.Helper()
 	k.WaitCaughtUp()
