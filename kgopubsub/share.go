@@ -80,7 +80,7 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 //     produce's round trip: 2ms at the median, 11 to 17ms at the 99th
 //     percentile in TestShareKilledWorkers, on one broker on loopback); copies the brokers refuse
 //     for 30s on both; records fetched but not yet handed out
-//     when the subscription closes; and a limit lowered less than 30s
+//     when the subscription closes; and a limit lowered less than 5s
 //     ago: such a record, if that delivery was its last, is archived by
 //     the broker. On Kafka 4.4 and later, a dead-letter topic set on the
 //     group (errors.deadletterqueue.topic.name, KIP-1191) gets the records
@@ -106,11 +106,17 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 // while another member handles it again). The worker's Timeout defaults to
 // 20s on a share group for this.
 //
-// At Subscribe, the ShareSubscriber sets the group's
-// share.auto.offset.reset (from StartOffset: StartFirst is "earliest", so
-// that records produced before the group's first member are consumed) and
-// share.isolation.level (from Isolation) where they differ: the role needs
-// the DescribeConfigs and AlterConfigs rights on the group. Its client keeps
+// A share group's share.auto.offset.reset and share.isolation.level are
+// the group's, for every member: Subscribe sets those the group has not
+// set yet from StartOffset (StartFirst is "earliest", so that records
+// produced before the group's first member are consumed) and Isolation,
+// and refuses, with ErrShareGroupSettings, a member whose StartOffset or
+// Isolation differs from what the group has set (a ReadUncommitted member
+// would otherwise make the read-committed ones apply aborted
+// transactions). A running subscription reads them again every 5s, and
+// ends, with an ERROR, when they are no longer its own (a worker then
+// stops). The role needs the DescribeConfigs right on the group, and
+// AlterConfigs until both are set. Its client keeps
 // idle connections 5 minutes (a closed connection ends the member's share
 // session, and the broker releases what it holds): Subscribe refuses a
 // group whose record lock is not below that (set a kgo.ConnIdleTimeout
@@ -245,22 +251,74 @@ const (
 	shareIsolationLevel  = "share.isolation.level"
 	shareDeliveryLimit   = "share.delivery.count.limit"
 	defaultDeliveryLimit = 5
-	deliveryLimitRefresh = 30 * time.Second
 	shareVersionFeature  = "share.version"
 )
+
+// groupRefresh is how often a subscription reads its share group's
+// configuration again: its settings (a member whose settings the group no
+// longer has stops), its delivery limit and its record lock.
+const groupRefresh = 5 * time.Second
+
+// ErrShareGroupSettings is Subscribe's error, and the cause a running
+// subscription ends with, when the share group's start offset or isolation
+// level (set on the group, for every member) is not the ShareSubscriber's.
+var ErrShareGroupSettings = errors.New("kgopubsub: the share group's settings are not this ShareSubscriber's")
 
 // ErrNoShareGroups is Subscribe's error when the brokers do not serve
 // share groups.
 var ErrNoShareGroups = errors.New("kgopubsub: the brokers do not serve share groups (KIP-932): they need Kafka 4.2 or later, " +
 	"with share groups enabled (the share.version feature at 1 or more: kafka-features.sh upgrade --feature share.version=1)")
 
-// prepareGroup checks that the brokers serve share groups, sets the
-// group's start and isolation where they differ from the configuration's,
-// and returns its configuration.
-func (s *ShareSubscriber) prepareGroup(ctx context.Context, cl *kgo.Client) (map[string]string, error) {
+// groupConf is a share group's configuration: the values, and which of
+// them are set on the group itself (rather than the broker's defaults).
+type groupConf struct {
+	values map[string]string
+	set    map[string]bool
+}
+
+// settings are the share group settings s needs, by name.
+func (s *ShareSubscriber) settings() map[string]string {
+	want := map[string]string{shareAutoOffsetReset: "earliest", shareIsolationLevel: "read_committed"}
+	if s.cfg.StartOffset == kafkapubsub.StartLast {
+		want[shareAutoOffsetReset] = "latest"
+	}
+	if s.cfg.Isolation == kafkapubsub.ReadUncommitted {
+		want[shareIsolationLevel] = "read_uncommitted"
+	}
+	return want
+}
+
+// settingField names the configuration field behind each setting.
+var settingField = map[string]string{shareAutoOffsetReset: "StartOffset", shareIsolationLevel: "Isolation"}
+
+// checkSettings returns an ErrShareGroupSettings error when a setting s
+// needs is set on the group to another value: the group's settings apply
+// to all its members, and the others depend on them.
+func (s *ShareSubscriber) checkSettings(conf groupConf) error {
+	var errs []string
+	for _, name := range []string{shareAutoOffsetReset, shareIsolationLevel} {
+		want := s.settings()[name]
+		if conf.set[name] && conf.values[name] != want {
+			errs = append(errs, fmt.Sprintf("its %s is %s, and this subscriber's SubscriberConfig.%s needs %s (set it to match, or "+
+				"once no member depends on it: kafka-configs.sh --alter --entity-type groups --entity-name %s --add-config %s=%s)",
+				name, conf.values[name], settingField[name], want, s.cfg.ConsumerGroup, name, want))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: the share group %s's settings apply to every member, and a member does not change them under the others: %s; "+
+		"or consume from a share group of its own", ErrShareGroupSettings, s.cfg.ConsumerGroup, strings.Join(errs, "; "))
+}
+
+// prepareGroup checks that the brokers serve share groups and that the
+// group's start offset and isolation level are the configuration's, sets
+// those the group has not set yet (the first member's settings become the
+// group's), and returns its configuration.
+func (s *ShareSubscriber) prepareGroup(ctx context.Context, cl *kgo.Client) (groupConf, error) {
 	av, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
 	if err != nil {
-		return nil, fmt.Errorf("kgopubsub: Kafka at %s: %w", strings.Join(s.cfg.Brokers, ","), err)
+		return groupConf{}, fmt.Errorf("kgopubsub: Kafka at %s: %w", strings.Join(s.cfg.Brokers, ","), err)
 	}
 	served := false
 	for _, k := range av.ApiKeys {
@@ -272,33 +330,36 @@ func (s *ShareSubscriber) prepareGroup(ctx context.Context, cl *kgo.Client) (map
 		}
 	}
 	if !served {
-		return nil, ErrNoShareGroups
+		return groupConf{}, ErrNoShareGroups
 	}
 	current, err := s.describeGroup(ctx, cl)
 	if err != nil {
-		return nil, err
+		return groupConf{}, err
 	}
-	want := map[string]string{shareAutoOffsetReset: "earliest", shareIsolationLevel: "read_committed"}
-	if s.cfg.StartOffset == kafkapubsub.StartLast {
-		want[shareAutoOffsetReset] = "latest"
+	if err := s.checkSettings(current); err != nil {
+		return groupConf{}, err
 	}
-	if s.cfg.Isolation == kafkapubsub.ReadUncommitted {
-		want[shareIsolationLevel] = "read_uncommitted"
-	}
+	want := s.settings()
 	set := map[string]string{}
-	for _, name := range []string{shareAutoOffsetReset, shareIsolationLevel} {
-		if current[name] != want[name] {
-			set[name] = want[name]
+	for name, v := range want {
+		if !current.set[name] {
+			set[name] = v
 		}
 	}
-	if len(set) > 0 {
-		if err := alterGroupConfig(ctx, cl, s.cfg.ConsumerGroup, set); err != nil {
-			return nil, fmt.Errorf("kgopubsub: set the share group %s's %s and %s: %w (the role needs the AlterConfigs right on the group, or set them beforehand: kafka-configs.sh --alter --entity-type groups --entity-name %s --add-config %s=%s,%s=%s)",
-				s.cfg.ConsumerGroup, shareAutoOffsetReset, shareIsolationLevel, err, s.cfg.ConsumerGroup,
-				shareAutoOffsetReset, want[shareAutoOffsetReset], shareIsolationLevel, want[shareIsolationLevel])
-		}
+	if len(set) == 0 {
+		return current, nil
 	}
-	return current, nil
+	if err := alterGroupConfig(ctx, cl, s.cfg.ConsumerGroup, set); err != nil {
+		return groupConf{}, fmt.Errorf("kgopubsub: set the share group %s's %s and %s: %w (the role needs the AlterConfigs right on the group, or set them beforehand: kafka-configs.sh --alter --entity-type groups --entity-name %s --add-config %s=%s,%s=%s)",
+			s.cfg.ConsumerGroup, shareAutoOffsetReset, shareIsolationLevel, err, s.cfg.ConsumerGroup,
+			shareAutoOffsetReset, want[shareAutoOffsetReset], shareIsolationLevel, want[shareIsolationLevel])
+	}
+	// Another member that set them at the same time with other values: the
+	// last one set holds, and the other member is refused.
+	if current, err = s.describeGroup(ctx, cl); err != nil {
+		return groupConf{}, err
+	}
+	return current, s.checkSettings(current)
 }
 
 // alterGroupConfig sets the configurations set of group, and leaves its
@@ -324,7 +385,7 @@ func alterGroupConfig(ctx context.Context, cl *kgo.Client, group string, set map
 }
 
 // describeGroup returns the share group's configuration.
-func (s *ShareSubscriber) describeGroup(ctx context.Context, cl *kgo.Client) (map[string]string, error) {
+func (s *ShareSubscriber) describeGroup(ctx context.Context, cl *kgo.Client) (groupConf, error) {
 	req := kmsg.NewPtrDescribeConfigsRequest()
 	res := kmsg.NewDescribeConfigsRequestResource()
 	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, s.cfg.ConsumerGroup
@@ -337,12 +398,13 @@ func (s *ShareSubscriber) describeGroup(ctx context.Context, cl *kgo.Client) (ma
 		err = kerr.ErrorForCode(resp.Resources[0].ErrorCode)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("kgopubsub: read the share group %s's configuration: %w (the role needs the DescribeConfigs right on the group)", s.cfg.ConsumerGroup, err)
+		return groupConf{}, fmt.Errorf("kgopubsub: read the share group %s's configuration: %w (the role needs the DescribeConfigs right on the group)", s.cfg.ConsumerGroup, err)
 	}
-	out := map[string]string{}
+	out := groupConf{values: map[string]string{}, set: map[string]bool{}}
 	for _, c := range resp.Resources[0].Configs {
 		if c.Value != nil {
-			out[c.Name] = *c.Value
+			out.values[c.Name] = *c.Value
+			out.set[c.Name] = c.Source == kmsg.ConfigSourceGroupConfig
 		}
 	}
 	return out, nil
@@ -351,13 +413,13 @@ func (s *ShareSubscriber) describeGroup(ctx context.Context, cl *kgo.Client) (ma
 // setGroupConf keeps the group's delivery limit, and returns
 // checkConnIdle's verdict on its record lock (Subscribe refuses it, a
 // refresh logs it).
-func (sub *shareSub) setGroupConf(conf map[string]string) error {
-	n, err := strconv.Atoi(conf[shareDeliveryLimit])
+func (sub *shareSub) setGroupConf(conf groupConf) error {
+	n, err := strconv.Atoi(conf.values[shareDeliveryLimit])
 	if err != nil || n < 1 {
 		n = defaultDeliveryLimit
 	}
 	sub.limit.Store(int32(n))
-	return checkConnIdle(sub.cl, sub.s.cfg.ConsumerGroup, conf)
+	return checkConnIdle(sub.cl, sub.s.cfg.ConsumerGroup, conf.values)
 }
 
 // shareSub is one subscription of a ShareSubscriber.
@@ -412,6 +474,8 @@ func (sub *shareSub) rejected(from string) bool {
 // acknowledged, which would accept a record still being applied. It
 // returns when ctx, the subscription's, ends.
 func (sub *shareSub) run(ctx context.Context) {
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
 	sub.ctx = ctx
 	s := sub.s
 	defer func() {
@@ -424,11 +488,31 @@ func (sub *shareSub) run(ctx context.Context) {
 	}()
 	refreshed := time.Now()
 	for sub.ctx.Err() == nil {
-		fs := sub.cl.PollRecords(sub.ctx, s.cfg.MaxInFlight)
+		// The poll waits until the group's configuration is due to be read
+		// again at most, so that an idle member sees its changes too.
+		pctx, cancel := context.WithDeadline(sub.ctx, refreshed.Add(groupRefresh))
+		fs := sub.cl.PollRecords(pctx, s.cfg.MaxInFlight)
+		cancel()
 		if sub.ctx.Err() == nil {
 			fs.EachError(func(t string, p int32, err error) {
-				s.cfg.Logger.Warn("kgopubsub: share group fetch failed; retrying", "group", s.cfg.ConsumerGroup, "topic", t, "partition", p, "err", err)
+				if !errors.Is(err, context.DeadlineExceeded) {
+					s.cfg.Logger.Warn("kgopubsub: share group fetch failed; retrying", "group", s.cfg.ConsumerGroup, "topic", t, "partition", p, "err", err)
+				}
 			})
+		}
+		if sub.ctx.Err() == nil && time.Since(refreshed) >= groupRefresh {
+			refreshed = time.Now()
+			if err := sub.refresh(); err != nil {
+				// The records were fetched under settings this member does
+				// not have (read uncommitted, say, for a member that must
+				// not apply aborted records): released to the group's
+				// other members, not handed out.
+				s.cfg.Logger.Error("kgopubsub: the share group's settings changed under this member: its subscription ends (a worker stops; restarted, it is refused until the settings match)",
+					"group", s.cfg.ConsumerGroup, "topic", sub.topic, "err", err)
+				fs.EachRecord(func(r *kgo.Record) { r.Ack(kgo.AckRelease) })
+				stop()
+				return
+			}
 		}
 		// After the subscription ended, deliver copies what must be copied
 		// and releases the rest.
@@ -438,15 +522,27 @@ func (sub *shareSub) run(ctx context.Context) {
 			go func() { defer wg.Done(); sub.deliver(r) }()
 		})
 		wg.Wait()
-		if time.Since(refreshed) > deliveryLimitRefresh {
-			refreshed = time.Now()
-			if conf, err := s.describeGroup(sub.ctx, sub.cl); err == nil {
-				if err := sub.setGroupConf(conf); err != nil {
-					s.cfg.Logger.Warn("kgopubsub: the share group's record lock changed", "err", err)
-				}
-			}
-		}
 	}
+}
+
+// refresh reads the share group's configuration again: it returns an
+// ErrShareGroupSettings error when the group's settings are no longer the
+// subscription's, and keeps its delivery limit and record lock.
+func (sub *shareSub) refresh() error {
+	conf, err := sub.s.describeGroup(sub.ctx, sub.cl)
+	if err != nil {
+		if sub.ctx.Err() == nil {
+			sub.s.cfg.Logger.Warn("kgopubsub: could not read the share group's configuration again", "err", err)
+		}
+		return nil
+	}
+	if err := sub.s.checkSettings(conf); err != nil {
+		return err
+	}
+	if err := sub.setGroupConf(conf); err != nil {
+		sub.s.cfg.Logger.Warn("kgopubsub: the share group's record lock changed", "err", err)
+	}
+	return nil
 }
 
 // copyFrom is the delivery from which a record is copied before it is
@@ -524,6 +620,12 @@ func (sub *shareSub) deliver(r *kgo.Record) {
 		// A copy carries its original's coordinates: keys made of them
 		// (consumer.KeyFromOffset, MissingKey Derive) are the original's.
 		msg.SetContext(dedupe.ContextWithSource(mctx, dedupe.Source{Topic: r.Topic, Partition: r.Partition, Offset: offset}))
+		if sub.ctx.Err() != nil {
+			// Ended: never handed out, even to a reader that is ready.
+			cancel()
+			r.Ack(letGo)
+			return
+		}
 		select {
 		case sub.out <- msg:
 		case <-sub.ctx.Done():
