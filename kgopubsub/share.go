@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -79,7 +80,11 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 //     between the broker handing it out and the copy's acknowledgement (a
 //     produce's round trip: 2ms at the median, 11 to 17ms at the 99th
 //     percentile in TestShareKilledWorkers, on one broker on loopback); copies the brokers refuse
-//     for 30s on both; records fetched but not yet handed out
+//     for 30s on both; a record whose copy is over the topic's
+//     max.message.bytes as franz-go counts it, uncompressed (a record its
+//     producer compressed below it; copies are batched up to the topic's
+//     max.message.bytes, and MESSAGE_TOO_LARGE is logged as an ERROR);
+//     records fetched but not yet handed out
 //     when the subscription closes; and a limit lowered less than 5s
 //     ago: such a record, if that delivery was its last, is archived by
 //     the broker. On Kafka 4.4 and later, a dead-letter topic set on the
@@ -170,6 +175,8 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	if topic == "" {
 		return nil, errors.New("kgopubsub: Subscribe: topic is empty")
 	}
+	var maxBytes atomic.Int32
+	maxBytes.Store(defaultMaxMessageBytes)
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(s.cfg.Brokers...),
 		kgo.ConsumeTopics(topic),
@@ -186,6 +193,11 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		// delivery, at once: a copy that lingers is a longer window in
 		// which a kill loses one.
 		kgo.ProducerLinger(0),
+		// A copy is as large as its record, which the topic took: the
+		// copies' batches may be as large as the topic allows
+		// (max.message.bytes, read below), not franz-go's default of about
+		// 1 MB, checked on the uncompressed records.
+		kgo.ProducerBatchMaxBytesFn(func(string) int32 { return maxBytes.Load() }),
 		// The broker ends a member's share session with its connection,
 		// and releases every record the member holds: a connection must
 		// not be closed as idle while handlers run, as franz-go does after
@@ -215,6 +227,8 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		return nil, err
 	}
 	sub := &shareSub{s: s, cl: cl, topic: topic, out: make(chan *message.Message), dead: map[string]struct{}{}}
+	sub.maxBytes = topicMaxBytes(ctx, cl, topic, s.cfg.Logger)
+	maxBytes.Store(sub.maxBytes)
 	if err := sub.setGroupConf(conf); err != nil {
 		cl.Close()
 		return nil, err
@@ -428,6 +442,9 @@ type shareSub struct {
 	cl    *kgo.Client
 	topic string
 	out   chan *message.Message
+	// maxBytes is the topic's max.message.bytes, the size of the copies'
+	// batches.
+	maxBytes int32
 	// ctx ends with the subscription; set by run.
 	ctx context.Context
 	// limit is the group's delivery limit, read by the records'
@@ -731,8 +748,20 @@ func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int, from string) bool 
 				"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "delivery", r.DeliveryCount(), "took", time.Since(start))
 			return true
 		}
+		if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) {
+			// No retry makes it smaller.
+			sub.s.cfg.Logger.Error("kgopubsub: MESSAGE_TOO_LARGE: a record near its last delivery could not be copied, its copy is over the topic's max.message.bytes "+
+				"(a record compressed by its producer is checked here uncompressed): if its last delivery fails too, the broker archives it; raise the topic's max.message.bytes",
+				"group", sub.s.cfg.ConsumerGroup, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset,
+				"value_bytes", len(r.Value), "max_message_bytes", sub.maxBytes, "err", err)
+			return false
+		}
 		if ctx.Err() != nil {
-			sub.s.cfg.Logger.Error("kgopubsub: a record near its last delivery could not be copied (the role needs the Write right on the topic): if its last delivery fails too, the broker archives it",
+			hint := ""
+			if errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) {
+				hint = " (the role needs the Write right on the topic)"
+			}
+			sub.s.cfg.Logger.Error("kgopubsub: a record near its last delivery could not be copied"+hint+": if its last delivery fails too, the broker archives it",
 				"group", sub.s.cfg.ConsumerGroup, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
 			return false
 		}
@@ -741,6 +770,44 @@ func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int, from string) bool 
 		case <-ctx.Done():
 		}
 	}
+}
+
+// defaultMaxMessageBytes is Kafka's default max.message.bytes.
+const defaultMaxMessageBytes = 1048588
+
+// topicMaxBytes returns topic's max.message.bytes (bounded by what the
+// client writes to a broker at most), or Kafka's default when it cannot be
+// read (logged).
+func topicMaxBytes(ctx context.Context, cl *kgo.Client, topic string, log *slog.Logger) int32 {
+	req := kmsg.NewPtrDescribeConfigsRequest()
+	res := kmsg.NewDescribeConfigsRequestResource()
+	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeTopic, topic
+	res.ConfigNames = []string{"max.message.bytes"}
+	req.Resources = append(req.Resources, res)
+	resp, err := req.RequestWith(ctx, cl)
+	if err == nil && len(resp.Resources) != 1 {
+		err = errors.New("no answer for the topic")
+	}
+	if err == nil {
+		err = kerr.ErrorForCode(resp.Resources[0].ErrorCode)
+	}
+	n := int64(-1)
+	if err == nil {
+		for _, c := range resp.Resources[0].Configs {
+			if c.Name == "max.message.bytes" && c.Value != nil {
+				n, err = strconv.ParseInt(*c.Value, 10, 32)
+			}
+		}
+	}
+	if err != nil || n < 1 {
+		log.Warn("kgopubsub: could not read the topic's max.message.bytes (the role needs the DescribeConfigs right on the topic): "+
+			"records near their last delivery are copied in batches of up to Kafka's default", "topic", topic, "default", defaultMaxMessageBytes, "err", err)
+		return defaultMaxMessageBytes
+	}
+	if limit, ok := cl.OptValue(kgo.BrokerMaxWriteBytes).(int32); ok && int64(limit) < n {
+		n = int64(limit)
+	}
+	return int32(max(n, 512))
 }
 
 // originOffset is the offset of the record r copies, or r's own: a header
