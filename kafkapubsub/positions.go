@@ -41,6 +41,11 @@ type Positions interface {
 	// Save then stores nothing and returns what it holds for those
 	// partitions (-1 for no row), and the Subscriber starts its partitions
 	// again from the database's positions.
+	//
+	// The Subscriber always passes a non-nil expected; Save then never
+	// moves a stored position backwards: a partition whose stored position
+	// is past the offset keeps it (a member that lost the partition
+	// without knowing it saves late, after the new owner saved further).
 	Save(ctx context.Context, group, topic string, offsets, expected map[int]int64) (behind map[int]int64, err error)
 }
 

@@ -148,6 +148,7 @@ func Run(t *testing.T, tr Transport) {
 		{"PositionsNeedAGroup", PositionsNeedAGroup},
 		{"PositionsRestoreBeforeFirstSave", PositionsRestoreBeforeFirstSave},
 		{"PositionsRestoreBeforeFirstSaveApplied", PositionsRestoreBeforeFirstSaveApplied},
+		{"PositionsLateSave", PositionsLateSave},
 		{"KeyOrderedConcurrency", KeyOrderedConcurrency},
 		{"WatermarkHoldsCommit", WatermarkHoldsCommit},
 		{"KeyOrderedRebalanceExactlyOnce", KeyOrderedRebalanceExactlyOnce},
