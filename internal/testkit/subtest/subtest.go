@@ -149,6 +149,7 @@ func Run(t *testing.T, tr Transport) {
 		{"PositionsRestoreBeforeFirstSave", PositionsRestoreBeforeFirstSave},
 		{"PositionsRestoreBeforeFirstSaveApplied", PositionsRestoreBeforeFirstSaveApplied},
 		{"PositionsLateSave", PositionsLateSave},
+		{"PositionsRestoreBelowLogStart", PositionsRestoreBelowLogStart},
 		{"KeyOrderedConcurrency", KeyOrderedConcurrency},
 		{"WatermarkHoldsCommit", WatermarkHoldsCommit},
 		{"KeyOrderedRebalanceExactlyOnce", KeyOrderedRebalanceExactlyOnce},
