@@ -126,7 +126,14 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 // session, and the broker releases what it holds): Subscribe refuses a
 // group whose record lock is not below that (set a kgo.ConnIdleTimeout
 // above it in the Options), or a kgo.ConnIdleTimeout in the Options that
-// is not above the lock; a lock raised later is logged.
+// is not above the lock; a lock raised later is logged. Subscribe refuses
+// the other franz-go Options that would undo what the member needs of its
+// client: kgo.MaxConcurrentFetches (fetching ahead: records acquired wait in
+// a buffer while their locks run out), kgo.ShareMaxRecords (use
+// MaxInFlight), kgo.ShareGroup, kgo.ConsumeTopics and kgo.ConsumeRegex (use
+// ConsumerGroup and Subscribe's topic), and, for the copies,
+// kgo.ProducerLinger, kgo.RequiredAcks other than all and
+// kgo.DisableIdempotentWrite.
 type ShareSubscriber struct {
 	cfg  SubscriberConfig
 	subs *subscriptions.Set
@@ -220,6 +227,10 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	cl, err := kgo.NewClient(append(append(opts, s.cfg.Options...), kgo.RecordPartitioner(kgo.ManualPartitioner()))...)
 	if err != nil {
 		return nil, fmt.Errorf("kgopubsub: %w", err)
+	}
+	if err := checkShareOptions(cl, s.cfg, topic); err != nil {
+		cl.Close()
+		return nil, err
 	}
 	conf, err := s.prepareGroup(ctx, cl)
 	if err != nil {
@@ -599,6 +610,43 @@ func checkConnIdle(cl *kgo.Client, group string, conf map[string]string) error {
 	}
 	return fmt.Errorf("kgopubsub: the Options' kgo.ConnIdleTimeout (%v) is not above the share group %s's %s (%v): %s; "+
 		"leave it out (the subscriber sets %v) or set it above the lock", idle, group, shareRecordLock, lock, why, shareConnIdle)
+}
+
+// checkShareOptions refuses franz-go options in cfg.Options that undo
+// what the share group's member needs of its client (ConnIdleTimeout,
+// which depends on the group's lock, is checkConnIdle's).
+func checkShareOptions(cl *kgo.Client, cfg SubscriberConfig, topic string) error {
+	var errs []string
+	if n, _ := cl.OptValue(kgo.MaxConcurrentFetches).(int); n != 0 {
+		errs = append(errs, fmt.Sprintf("kgo.MaxConcurrentFetches(%d) fetches ahead of the handlers: the records it acquires wait in a buffer while their locks run out, "+
+			"and the broker hands them to other members; leave it out (the subscriber fetches only when it polls)", n))
+	}
+	if n, _ := cl.OptValue(kgo.ShareMaxRecords).(int32); int(n) != cfg.MaxInFlight {
+		errs = append(errs, fmt.Sprintf("kgo.ShareMaxRecords(%d) is not MaxInFlight (%d): records acquired beyond what is handed out wait while their locks run out; "+
+			"set SubscriberConfig.MaxInFlight instead", n, cfg.MaxInFlight))
+	}
+	if g, _ := cl.OptValue(kgo.ShareGroup).(string); g != cfg.ConsumerGroup {
+		errs = append(errs, fmt.Sprintf("kgo.ShareGroup(%q) is not SubscriberConfig.ConsumerGroup (%q): set ConsumerGroup instead", g, cfg.ConsumerGroup))
+	}
+	if ts, _ := cl.OptValue(kgo.ConsumeTopics).([]string); len(ts) != 1 || ts[0] != topic {
+		errs = append(errs, fmt.Sprintf("kgo.ConsumeTopics makes the member consume %v: a subscription consumes the topic given to Subscribe (%s) alone; leave it out", ts, topic))
+	}
+	if re, _ := cl.OptValue(kgo.ConsumeRegex).(bool); re {
+		errs = append(errs, "kgo.ConsumeRegex: a subscription consumes the topic given to Subscribe alone; leave it out")
+	}
+	if d, _ := cl.OptValue(kgo.ProducerLinger).(time.Duration); d != 0 {
+		errs = append(errs, fmt.Sprintf("kgo.ProducerLinger(%v) delays the copies of records near their last delivery, and a member killed meanwhile loses them; leave it out", d))
+	}
+	if acks, ok := cl.OptValue(kgo.RequiredAcks).(kgo.Acks); ok && acks != kgo.AllISRAcks() {
+		errs = append(errs, "kgo.RequiredAcks other than kgo.AllISRAcks: a copy of a record near its last delivery that the leader alone holds is lost with it, and the record with it; leave it out")
+	}
+	if off, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); off {
+		errs = append(errs, "kgo.DisableIdempotentWrite: the copies of records near their last delivery need the idempotent producer (a retried copy is appended once); leave it out")
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("kgopubsub: SubscriberConfig.Options for the share group %s: %s", cfg.ConsumerGroup, strings.Join(errs, "; "))
 }
 
 // lockMargin is how much of a record's lock must be left for the handler

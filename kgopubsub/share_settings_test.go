@@ -171,3 +171,47 @@ func TestShareGroupSettingsChangedWhileRunning(t *testing.T) {
 		t.Fatalf("Subscribe again: %v, want ErrShareGroupSettings", err)
 	}
 }
+
+// franz-go options in a ShareSubscriber's Options that would undo what its
+// member needs of its client (fetching only what it hands out, copies made
+// at once, durably and idempotently, the group and topic it was given) are
+// refused at Subscribe, with the option's name; options that do not are
+// accepted.
+func TestShareOptionsBreakingTheContractRefused(t *testing.T) {
+	t.Parallel()
+	requireShareGroups(t)
+	topic, group := kafkatest.Topic(t, 1), kafkatest.Name("sg")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for name, c := range map[string]struct {
+		opt  kgo.Opt
+		want string
+	}{
+		"fetch ahead":     {kgo.MaxConcurrentFetches(2), "MaxConcurrentFetches"},
+		"more records":    {kgo.ShareMaxRecords(10), "ShareMaxRecords"},
+		"another group":   {kgo.ShareGroup("other"), "ShareGroup"},
+		"another topic":   {kgo.ConsumeTopics("other"), "ConsumeTopics"},
+		"linger":          {kgo.ProducerLinger(50 * time.Millisecond), "ProducerLinger"},
+		"leader acks":     {kgo.RequiredAcks(kgo.LeaderAck()), "RequiredAcks"},
+		"not idempotent":  {kgo.DisableIdempotentWrite(), "DisableIdempotentWrite"},
+		"harmless (none)": {kgo.ClientID("exactly-test"), ""},
+	} {
+		opts := []kgo.Opt{c.opt}
+		if c.want == "RequiredAcks" {
+			opts = append(opts, kgo.DisableIdempotentWrite()) // franz-go refuses leader acks with idempotency
+		}
+		sub, err := kgopubsub.NewShareSubscriber(&kgopubsub.SubscriberConfig{SubscriberConfig: kafkapubsub.SubscriberConfig{
+			Brokers: kafkatest.Brokers(t), ConsumerGroup: group, Logger: quietLogger()}, Options: opts})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = sub.Subscribe(ctx, topic)
+		_ = sub.Close()
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: Subscribe: %v, want it accepted", name, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: Subscribe: %v, want it refused naming %s", name, err, c.want)
+		}
+	}
+}
