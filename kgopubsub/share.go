@@ -67,15 +67,17 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 //     is applied. A copy's context carries its original's coordinates
 //     (dedupe.SourceFromContext), so that keys made of them
 //     (consumer.KeyFromOffset, MissingKey Derive) are the original's
-//     too. Once copied, a
-//     delivery that does not succeed (a Nack as the lock runs out, a
-//     release at Close) accepts the record instead of releasing it: the
-//     copy carries the command on, so a record is copied a second time
-//     only when the member holding it dies. This needs the Write right on
-//     the topic (Subscribe loads the copies' producer ID, and fails
-//     without it). A command whose handler fails on and on is
-//     dead-lettered after MaxAttempts failures in one member, its copies'
-//     included. What this does not cover: a record whose members die, on
+//     too. Once copied, the record is accepted at once, before its
+//     handler runs: the copy carries the command on, so a member that dies
+//     while it handles the record (a handler that kills its process, an
+//     OOM) leaves one copy, not a record released to be copied again. This
+//     needs the Write right on the topic (Subscribe loads the copies'
+//     producer ID, and fails without it). A command whose handler fails on
+//     and on is dead-lettered after MaxAttempts failures in one member, its
+//     copies' included; one delivered more than twice MaxAttempts times,
+//     by every member and its copies (the count the copies carry), deaths
+//     included, is dead-lettered without running its handler (the
+//     consumer middleware's). What this does not cover: a record whose members die, on
 //     both of its last two deliveries (on the last, with a limit of 2),
 //     between the broker handing it out and the copy's acknowledgement (a
 //     produce's round trip: 2ms at the median, 11 to 17ms at the 99th
@@ -674,7 +676,18 @@ func (sub *shareSub) deliver(r *kgo.Record) {
 	// again only when the member holding it dies.
 	letGo := kgo.AckRelease
 	if copyFrom(sub.limit.Load()) <= r.DeliveryCount() && sub.copyAhead(r, deliveries, from) {
+		// The copy carries the command on: r is accepted at once, before
+		// its handler runs, so that a handler that kills its process (an
+		// OOM) leaves the copy alone, not r released to be copied again
+		// (each death would add a copy, without bound).
 		letGo = kgo.AckAccept
+		r.Ack(kgo.AckAccept)
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(sub.ctx), copyTimeout)
+		if err := sub.cl.FlushAcks(fctx); err != nil {
+			s.cfg.Logger.Warn("kgopubsub: a copied record's acceptance was not sent: if its member dies, it is copied again", "group", s.cfg.ConsumerGroup,
+				"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
+		}
+		cancel()
 	}
 	backoff := s.cfg.NackBackoff
 	for {
