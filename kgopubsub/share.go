@@ -82,11 +82,11 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 //     between the broker handing it out and the copy's acknowledgement (a
 //     produce's round trip: 2ms at the median, 11 to 17ms at the 99th
 //     percentile in TestShareKilledWorkers, on one broker on loopback); copies the brokers refuse
-//     for 30s on both; a record whose copy is over the topic's
-//     max.message.bytes as franz-go counts it, uncompressed (a record its
-//     producer compressed below it; copies are batched up to the topic's
-//     max.message.bytes, and MESSAGE_TOO_LARGE is logged as an ERROR);
-//     records fetched but not yet handed out
+//     for 30s on both; a copy over the topic's max.message.bytes even
+//     compressed (copies are batched up to the topic's max.message.bytes;
+//     one larger uncompressed, of a record its producer compressed, is
+//     copied compressed with zstd; MESSAGE_TOO_LARGE is logged as an
+//     ERROR); records fetched but not yet handed out
 //     when the subscription closes; and a limit lowered less than 5s
 //     ago: such a record, if that delivery was its last, is archived by
 //     the broker. On Kafka 4.4 and later, a dead-letter topic set on the
@@ -802,8 +802,16 @@ func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int, from string) bool 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(sub.ctx), copyTimeout)
 	defer cancel()
 	start := time.Now()
+	produce := func() error { return sub.cl.ProduceSync(ctx, cp).FirstErr() }
+	if recordBytes(cp) > int(sub.maxBytes) {
+		// Over the topic's limit uncompressed, as franz-go checks it: a
+		// record its producer compressed below it. Copied compressed,
+		// through a client of its own whose batches the broker alone
+		// bounds (it checks them compressed).
+		produce = func() error { return sub.copyCompressed(ctx, cp) }
+	}
 	for {
-		err := sub.cl.ProduceSync(ctx, cp).FirstErr()
+		err := produce()
 		if err == nil {
 			sub.s.cfg.Logger.Info("kgopubsub: a record near its last delivery was copied to the end of its partition", "group", sub.s.cfg.ConsumerGroup,
 				"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "delivery", r.DeliveryCount(), "took", time.Since(start))
@@ -812,7 +820,7 @@ func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int, from string) bool 
 		if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) {
 			// No retry makes it smaller.
 			sub.s.cfg.Logger.Error("kgopubsub: MESSAGE_TOO_LARGE: a record near its last delivery could not be copied, its copy is over the topic's max.message.bytes "+
-				"(a record compressed by its producer is checked here uncompressed): if its last delivery fails too, the broker archives it; raise the topic's max.message.bytes",
+				"(compressed with zstd when larger uncompressed): if its last delivery fails too, the broker archives it; raise the topic's max.message.bytes",
 				"group", sub.s.cfg.ConsumerGroup, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset,
 				"value_bytes", len(r.Value), "max_message_bytes", sub.maxBytes, "err", err)
 			return false
@@ -831,6 +839,35 @@ func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int, from string) bool 
 		case <-ctx.Done():
 		}
 	}
+}
+
+// recordBytes is about how many bytes franz-go counts r for, uncompressed.
+func recordBytes(r *kgo.Record) int {
+	n := len(r.Key) + len(r.Value) + 64
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value) + 8
+	}
+	return n
+}
+
+// compressedCopyMax bounds a compressed copy's batch, uncompressed: the
+// broker checks it, compressed, against the topic's max.message.bytes.
+const compressedCopyMax = 64 << 20
+
+// copyCompressed produces cp compressed with zstd, through a client of its
+// own (an idempotent producer too) whose batches may be as large as
+// compressedCopyMax uncompressed.
+func (sub *shareSub) copyCompressed(ctx context.Context, cp *kgo.Record) error {
+	opts := append(SecurityOptions(sub.s.cfg.Security), kgo.SeedBrokers(sub.s.cfg.Brokers...), kgo.WithLogger(kgoLogger{sub.s.cfg.Logger}),
+		kgo.ProducerLinger(0), kgo.ProducerBatchCompression(kgo.ZstdCompression()),
+		kgo.ProducerBatchMaxBytes(compressedCopyMax), kgo.BrokerMaxWriteBytes(compressedCopyMax+1<<20),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	return cl.ProduceSync(ctx, cp).FirstErr()
 }
 
 // defaultMaxMessageBytes is Kafka's default max.message.bytes.

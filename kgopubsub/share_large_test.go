@@ -19,20 +19,27 @@ import (
 // on the uncompressed record) that the topic takes is copied before its
 // last delivery like any other, and comes back after its last delivery
 // failed: 1.02 MB on a topic of Kafka's default max.message.bytes, 1.5 MB
-// on one that takes 4 MB.
+// on one that takes 4 MB, and 1.5 MB compressed by its producer (zstd)
+// below the default topic's limit.
 func TestShareLargeRecordCopied(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
-		name     string
-		size     int
-		maxBytes string
-	}{{"1.02MB default topic", 1_020_000, ""}, {"1.5MB topic of 4MB", 1_500_000, "4194304"}} {
+		name       string
+		size       int
+		maxBytes   string
+		compressed bool
+	}{{"1.02MB default topic", 1_020_000, "", false}, {"1.5MB topic of 4MB", 1_500_000, "4194304", false},
+		{"1.5MB zstd default topic", 1_500_000, "", true}} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			requireShareGroups(t)
 			topic, group := kafkatest.Name("large"), kafkatest.Name("sg")
+			codec := kgo.NoCompression()
+			if c.compressed {
+				codec = kgo.ZstdCompression()
+			}
 			cl, err := kgo.NewClient(kgo.SeedBrokers(kafkatest.Brokers(t)...), kgo.DefaultProduceTopic(topic),
-				kgo.ProducerBatchMaxBytes(8<<20), kgo.ProducerBatchCompression(kgo.NoCompression()))
+				kgo.ProducerBatchMaxBytes(8<<20), kgo.ProducerBatchCompression(codec))
 			if err != nil {
 				t.Fatal(err)
 			}
