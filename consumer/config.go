@@ -78,8 +78,12 @@ type Config struct {
 	// of the infrastructure never count, nor does an attempt cut by its
 	// deadline while its handler waited for the database (a lock another
 	// session holds, the disk); one cut while its handler ran the message's
-	// own work does (see the package doc). Negative means never give up.
-	// Defaults to 10.
+	// own work does (see the package doc). A message whose Subscriber
+	// counts its deliveries by every member (dedupe.DeliveriesFromContext,
+	// a share group's) and says it was delivered more than twice
+	// MaxAttempts times is given up on before its handler runs: deliveries
+	// that ended in a crash count there (a handler that kills its process,
+	// an OOM). Negative means never give up. Defaults to 10.
 	MaxAttempts int
 	// Hooks receives an Event per message. Defaults to none.
 	Hooks Hooks

@@ -188,6 +188,9 @@ func (m *Middleware) checkScope(ctx context.Context, ev *Event) error {
 // run calls h on msg (a handlerMessage), recovering a panic into an error.
 // An Ack or Nack of the handler's is noted once, at WARN.
 func (m *Middleware) run(h message.HandlerFunc, msg *message.Message) (outs []*message.Message, err error) {
+	if err := m.overDelivered(msg); err != nil {
+		return nil, err
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("consumer: handler panicked: %v\n%s", r, debug.Stack())
@@ -195,6 +198,24 @@ func (m *Middleware) run(h message.HandlerFunc, msg *message.Message) (outs []*m
 		m.noteAck(msg)
 	}()
 	return h(msg)
+}
+
+// overDelivered returns a permanent error (poison) for a message that a
+// Subscriber says was delivered more than twice Config.MaxAttempts times,
+// by every member, its copies' deliveries included
+// (dedupe.DeliveriesFromContext; a share group's), and still reaches its
+// handler: the deliveries that ended in a crash count there, which this
+// process's count of failures cannot see, so a handler that kills its
+// process (an OOM) is dead-lettered instead of run for ever. Nil with
+// MaxAttempts negative.
+func (m *Middleware) overDelivered(msg *message.Message) error {
+	n, ok := dedupe.DeliveriesFromContext(msg.Context())
+	if !ok || m.cfg.MaxAttempts < 0 || n <= 2*m.cfg.MaxAttempts {
+		return nil
+	}
+	return dedupe.Permanent(fmt.Errorf("consumer: %w: message %s was delivered %d times, by every member and its copies, "+
+		"without being applied (more than twice Config.MaxAttempts, %d): its handler may kill its process (an OOM); dead-lettered without running it",
+		dedupe.ErrPoisonMessage, msg.UUID, n, m.cfg.MaxAttempts))
 }
 
 // handlerMessage returns msg as its handler sees it: the same UUID,

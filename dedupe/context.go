@@ -30,7 +30,8 @@ type deliveriesKey struct{}
 // towards MaxAttempts by its key, ID and coordinates, so that the copies of
 // one record add up. Only its own failures count, in each process: a
 // delivery that ended in a crash, a lock that ran out, or an outage does
-// not. It also says that the message's records come in no order: in batch
+// not; but a message delivered more than twice MaxAttempts times in all,
+// crashes included, is dead-lettered before its handler runs. It also says that the message's records come in no order: in batch
 // mode, a nacked one holds no partition back.
 func ContextWithDeliveries(ctx context.Context, n int) context.Context {
 	return context.WithValue(ctx, deliveriesKey{}, n)

@@ -41,6 +41,11 @@ type Positions interface {
 	// Save then stores nothing and returns what it holds for those
 	// partitions (-1 for no row), and the Subscriber starts its partitions
 	// again from the database's positions.
+	//
+	// The Subscriber always passes a non-nil expected; Save then never
+	// moves a stored position backwards: a partition whose stored position
+	// is past the offset keeps it (a member that lost the partition
+	// without knowing it saves late, after the new owner saved further).
 	Save(ctx context.Context, group, topic string, offsets, expected map[int]int64) (behind map[int]int64, err error)
 }
 
@@ -204,7 +209,22 @@ func (sp *startPositions) start(ctx context.Context, partition int, kafkaOff int
 	dbOff, has = pos[partition]
 	if has || !sp.marked[partition] {
 		s.reportStart(ctx, sp.topic, partition, kafkaOff, dbOff, has)
-		return startOffset(kafkaOff, dbOff, has), dbOff, has, true
+		start = startOffset(kafkaOff, dbOff, has)
+		if has && start == dbOff && dbOff != kafkaOff {
+			// A database position below the log's start (a restore older
+			// than the topic's retention) starts at the oldest record Kafka
+			// holds: a fetch out of range would start at StartOffset, and
+			// StartLast would skip every record Kafka still holds.
+			if first, found := s.firstOffset(ctx, sp.topic, partition); found && first > dbOff {
+				if kafkaOff < 0 {
+					s.log().Error("kafkapubsub: the database's position is below the oldest record Kafka holds: "+
+						"the effects of offsets db_position to log_start-1, if the database lost them, cannot be applied again (topic retention shorter than the restore window); "+
+						"starting at log_start", "group", s.cfg.ConsumerGroup, "topic", sp.topic, "partition", partition, "db_position", dbOff, "log_start", first)
+				}
+				start = first
+			}
+		}
+		return start, dbOff, has, true
 	}
 	for bo := retryBackoff(); ; {
 		first, found := s.firstOffset(ctx, sp.topic, partition)

@@ -85,6 +85,15 @@ func (m *member) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 	}
 	m.commitMu.Lock()
 	defer m.commitMu.Unlock()
+	var back []int32 // partitions that start at the database's position, behind Kafka's
+	for id := range ps {
+		if dbOff, has := pos[int(id)]; has {
+			if kafkaOff, ok := m.committed[id]; !ok || kafkaOff < 0 || dbOff < kafkaOff {
+				back = append(back, id)
+			}
+		}
+	}
+	logStart := m.logStart(ctx, back)
 	for id := range ps {
 		kafkaOff, ok := m.committed[id]
 		if !ok {
@@ -98,6 +107,15 @@ func (m *member) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 				"it was restored to before the partition's first position; delivering again from the oldest record", attrs...)
 			ps[id] = kgo.NewOffset().AtStart()
 		case !has:
+		case (kafkaOff < 0 || dbOff < kafkaOff) && logStart[id] > dbOff:
+			// Below the log's start (a restore older than the topic's
+			// retention): at the oldest record Kafka holds, never at the
+			// reset offset (StartLast would skip every record it holds).
+			s.log().Error("kgopubsub: the database's position is below the oldest record Kafka holds: the effects of offsets db_position to log_start-1, "+
+				"if the database lost them, cannot be applied again (topic retention shorter than the restore window); delivering again from log_start",
+				append(attrs, "log_start", logStart[id])...)
+			ps[id] = kgo.NewOffset().At(logStart[id])
+			m.expected[id] = dbOff
 		case kafkaOff < 0 || dbOff < kafkaOff:
 			if kafkaOff >= 0 {
 				s.log().Warn("kgopubsub: the database's position is behind Kafka's committed offset (the database lost commits or was restored); "+
@@ -110,4 +128,43 @@ func (m *member) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 		}
 	}
 	return offsets, nil
+}
+
+// logStart returns the oldest offset Kafka holds of each of partitions
+// (those it could read; a partition it could not is absent, and starts at
+// the database's position as before).
+func (m *member) logStart(ctx context.Context, partitions []int32) map[int32]int64 {
+	out := map[int32]int64{}
+	m.mu.Lock()
+	cl := m.cl
+	m.mu.Unlock()
+	if len(partitions) == 0 || cl == nil {
+		return out
+	}
+	req := kmsg.NewPtrListOffsetsRequest()
+	rt := kmsg.NewListOffsetsRequestTopic()
+	rt.Topic = m.topic
+	for _, id := range partitions {
+		rp := kmsg.NewListOffsetsRequestTopicPartition()
+		rp.Partition, rp.Timestamp = id, -2 // the earliest
+		rt.Partitions = append(rt.Partitions, rp)
+	}
+	req.Topics = append(req.Topics, rt)
+	ctx, cancel := context.WithTimeout(ctx, commitTimeout)
+	defer cancel()
+	for _, sh := range cl.RequestSharded(ctx, req) {
+		resp, ok := sh.Resp.(*kmsg.ListOffsetsResponse)
+		if sh.Err != nil || !ok {
+			m.s.log().Warn("kgopubsub: cannot read the oldest offsets Kafka holds", "group", m.s.cfg.ConsumerGroup, "topic", m.topic, "err", sh.Err)
+			continue
+		}
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if t.Topic == m.topic && p.ErrorCode == 0 && p.Offset >= 0 {
+					out[p.Partition] = p.Offset
+				}
+			}
+		}
+	}
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,21 +67,27 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 //     is applied. A copy's context carries its original's coordinates
 //     (dedupe.SourceFromContext), so that keys made of them
 //     (consumer.KeyFromOffset, MissingKey Derive) are the original's
-//     too. Once copied, a
-//     delivery that does not succeed (a Nack as the lock runs out, a
-//     release at Close) accepts the record instead of releasing it: the
-//     copy carries the command on, so a record is copied a second time
-//     only when the member holding it dies. This needs the Write right on
-//     the topic (Subscribe loads the copies' producer ID, and fails
-//     without it). A command whose handler fails on and on is
-//     dead-lettered after MaxAttempts failures in one member, its copies'
-//     included. What this does not cover: a record whose members die, on
+//     too. Once copied, the record is accepted at once, before its
+//     handler runs: the copy carries the command on, so a member that dies
+//     while it handles the record (a handler that kills its process, an
+//     OOM) leaves one copy, not a record released to be copied again. This
+//     needs the Write right on the topic (Subscribe loads the copies'
+//     producer ID, and fails without it). A command whose handler fails on
+//     and on is dead-lettered after MaxAttempts failures in one member, its
+//     copies' included; one delivered more than twice MaxAttempts times,
+//     by every member and its copies (the count the copies carry), deaths
+//     included, is dead-lettered without running its handler (the
+//     consumer middleware's). What this does not cover: a record whose members die, on
 //     both of its last two deliveries (on the last, with a limit of 2),
 //     between the broker handing it out and the copy's acknowledgement (a
 //     produce's round trip: 2ms at the median, 11 to 17ms at the 99th
 //     percentile in TestShareKilledWorkers, on one broker on loopback); copies the brokers refuse
-//     for 30s on both; records fetched but not yet handed out
-//     when the subscription closes; and a limit lowered less than 30s
+//     for 30s on both; a copy over the topic's max.message.bytes even
+//     compressed (copies are batched up to the topic's max.message.bytes;
+//     one larger uncompressed, of a record its producer compressed, is
+//     copied compressed with zstd; MESSAGE_TOO_LARGE is logged as an
+//     ERROR); records fetched but not yet handed out
+//     when the subscription closes; and a limit lowered less than 5s
 //     ago: such a record, if that delivery was its last, is archived by
 //     the broker. On Kafka 4.4 and later, a dead-letter topic set on the
 //     group (errors.deadletterqueue.topic.name, KIP-1191) gets the records
@@ -106,16 +113,29 @@ const MetadataDeliveryCount = "kafka_delivery_count"
 // while another member handles it again). The worker's Timeout defaults to
 // 20s on a share group for this.
 //
-// At Subscribe, the ShareSubscriber sets the group's
-// share.auto.offset.reset (from StartOffset: StartFirst is "earliest", so
-// that records produced before the group's first member are consumed) and
-// share.isolation.level (from Isolation) where they differ: the role needs
-// the DescribeConfigs and AlterConfigs rights on the group. Its client keeps
+// A share group's share.auto.offset.reset and share.isolation.level are
+// the group's, for every member: Subscribe sets those the group has not
+// set yet from StartOffset (StartFirst is "earliest", so that records
+// produced before the group's first member are consumed) and Isolation,
+// and refuses, with ErrShareGroupSettings, a member whose StartOffset or
+// Isolation differs from what the group has set (a ReadUncommitted member
+// would otherwise make the read-committed ones apply aborted
+// transactions). A running subscription reads them again every 5s, and
+// ends, with an ERROR, when they are no longer its own (a worker then
+// stops). The role needs the DescribeConfigs right on the group, and
+// AlterConfigs until both are set. Its client keeps
 // idle connections 5 minutes (a closed connection ends the member's share
 // session, and the broker releases what it holds): Subscribe refuses a
 // group whose record lock is not below that (set a kgo.ConnIdleTimeout
 // above it in the Options), or a kgo.ConnIdleTimeout in the Options that
-// is not above the lock; a lock raised later is logged.
+// is not above the lock; a lock raised later is logged. Subscribe refuses
+// the other franz-go Options that would undo what the member needs of its
+// client: kgo.MaxConcurrentFetches (fetching ahead: records acquired wait in
+// a buffer while their locks run out), kgo.ShareMaxRecords (use
+// MaxInFlight), kgo.ShareGroup, kgo.ConsumeTopics and kgo.ConsumeRegex (use
+// ConsumerGroup and Subscribe's topic), and, for the copies,
+// kgo.ProducerLinger, kgo.RequiredAcks other than all and
+// kgo.DisableIdempotentWrite.
 type ShareSubscriber struct {
 	cfg  SubscriberConfig
 	subs *subscriptions.Set
@@ -164,6 +184,8 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	if topic == "" {
 		return nil, errors.New("kgopubsub: Subscribe: topic is empty")
 	}
+	var maxBytes atomic.Int32
+	maxBytes.Store(defaultMaxMessageBytes)
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(s.cfg.Brokers...),
 		kgo.ConsumeTopics(topic),
@@ -180,6 +202,11 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		// delivery, at once: a copy that lingers is a longer window in
 		// which a kill loses one.
 		kgo.ProducerLinger(0),
+		// A copy is as large as its record, which the topic took: the
+		// copies' batches may be as large as the topic allows
+		// (max.message.bytes, read below), not franz-go's default of about
+		// 1 MB, checked on the uncompressed records.
+		kgo.ProducerBatchMaxBytesFn(func(string) int32 { return maxBytes.Load() }),
 		// The broker ends a member's share session with its connection,
 		// and releases every record the member holds: a connection must
 		// not be closed as idle while handlers run, as franz-go does after
@@ -203,12 +230,18 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	if err != nil {
 		return nil, fmt.Errorf("kgopubsub: %w", err)
 	}
+	if err := checkShareOptions(cl, s.cfg, topic); err != nil {
+		cl.Close()
+		return nil, err
+	}
 	conf, err := s.prepareGroup(ctx, cl)
 	if err != nil {
 		cl.Close()
 		return nil, err
 	}
 	sub := &shareSub{s: s, cl: cl, topic: topic, out: make(chan *message.Message), dead: map[string]struct{}{}}
+	sub.maxBytes = topicMaxBytes(ctx, cl, topic, s.cfg.Logger)
+	maxBytes.Store(sub.maxBytes)
 	if err := sub.setGroupConf(conf); err != nil {
 		cl.Close()
 		return nil, err
@@ -245,22 +278,74 @@ const (
 	shareIsolationLevel  = "share.isolation.level"
 	shareDeliveryLimit   = "share.delivery.count.limit"
 	defaultDeliveryLimit = 5
-	deliveryLimitRefresh = 30 * time.Second
 	shareVersionFeature  = "share.version"
 )
+
+// groupRefresh is how often a subscription reads its share group's
+// configuration again: its settings (a member whose settings the group no
+// longer has stops), its delivery limit and its record lock.
+const groupRefresh = 5 * time.Second
+
+// ErrShareGroupSettings is Subscribe's error, and the cause a running
+// subscription ends with, when the share group's start offset or isolation
+// level (set on the group, for every member) is not the ShareSubscriber's.
+var ErrShareGroupSettings = errors.New("kgopubsub: the share group's settings are not this ShareSubscriber's")
 
 // ErrNoShareGroups is Subscribe's error when the brokers do not serve
 // share groups.
 var ErrNoShareGroups = errors.New("kgopubsub: the brokers do not serve share groups (KIP-932): they need Kafka 4.2 or later, " +
 	"with share groups enabled (the share.version feature at 1 or more: kafka-features.sh upgrade --feature share.version=1)")
 
-// prepareGroup checks that the brokers serve share groups, sets the
-// group's start and isolation where they differ from the configuration's,
-// and returns its configuration.
-func (s *ShareSubscriber) prepareGroup(ctx context.Context, cl *kgo.Client) (map[string]string, error) {
+// groupConf is a share group's configuration: the values, and which of
+// them are set on the group itself (rather than the broker's defaults).
+type groupConf struct {
+	values map[string]string
+	set    map[string]bool
+}
+
+// settings are the share group settings s needs, by name.
+func (s *ShareSubscriber) settings() map[string]string {
+	want := map[string]string{shareAutoOffsetReset: "earliest", shareIsolationLevel: "read_committed"}
+	if s.cfg.StartOffset == kafkapubsub.StartLast {
+		want[shareAutoOffsetReset] = "latest"
+	}
+	if s.cfg.Isolation == kafkapubsub.ReadUncommitted {
+		want[shareIsolationLevel] = "read_uncommitted"
+	}
+	return want
+}
+
+// settingField names the configuration field behind each setting.
+var settingField = map[string]string{shareAutoOffsetReset: "StartOffset", shareIsolationLevel: "Isolation"}
+
+// checkSettings returns an ErrShareGroupSettings error when a setting s
+// needs is set on the group to another value: the group's settings apply
+// to all its members, and the others depend on them.
+func (s *ShareSubscriber) checkSettings(conf groupConf) error {
+	var errs []string
+	for _, name := range []string{shareAutoOffsetReset, shareIsolationLevel} {
+		want := s.settings()[name]
+		if conf.set[name] && conf.values[name] != want {
+			errs = append(errs, fmt.Sprintf("its %s is %s, and this subscriber's SubscriberConfig.%s needs %s (set it to match, or "+
+				"once no member depends on it: kafka-configs.sh --alter --entity-type groups --entity-name %s --add-config %s=%s)",
+				name, conf.values[name], settingField[name], want, s.cfg.ConsumerGroup, name, want))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: the share group %s's settings apply to every member, and a member does not change them under the others: %s; "+
+		"or consume from a share group of its own", ErrShareGroupSettings, s.cfg.ConsumerGroup, strings.Join(errs, "; "))
+}
+
+// prepareGroup checks that the brokers serve share groups and that the
+// group's start offset and isolation level are the configuration's, sets
+// those the group has not set yet (the first member's settings become the
+// group's), and returns its configuration.
+func (s *ShareSubscriber) prepareGroup(ctx context.Context, cl *kgo.Client) (groupConf, error) {
 	av, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
 	if err != nil {
-		return nil, fmt.Errorf("kgopubsub: Kafka at %s: %w", strings.Join(s.cfg.Brokers, ","), err)
+		return groupConf{}, fmt.Errorf("kgopubsub: Kafka at %s: %w", strings.Join(s.cfg.Brokers, ","), err)
 	}
 	served := false
 	for _, k := range av.ApiKeys {
@@ -272,33 +357,36 @@ func (s *ShareSubscriber) prepareGroup(ctx context.Context, cl *kgo.Client) (map
 		}
 	}
 	if !served {
-		return nil, ErrNoShareGroups
+		return groupConf{}, ErrNoShareGroups
 	}
 	current, err := s.describeGroup(ctx, cl)
 	if err != nil {
-		return nil, err
+		return groupConf{}, err
 	}
-	want := map[string]string{shareAutoOffsetReset: "earliest", shareIsolationLevel: "read_committed"}
-	if s.cfg.StartOffset == kafkapubsub.StartLast {
-		want[shareAutoOffsetReset] = "latest"
+	if err := s.checkSettings(current); err != nil {
+		return groupConf{}, err
 	}
-	if s.cfg.Isolation == kafkapubsub.ReadUncommitted {
-		want[shareIsolationLevel] = "read_uncommitted"
-	}
+	want := s.settings()
 	set := map[string]string{}
-	for _, name := range []string{shareAutoOffsetReset, shareIsolationLevel} {
-		if current[name] != want[name] {
-			set[name] = want[name]
+	for name, v := range want {
+		if !current.set[name] {
+			set[name] = v
 		}
 	}
-	if len(set) > 0 {
-		if err := alterGroupConfig(ctx, cl, s.cfg.ConsumerGroup, set); err != nil {
-			return nil, fmt.Errorf("kgopubsub: set the share group %s's %s and %s: %w (the role needs the AlterConfigs right on the group, or set them beforehand: kafka-configs.sh --alter --entity-type groups --entity-name %s --add-config %s=%s,%s=%s)",
-				s.cfg.ConsumerGroup, shareAutoOffsetReset, shareIsolationLevel, err, s.cfg.ConsumerGroup,
-				shareAutoOffsetReset, want[shareAutoOffsetReset], shareIsolationLevel, want[shareIsolationLevel])
-		}
+	if len(set) == 0 {
+		return current, nil
 	}
-	return current, nil
+	if err := alterGroupConfig(ctx, cl, s.cfg.ConsumerGroup, set); err != nil {
+		return groupConf{}, fmt.Errorf("kgopubsub: set the share group %s's %s and %s: %w (the role needs the AlterConfigs right on the group, or set them beforehand: kafka-configs.sh --alter --entity-type groups --entity-name %s --add-config %s=%s,%s=%s)",
+			s.cfg.ConsumerGroup, shareAutoOffsetReset, shareIsolationLevel, err, s.cfg.ConsumerGroup,
+			shareAutoOffsetReset, want[shareAutoOffsetReset], shareIsolationLevel, want[shareIsolationLevel])
+	}
+	// Another member that set them at the same time with other values: the
+	// last one set holds, and the other member is refused.
+	if current, err = s.describeGroup(ctx, cl); err != nil {
+		return groupConf{}, err
+	}
+	return current, s.checkSettings(current)
 }
 
 // alterGroupConfig sets the configurations set of group, and leaves its
@@ -324,7 +412,7 @@ func alterGroupConfig(ctx context.Context, cl *kgo.Client, group string, set map
 }
 
 // describeGroup returns the share group's configuration.
-func (s *ShareSubscriber) describeGroup(ctx context.Context, cl *kgo.Client) (map[string]string, error) {
+func (s *ShareSubscriber) describeGroup(ctx context.Context, cl *kgo.Client) (groupConf, error) {
 	req := kmsg.NewPtrDescribeConfigsRequest()
 	res := kmsg.NewDescribeConfigsRequestResource()
 	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, s.cfg.ConsumerGroup
@@ -337,12 +425,13 @@ func (s *ShareSubscriber) describeGroup(ctx context.Context, cl *kgo.Client) (ma
 		err = kerr.ErrorForCode(resp.Resources[0].ErrorCode)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("kgopubsub: read the share group %s's configuration: %w (the role needs the DescribeConfigs right on the group)", s.cfg.ConsumerGroup, err)
+		return groupConf{}, fmt.Errorf("kgopubsub: read the share group %s's configuration: %w (the role needs the DescribeConfigs right on the group)", s.cfg.ConsumerGroup, err)
 	}
-	out := map[string]string{}
+	out := groupConf{values: map[string]string{}, set: map[string]bool{}}
 	for _, c := range resp.Resources[0].Configs {
 		if c.Value != nil {
-			out[c.Name] = *c.Value
+			out.values[c.Name] = *c.Value
+			out.set[c.Name] = c.Source == kmsg.ConfigSourceGroupConfig
 		}
 	}
 	return out, nil
@@ -351,13 +440,13 @@ func (s *ShareSubscriber) describeGroup(ctx context.Context, cl *kgo.Client) (ma
 // setGroupConf keeps the group's delivery limit, and returns
 // checkConnIdle's verdict on its record lock (Subscribe refuses it, a
 // refresh logs it).
-func (sub *shareSub) setGroupConf(conf map[string]string) error {
-	n, err := strconv.Atoi(conf[shareDeliveryLimit])
+func (sub *shareSub) setGroupConf(conf groupConf) error {
+	n, err := strconv.Atoi(conf.values[shareDeliveryLimit])
 	if err != nil || n < 1 {
 		n = defaultDeliveryLimit
 	}
 	sub.limit.Store(int32(n))
-	return checkConnIdle(sub.cl, sub.s.cfg.ConsumerGroup, conf)
+	return checkConnIdle(sub.cl, sub.s.cfg.ConsumerGroup, conf.values)
 }
 
 // shareSub is one subscription of a ShareSubscriber.
@@ -366,6 +455,9 @@ type shareSub struct {
 	cl    *kgo.Client
 	topic string
 	out   chan *message.Message
+	// maxBytes is the topic's max.message.bytes, the size of the copies'
+	// batches.
+	maxBytes int32
 	// ctx ends with the subscription; set by run.
 	ctx context.Context
 	// limit is the group's delivery limit, read by the records'
@@ -412,6 +504,8 @@ func (sub *shareSub) rejected(from string) bool {
 // acknowledged, which would accept a record still being applied. It
 // returns when ctx, the subscription's, ends.
 func (sub *shareSub) run(ctx context.Context) {
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
 	sub.ctx = ctx
 	s := sub.s
 	defer func() {
@@ -424,11 +518,31 @@ func (sub *shareSub) run(ctx context.Context) {
 	}()
 	refreshed := time.Now()
 	for sub.ctx.Err() == nil {
-		fs := sub.cl.PollRecords(sub.ctx, s.cfg.MaxInFlight)
+		// The poll waits until the group's configuration is due to be read
+		// again at most, so that an idle member sees its changes too.
+		pctx, cancel := context.WithDeadline(sub.ctx, refreshed.Add(groupRefresh))
+		fs := sub.cl.PollRecords(pctx, s.cfg.MaxInFlight)
+		cancel()
 		if sub.ctx.Err() == nil {
 			fs.EachError(func(t string, p int32, err error) {
-				s.cfg.Logger.Warn("kgopubsub: share group fetch failed; retrying", "group", s.cfg.ConsumerGroup, "topic", t, "partition", p, "err", err)
+				if !errors.Is(err, context.DeadlineExceeded) {
+					s.cfg.Logger.Warn("kgopubsub: share group fetch failed; retrying", "group", s.cfg.ConsumerGroup, "topic", t, "partition", p, "err", err)
+				}
 			})
+		}
+		if sub.ctx.Err() == nil && time.Since(refreshed) >= groupRefresh {
+			refreshed = time.Now()
+			if err := sub.refresh(); err != nil {
+				// The records were fetched under settings this member does
+				// not have (read uncommitted, say, for a member that must
+				// not apply aborted records): released to the group's
+				// other members, not handed out.
+				s.cfg.Logger.Error("kgopubsub: the share group's settings changed under this member: its subscription ends (a worker stops; restarted, it is refused until the settings match)",
+					"group", s.cfg.ConsumerGroup, "topic", sub.topic, "err", err)
+				fs.EachRecord(func(r *kgo.Record) { r.Ack(kgo.AckRelease) })
+				stop()
+				return
+			}
 		}
 		// After the subscription ended, deliver copies what must be copied
 		// and releases the rest.
@@ -438,15 +552,27 @@ func (sub *shareSub) run(ctx context.Context) {
 			go func() { defer wg.Done(); sub.deliver(r) }()
 		})
 		wg.Wait()
-		if time.Since(refreshed) > deliveryLimitRefresh {
-			refreshed = time.Now()
-			if conf, err := s.describeGroup(sub.ctx, sub.cl); err == nil {
-				if err := sub.setGroupConf(conf); err != nil {
-					s.cfg.Logger.Warn("kgopubsub: the share group's record lock changed", "err", err)
-				}
-			}
-		}
 	}
+}
+
+// refresh reads the share group's configuration again: it returns an
+// ErrShareGroupSettings error when the group's settings are no longer the
+// subscription's, and keeps its delivery limit and record lock.
+func (sub *shareSub) refresh() error {
+	conf, err := sub.s.describeGroup(sub.ctx, sub.cl)
+	if err != nil {
+		if sub.ctx.Err() == nil {
+			sub.s.cfg.Logger.Warn("kgopubsub: could not read the share group's configuration again", "err", err)
+		}
+		return nil
+	}
+	if err := sub.s.checkSettings(conf); err != nil {
+		return err
+	}
+	if err := sub.setGroupConf(conf); err != nil {
+		sub.s.cfg.Logger.Warn("kgopubsub: the share group's record lock changed", "err", err)
+	}
+	return nil
 }
 
 // copyFrom is the delivery from which a record is copied before it is
@@ -488,6 +614,43 @@ func checkConnIdle(cl *kgo.Client, group string, conf map[string]string) error {
 		"leave it out (the subscriber sets %v) or set it above the lock", idle, group, shareRecordLock, lock, why, shareConnIdle)
 }
 
+// checkShareOptions refuses franz-go options in cfg.Options that undo
+// what the share group's member needs of its client (ConnIdleTimeout,
+// which depends on the group's lock, is checkConnIdle's).
+func checkShareOptions(cl *kgo.Client, cfg SubscriberConfig, topic string) error {
+	var errs []string
+	if n, _ := cl.OptValue(kgo.MaxConcurrentFetches).(int); n != 0 {
+		errs = append(errs, fmt.Sprintf("kgo.MaxConcurrentFetches(%d) fetches ahead of the handlers: the records it acquires wait in a buffer while their locks run out, "+
+			"and the broker hands them to other members; leave it out (the subscriber fetches only when it polls)", n))
+	}
+	if n, _ := cl.OptValue(kgo.ShareMaxRecords).(int32); int(n) != cfg.MaxInFlight {
+		errs = append(errs, fmt.Sprintf("kgo.ShareMaxRecords(%d) is not MaxInFlight (%d): records acquired beyond what is handed out wait while their locks run out; "+
+			"set SubscriberConfig.MaxInFlight instead", n, cfg.MaxInFlight))
+	}
+	if g, _ := cl.OptValue(kgo.ShareGroup).(string); g != cfg.ConsumerGroup {
+		errs = append(errs, fmt.Sprintf("kgo.ShareGroup(%q) is not SubscriberConfig.ConsumerGroup (%q): set ConsumerGroup instead", g, cfg.ConsumerGroup))
+	}
+	if ts, _ := cl.OptValue(kgo.ConsumeTopics).([]string); len(ts) != 1 || ts[0] != topic {
+		errs = append(errs, fmt.Sprintf("kgo.ConsumeTopics makes the member consume %v: a subscription consumes the topic given to Subscribe (%s) alone; leave it out", ts, topic))
+	}
+	if re, _ := cl.OptValue(kgo.ConsumeRegex).(bool); re {
+		errs = append(errs, "kgo.ConsumeRegex: a subscription consumes the topic given to Subscribe alone; leave it out")
+	}
+	if d, _ := cl.OptValue(kgo.ProducerLinger).(time.Duration); d != 0 {
+		errs = append(errs, fmt.Sprintf("kgo.ProducerLinger(%v) delays the copies of records near their last delivery, and a member killed meanwhile loses them; leave it out", d))
+	}
+	if acks, ok := cl.OptValue(kgo.RequiredAcks).(kgo.Acks); ok && acks != kgo.AllISRAcks() {
+		errs = append(errs, "kgo.RequiredAcks other than kgo.AllISRAcks: a copy of a record near its last delivery that the leader alone holds is lost with it, and the record with it; leave it out")
+	}
+	if off, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); off {
+		errs = append(errs, "kgo.DisableIdempotentWrite: the copies of records near their last delivery need the idempotent producer (a retried copy is appended once); leave it out")
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("kgopubsub: SubscriberConfig.Options for the share group %s: %s", cfg.ConsumerGroup, strings.Join(errs, "; "))
+}
+
 // lockMargin is how much of a record's lock must be left for the handler
 // to get it again after a Nack; with less, the record is released to the
 // group.
@@ -513,7 +676,18 @@ func (sub *shareSub) deliver(r *kgo.Record) {
 	// again only when the member holding it dies.
 	letGo := kgo.AckRelease
 	if copyFrom(sub.limit.Load()) <= r.DeliveryCount() && sub.copyAhead(r, deliveries, from) {
+		// The copy carries the command on: r is accepted at once, before
+		// its handler runs, so that a handler that kills its process (an
+		// OOM) leaves the copy alone, not r released to be copied again
+		// (each death would add a copy, without bound).
 		letGo = kgo.AckAccept
+		r.Ack(kgo.AckAccept)
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(sub.ctx), copyTimeout)
+		if err := sub.cl.FlushAcks(fctx); err != nil {
+			s.cfg.Logger.Warn("kgopubsub: a copied record's acceptance was not sent: if its member dies, it is copied again", "group", s.cfg.ConsumerGroup,
+				"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
+		}
+		cancel()
 	}
 	backoff := s.cfg.NackBackoff
 	for {
@@ -524,6 +698,12 @@ func (sub *shareSub) deliver(r *kgo.Record) {
 		// A copy carries its original's coordinates: keys made of them
 		// (consumer.KeyFromOffset, MissingKey Derive) are the original's.
 		msg.SetContext(dedupe.ContextWithSource(mctx, dedupe.Source{Topic: r.Topic, Partition: r.Partition, Offset: offset}))
+		if sub.ctx.Err() != nil {
+			// Ended: never handed out, even to a reader that is ready.
+			cancel()
+			r.Ack(letGo)
+			return
+		}
 		select {
 		case sub.out <- msg:
 		case <-sub.ctx.Done():
@@ -622,15 +802,35 @@ func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int, from string) bool 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(sub.ctx), copyTimeout)
 	defer cancel()
 	start := time.Now()
+	produce := func() error { return sub.cl.ProduceSync(ctx, cp).FirstErr() }
+	if recordBytes(cp) > int(sub.maxBytes) {
+		// Over the topic's limit uncompressed, as franz-go checks it: a
+		// record its producer compressed below it. Copied compressed,
+		// through a client of its own whose batches the broker alone
+		// bounds (it checks them compressed).
+		produce = func() error { return sub.copyCompressed(ctx, cp) }
+	}
 	for {
-		err := sub.cl.ProduceSync(ctx, cp).FirstErr()
+		err := produce()
 		if err == nil {
 			sub.s.cfg.Logger.Info("kgopubsub: a record near its last delivery was copied to the end of its partition", "group", sub.s.cfg.ConsumerGroup,
 				"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "delivery", r.DeliveryCount(), "took", time.Since(start))
 			return true
 		}
+		if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) {
+			// No retry makes it smaller.
+			sub.s.cfg.Logger.Error("kgopubsub: MESSAGE_TOO_LARGE: a record near its last delivery could not be copied, its copy is over the topic's max.message.bytes "+
+				"(compressed with zstd when larger uncompressed): if its last delivery fails too, the broker archives it; raise the topic's max.message.bytes",
+				"group", sub.s.cfg.ConsumerGroup, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset,
+				"value_bytes", len(r.Value), "max_message_bytes", sub.maxBytes, "err", err)
+			return false
+		}
 		if ctx.Err() != nil {
-			sub.s.cfg.Logger.Error("kgopubsub: a record near its last delivery could not be copied (the role needs the Write right on the topic): if its last delivery fails too, the broker archives it",
+			hint := ""
+			if errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) {
+				hint = " (the role needs the Write right on the topic)"
+			}
+			sub.s.cfg.Logger.Error("kgopubsub: a record near its last delivery could not be copied"+hint+": if its last delivery fails too, the broker archives it",
 				"group", sub.s.cfg.ConsumerGroup, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
 			return false
 		}
@@ -639,6 +839,73 @@ func (sub *shareSub) copyAhead(r *kgo.Record, deliveries int, from string) bool 
 		case <-ctx.Done():
 		}
 	}
+}
+
+// recordBytes is about how many bytes franz-go counts r for, uncompressed.
+func recordBytes(r *kgo.Record) int {
+	n := len(r.Key) + len(r.Value) + 64
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value) + 8
+	}
+	return n
+}
+
+// compressedCopyMax bounds a compressed copy's batch, uncompressed: the
+// broker checks it, compressed, against the topic's max.message.bytes.
+const compressedCopyMax = 64 << 20
+
+// copyCompressed produces cp compressed with zstd, through a client of its
+// own (an idempotent producer too) whose batches may be as large as
+// compressedCopyMax uncompressed.
+func (sub *shareSub) copyCompressed(ctx context.Context, cp *kgo.Record) error {
+	opts := append(SecurityOptions(sub.s.cfg.Security), kgo.SeedBrokers(sub.s.cfg.Brokers...), kgo.WithLogger(kgoLogger{sub.s.cfg.Logger}),
+		kgo.ProducerLinger(0), kgo.ProducerBatchCompression(kgo.ZstdCompression()),
+		kgo.ProducerBatchMaxBytes(compressedCopyMax), kgo.BrokerMaxWriteBytes(compressedCopyMax+1<<20),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	return cl.ProduceSync(ctx, cp).FirstErr()
+}
+
+// defaultMaxMessageBytes is Kafka's default max.message.bytes.
+const defaultMaxMessageBytes = 1048588
+
+// topicMaxBytes returns topic's max.message.bytes (bounded by what the
+// client writes to a broker at most), or Kafka's default when it cannot be
+// read (logged).
+func topicMaxBytes(ctx context.Context, cl *kgo.Client, topic string, log *slog.Logger) int32 {
+	req := kmsg.NewPtrDescribeConfigsRequest()
+	res := kmsg.NewDescribeConfigsRequestResource()
+	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeTopic, topic
+	res.ConfigNames = []string{"max.message.bytes"}
+	req.Resources = append(req.Resources, res)
+	resp, err := req.RequestWith(ctx, cl)
+	if err == nil && len(resp.Resources) != 1 {
+		err = errors.New("no answer for the topic")
+	}
+	if err == nil {
+		err = kerr.ErrorForCode(resp.Resources[0].ErrorCode)
+	}
+	n := int64(-1)
+	if err == nil {
+		for _, c := range resp.Resources[0].Configs {
+			if c.Name == "max.message.bytes" && c.Value != nil {
+				n, err = strconv.ParseInt(*c.Value, 10, 32)
+			}
+		}
+	}
+	if err != nil || n < 1 {
+		log.Warn("kgopubsub: could not read the topic's max.message.bytes (the role needs the DescribeConfigs right on the topic): "+
+			"records near their last delivery are copied in batches of up to Kafka's default", "topic", topic, "default", defaultMaxMessageBytes, "err", err)
+		return defaultMaxMessageBytes
+	}
+	if limit, ok := cl.OptValue(kgo.BrokerMaxWriteBytes).(int32); ok && int64(limit) < n {
+		n = int64(limit)
+	}
+	return int32(max(n, 512))
 }
 
 // originOffset is the offset of the record r copies, or r's own: a header

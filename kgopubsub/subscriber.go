@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -70,6 +72,45 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, ErrSubscriberClosed
 	}
 	return out, nil
+}
+
+// Health returns nil, or why a subscription's member is not in its group:
+// the broker refused its last attempt to join and it has not joined since
+// (INCONSISTENT_GROUP_PROTOCOL when the group's members assign with
+// another balancer, as a fleet on kafkapubsub does, whose range franz-go's
+// cooperative-sticky does not share). The worker reports it in its Health
+// ("consumer"): such a member consumes nothing, though it runs.
+func (s *Subscriber) Health() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for _, topic := range slices.Sorted(maps.Keys(s.members)) {
+		m := s.members[topic]
+		m.mu.Lock()
+		err := m.groupErr
+		m.mu.Unlock()
+		if err == nil {
+			continue
+		}
+		hint := ""
+		if errors.Is(err, kerr.InconsistentGroupProtocol) {
+			hint = " (the group's members assign with a balancer this one does not have: a fleet on kafkapubsub, say; " +
+				"switch transports by stopping every member of the group before starting the new ones: README's \"Which Kafka transport\")"
+		}
+		errs = append(errs, fmt.Errorf("kgopubsub: the member for topic %s cannot join the group %s: %w%s", topic, s.cfg.ConsumerGroup, err, hint))
+	}
+	return errors.Join(errs...)
+}
+
+// groupErrHook keeps the error that ended a member's group session (a
+// join the broker refused, say), until the member is assigned again.
+type groupErrHook struct{ m *member }
+
+// OnGroupManageError implements kgo.HookGroupManageError.
+func (h groupErrHook) OnGroupManageError(err error) {
+	h.m.mu.Lock()
+	h.m.groupErr = err
+	h.m.mu.Unlock()
 }
 
 // Close stops every subscription, waits for in-flight messages to drain (up
@@ -170,8 +211,11 @@ type member struct {
 	subCtx context.Context
 	cl     *kgo.Client
 
-	mu    sync.Mutex // guards parts and pending
+	mu    sync.Mutex // guards parts, pending and groupErr
 	parts map[int32]*partition
+	// groupErr is the error that ended the member's last group session,
+	// until it is assigned partitions again (see Health).
+	groupErr error
 	// pending holds each owned partition's next offset to commit.
 	pending map[int32]int64
 
@@ -204,6 +248,7 @@ func (m *member) run(ctx context.Context) bool {
 		kgo.OnPartitionsAssigned(m.assigned),
 		kgo.OnPartitionsRevoked(m.revoked),
 		kgo.OnPartitionsLost(m.lost),
+		kgo.WithHooks(groupErrHook{m}),
 	)
 	if s.cfg.GroupProtocol == ProtocolConsumer {
 		opts = append(opts, kgo.ServerSideBalancer())
@@ -300,6 +345,7 @@ func (m *member) run(ctx context.Context) bool {
 func (m *member) assigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.groupErr = nil // joined (franz-go calls it after every join, even with nothing new)
 	for _, id := range assigned[m.topic] {
 		if _, ok := m.parts[id]; ok {
 			continue

@@ -70,7 +70,9 @@ func newPositions(pool *pgxpool.Pool, table string) *Positions {
 		// (expected >= 0) holds less, or no row: the database went back in
 		// time. The rows are locked, then upserted, in partition order, so
 		// that two savers of overlapping partitions (a member and the one it
-		// handed them to) lock them in the same order.
+		// handed them to) lock them in the same order. With $6 (a running
+		// consumer's save) a position past the one saved is kept: the saver
+		// lost the partition, and its new owner saved further.
 		save: `WITH u AS (
     SELECT * FROM unnest($3::int[], $4::bigint[], $5::bigint[]) AS u(partition, next_offset, expected)
 ), cur AS (
@@ -84,6 +86,7 @@ func newPositions(pool *pgxpool.Pool, table string) *Positions {
     INSERT INTO ` + table + ` AS p (consumer_group, topic, partition, next_offset, updated_at)
     SELECT $1, $2, u.partition, u.next_offset, now() FROM u WHERE NOT EXISTS (SELECT FROM behind) ORDER BY u.partition
     ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = excluded.next_offset, updated_at = excluded.updated_at
+    WHERE NOT $6 OR p.next_offset <= excluded.next_offset
 )
 SELECT partition, next_offset FROM behind`,
 	}
@@ -129,7 +132,15 @@ func (p *Positions) LoadTx(ctx context.Context, db DBTX, group, topic string, pa
 // failover, a restore) since that position was loaded or saved, nothing is
 // stored, and behind holds what the table has for those partitions (-1 for
 // no row). Call it only with offsets below which every message's effects
-// committed. expected may be nil.
+// committed.
+//
+// With expected not nil (as kafkapubsub's and kgopubsub's Subscribers
+// call it, for every save), no position moves backwards: a partition whose
+// stored position is past its offset keeps it (a member that lost the
+// partition without knowing it, cut off from Kafka, saves late, after the
+// partition's new owner saved further). With expected nil, every offset is
+// stored as it is, lower ones too (a group rewound by an operator, a topic
+// recreated).
 func (p *Positions) Save(ctx context.Context, group, topic string, offsets, expected map[int]int64) (behind map[int]int64, err error) {
 	return p.SaveTx(ctx, p.pool, group, topic, offsets, expected)
 }
@@ -153,7 +164,7 @@ func (p *Positions) SaveTx(ctx context.Context, db DBTX, group, topic string, of
 			exps[i] = e
 		}
 	}
-	rows, err := db.Query(ctx, p.save, group, topic, ids, nexts, exps)
+	rows, err := db.Query(ctx, p.save, group, topic, ids, nexts, exps, expected != nil)
 	if err != nil {
 		return nil, classify("save positions of "+topic, err)
 	}

@@ -80,6 +80,15 @@ func TestPositionsSaveLoad(t *testing.T) {
 	if got, want := load("g", "t", 0, 2), map[int]int64{0: 9, 2: 9}; !maps.Equal(got, want) {
 		t.Fatalf("after a save with expectations met: %v, want %v", got, want)
 	}
+	// A running consumer's save (expected not nil) never moves a position
+	// backwards: a late save of a member that lost the partition keeps
+	// the new owner's position, and stores the others.
+	if behind, err := p.Save(ctx, "g", "t", map[int]int64{0: 7, 2: 10}, map[int]int64{0: 5}); err != nil || behind != nil {
+		t.Fatalf("a late save: %v %v", behind, err)
+	}
+	if got, want := load("g", "t", 0, 2), map[int]int64{0: 9, 2: 10}; !maps.Equal(got, want) {
+		t.Fatalf("after a late save: %v, want %v", got, want)
+	}
 	// The same table through NewPositions.
 	p2, err := pgstore.NewPositions(db.Pool, &pgstore.PositionsConfig{Schema: db.Schema})
 	if err != nil {

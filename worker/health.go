@@ -35,13 +35,22 @@ const (
 // nil, or an error that names what is down ("database", "database
 // schema", "kafka", "kafka topics", "starting", "consumer"). Before the
 // worker consumes it reports what its start-up found; afterwards it asks
-// Postgres and Kafka again (bounded by ctx).
+// Postgres and Kafka again (bounded by ctx), and a Subscriber that reports
+// its own health (kgopubsub's, whose member the broker refuses to let join
+// its group: INCONSISTENT_GROUP_PROTOCOL while kafka-go workers still run
+// the group) is "consumer" down.
 func (w *Worker) Health(ctx context.Context) error {
 	var down []string
 	if !w.consuming.Load() {
 		down = *w.down.Load()
 	} else {
 		down = w.probe(ctx, false)
+		if w.subHealth != nil {
+			if err := w.subHealth(); err != nil {
+				w.cfg.Logger.Warn("worker: the consumer does not consume", "err", err)
+				down = append(down, downConsumer)
+			}
+		}
 	}
 	if len(down) > 0 {
 		return fmt.Errorf("unavailable: %s", names(down))

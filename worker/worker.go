@@ -42,7 +42,15 @@ type Worker struct {
 	consuming atomic.Bool
 	// down lists the dependencies found unavailable, until consuming.
 	down atomic.Pointer[[]string]
+	// subHealth is the transport's Subscriber's own health (kgopubsub's: a
+	// member that cannot join its group), when it reports one; set before
+	// consuming.
+	subHealth func() error
 }
+
+// subscriberHealth is a Subscriber that says whether it consumes
+// (kgopubsub.Subscriber: nil, or why a member cannot join its group).
+type subscriberHealth interface{ Health() error }
 
 // New returns a worker on pool for cfg. It checks the configuration and
 // connects to nothing: Run waits for Postgres and Kafka.
@@ -381,6 +389,9 @@ func (w *Worker) pubsub() (message.Subscriber, message.Publisher, error) {
 			return nil, nil, err
 		}
 		sub = s
+	}
+	if h, ok := sub.(subscriberHealth); ok {
+		w.subHealth = h.Health
 	}
 	sub = wrap(w.cfg.Plugins, sub, func(p SubscriberPlugin, sub message.Subscriber) message.Subscriber { return p.Subscriber(sub) })
 	return sub, pub, nil

@@ -35,6 +35,9 @@ const keyedWorkerEnv = "EXACTLY_SUBTEST_KEYED_WORKER"
 // Main is the TestMain of a transport's tests that run the suite's
 // exactly-once tests: in the worker process those start, it runs the
 // worker on tr instead of the tests.
+//
+// A suite run on a Variant passes its name to its worker processes in
+// VariantEnv: the binary's TestMain gives Main the Transport of that name.
 func Main(m *testing.M, tr Transport) {
 	if v := os.Getenv(keyedWorkerEnv); v != "" {
 		os.Exit(keyedWorkerMain(tr, v))
@@ -308,6 +311,9 @@ func KeyOrderedKillExactlyOnce(t *testing.T, tr Transport) {
 	spec, _ := json.Marshal(run)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), keyedWorkerEnv+"="+string(spec))
+	if v, ok := tr.(Variant); ok {
+		cmd.Env = append(cmd.Env, VariantEnv+"="+v.Variant())
+	}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {

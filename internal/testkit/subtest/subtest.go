@@ -32,6 +32,22 @@ type Transport interface {
 	NewSubscriber(cfg *kafkapubsub.SubscriberConfig) (message.Subscriber, error)
 }
 
+// Variant is a Transport of a transport's other settings (another group
+// protocol, static members), which a test binary runs the suite on too; its
+// name reaches the worker processes of the exactly-once tests in
+// VariantEnv, so that they run it too.
+type Variant interface {
+	Transport
+	Variant() string
+}
+
+// A Transport with a method SkipReason(test string) string skips the
+// tests of the suite for which it gives a reason.
+
+// VariantEnv names, to a worker process of the exactly-once tests, the
+// Variant its parent runs ("" for the transport's default).
+const VariantEnv = "EXACTLY_SUBTEST_VARIANT"
+
 // Logger is the suite's logger: errors only, everything with
 // EXACTLY_TEST_DEBUG set.
 func Logger() *slog.Logger {
@@ -148,11 +164,20 @@ func Run(t *testing.T, tr Transport) {
 		{"PositionsNeedAGroup", PositionsNeedAGroup},
 		{"PositionsRestoreBeforeFirstSave", PositionsRestoreBeforeFirstSave},
 		{"PositionsRestoreBeforeFirstSaveApplied", PositionsRestoreBeforeFirstSaveApplied},
+		{"PositionsLateSave", PositionsLateSave},
+		{"PositionsRestoreBelowLogStart", PositionsRestoreBelowLogStart},
 		{"KeyOrderedConcurrency", KeyOrderedConcurrency},
 		{"WatermarkHoldsCommit", WatermarkHoldsCommit},
 		{"KeyOrderedRebalanceExactlyOnce", KeyOrderedRebalanceExactlyOnce},
 		{"KeyOrderedKillExactlyOnce", KeyOrderedKillExactlyOnce},
 	} {
-		t.Run(c.name, func(t *testing.T) { c.test(t, tr) })
+		t.Run(c.name, func(t *testing.T) {
+			if s, ok := tr.(interface{ SkipReason(test string) string }); ok {
+				if why := s.SkipReason(c.name); why != "" {
+					t.Skip(why)
+				}
+			}
+			c.test(t, tr)
+		})
 	}
 }

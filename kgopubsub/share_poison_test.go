@@ -1,0 +1,144 @@
+package kgopubsub_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
+	"github.com/exactly-go/exactly/internal/testkit/pgtest"
+	"github.com/exactly-go/exactly/worker"
+)
+
+// sharePoisonEnv carries, to a worker process TestSharePoisonKillingItsWorker
+// starts, what it runs: "url|schema|table|brokers|topic|dlq|group".
+const sharePoisonEnv = "KGOPUBSUB_SHARE_POISON_WORKER"
+
+// A command whose handler kills its own process (an OOM), on a share group
+// with a delivery limit of 3 and two supervised worker processes, is
+// dead-lettered once its deliveries, by every member and its copies, pass
+// twice MaxAttempts: it does not multiply without bound, copied at each
+// death, and the other commands are applied once.
+func TestSharePoisonKillingItsWorker(t *testing.T) {
+	if spec := os.Getenv(sharePoisonEnv); spec != "" {
+		runSharePoisonWorker(t, spec)
+		return
+	}
+	t.Parallel()
+	requireShareGroups(t)
+	db := pgtest.New(t)
+	commands, dlq := kafkatest.Topic(t, 1), kafkatest.Topic(t, 1)
+	group := kafkatest.Name("sg")
+	setShareGroup(t, group, map[string]string{"share.record.lock.duration.ms": "1000", "share.delivery.count.limit": "3"})
+	applied := appliedTable(t, db)
+	url, err := pgtest.URL()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := strings.Join([]string{url, db.Schema, applied, strings.Join(kafkatest.Brokers(t), ","), commands, dlq, group}, "|")
+	start := func() *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestSharePoisonKillingItsWorker$")
+		cmd.Env = append(os.Environ(), sharePoisonEnv+"="+spec)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	// The supervisor: a worker that dies is started again.
+	deaths := make(chan struct{}, 1000)
+	stop := make(chan struct{})
+	supervised := make(chan struct{})
+	for range 2 {
+		go func() {
+			defer func() { supervised <- struct{}{} }()
+			for {
+				cmd := start()
+				exited := make(chan struct{})
+				go func() { _ = cmd.Wait(); close(exited) }()
+				select {
+				case <-exited:
+					deaths <- struct{}{}
+				case <-stop:
+					_ = cmd.Process.Kill()
+					<-exited
+					return
+				}
+			}
+		}()
+	}
+	defer func() {
+		close(stop)
+		<-supervised
+		<-supervised
+	}()
+
+	const n = 10
+	msgs := []*message.Message{message.NewMessage(uuid.NewString(), []byte("oom"))}
+	for range n {
+		msgs = append(msgs, message.NewMessage(uuid.NewString(), []byte("command")))
+	}
+	publish(t, commands, msgs...)
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		done, _ := shareGroupDone(t, group, commands, 1)
+		if kafkatest.EndOffsets(t, dlq, 1)[0] >= 1 && done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the command that kills its worker was not dead-lettered in 90s: %d worker deaths, %d records on the topic for %d commands",
+				len(deaths), kafkatest.EndOffsets(t, commands, 1)[0], n+1)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var once, twice int
+	if err := db.Pool.QueryRow(context.Background(), "SELECT count(*) FILTER (WHERE n = 1), count(*) FILTER (WHERE n > 1) FROM "+applied).
+		Scan(&once, &twice); err != nil || once != n || twice != 0 {
+		t.Fatalf("applied once %d, more than once %d (%v); want %d and 0", once, twice, err, n)
+	}
+	// MaxAttempts 2 (a bound of 4 deliveries), a limit of 3: the record
+	// and at most two copies (one per two deaths).
+	if end, d := kafkatest.EndOffsets(t, commands, 1)[0], kafkatest.EndOffsets(t, dlq, 1)[0]; end > n+1+2 || d != 1 {
+		t.Fatalf("%d records on the topic for %d commands, %d dead letters, after %d worker deaths: want at most 2 copies and 1 dead letter",
+			end, n+1, d, len(deaths))
+	}
+}
+
+// runSharePoisonWorker is a worker process of
+// TestSharePoisonKillingItsWorker: the "oom" command kills it.
+func runSharePoisonWorker(t *testing.T, spec string) {
+	f := strings.Split(spec, "|")
+	url, schema, applied, brokers, topic, dlq, group := f[0], f[1], f[2], strings.Split(f[3], ","), f[4], f[5], f[6]
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	apply := func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
+		if string(msg.Payload) == "oom" {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+		return nil, applyOnce(ctx, tx, applied, msg)
+	}
+	wk, err := worker.New(pool, &worker.Config{Scope: "test", Schema: schema, Brokers: brokers, Topic: topic, DeadLetterTopic: dlq, Group: group,
+		Handler: apply, MaxAttempts: 2, Transport: shareTransport,
+		Logger: quietLogger(), StartupBackoff: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wk.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
