@@ -22,9 +22,11 @@ func newKit(t *testing.T, partitions int, cfg ledger.Config) *workertest.Kit {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	first := k.Group()
 	k.Run(func(ctx context.Context, group string) error {
 		c := cfg
 		c.Schema, c.Brokers, c.Group = k.Schema(), k.Brokers(), group
+		c.TakeOver = group != first // a replay's new group takes the scope over
 		c.Commands, c.Events, c.DeadLetter = k.Topic(), k.OutputTopic(), k.DeadLetterTopic()
 		w, err := ledger.NewWorker(k.Pool(), c)
 		if err != nil {

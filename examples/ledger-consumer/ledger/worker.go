@@ -43,6 +43,10 @@ type Config struct {
 	Commands, Events, DeadLetter string
 	// Group is the consumer group. Defaults to "ledger-consumer".
 	Group string
+	// TakeOver lets Group take the ledger's commands over from the group
+	// that consumed them before (worker.Config.TakeOver): a replay in a new
+	// group, a rebuild. Defaults to false.
+	TakeOver bool
 	// Transport is the Kafka client the worker consumes and publishes
 	// with (worker.Config.Transport): kgopubsub.Transport{} for franz-go.
 	// Defaults to nil: kafka-go. A share group (kgopubsub.ProtocolShare)
@@ -154,7 +158,7 @@ func NewWorker(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("ledger: register the metrics: %w", err)
 	}
 	wcfg := &worker.Config{
-		Scope: Scope, Topic: cfg.Commands, OutputTopic: cfg.Events, DeadLetterTopic: cfg.DeadLetter, Group: cfg.Group,
+		Scope: Scope, Topic: cfg.Commands, OutputTopic: cfg.Events, DeadLetterTopic: cfg.DeadLetter, Group: cfg.Group, TakeOver: cfg.TakeOver,
 		Brokers: cfg.Brokers, Security: cfg.Security, Partitioner: cfg.Partitioner, SessionTimeout: cfg.SessionTimeout,
 		CreateTopics: cfg.CreateTopics, TopicPartitions: 6, Tables: []string{"accounts", "holds", "rejections"}, Schema: cfg.Schema,
 		KeyFunc: cfg.KeyFunc, FingerprintFunc: cfg.FingerprintFunc, StartupBackoff: cfg.Backoff,
