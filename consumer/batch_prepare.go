@@ -45,9 +45,14 @@ func (c *BatchConsumer) process(ctx context.Context, batch []*message.Message) {
 
 // prepare computes a message's key and fingerprint; false when it must
 // take the per-message path (no valid key, or a payload that cannot be
-// fingerprinted), where the middleware applies Config.MissingKey.
+// fingerprinted, where the middleware applies Config.MissingKey; or a
+// message delivered too often across members, which the middleware
+// dead-letters without running the handler).
 func (c *BatchConsumer) prepare(msg *message.Message) (item, bool) {
 	it := item{msg: msg, ev: Event{Scope: c.cfg.Scope, Offset: -1}}
+	if c.mw.overDelivered(msg) != nil {
+		return it, false
+	}
 	src, hasSrc := c.source(msg)
 	if hasSrc {
 		it.ev.Topic, it.ev.Partition, it.ev.Offset = src.Topic, src.Partition, src.Offset
