@@ -144,16 +144,26 @@ func (c *BatchConsumer) attempt(ctx context.Context, items []item) ([]dedupe.Bat
 	actx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
 	answers, err := c.runBatch(actx, items)
+	return answers, c.judge(ctx, actx.Err(), err)
+}
+
+// judge returns the error of an attempt that ended with err, its own
+// context ended with actxErr: a cut while the handler ran the messages'
+// own work, or whose verdict is unknown while the database answers (as
+// the per-message path counts it, so that it cannot hold the batch's
+// partitions for ever), as is, to be split down to the message, which the
+// per-message path counts; any other failure once the deadline passed, a
+// *lateError.
+func (c *BatchConsumer) judge(ctx context.Context, actxErr, err error) error {
 	var cut *cutError
-	if errors.As(err, &cut) && cut.wait == waitMessage {
-		// Cut while its handler ran the messages' own work: split, to find
-		// the slow one, which the per-message path counts.
-		return answers, err
+	if errors.As(err, &cut) && (cut.wait == waitMessage || (cut.wait == waitUnknown && !c.mw.unavailable(ctx, err))) {
+		cut.wait = waitMessage
+		return err
 	}
-	if err != nil && ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
+	if err != nil && ctx.Err() == nil && errors.Is(actxErr, context.DeadlineExceeded) {
 		err = &lateError{timeout: c.cfg.Timeout, err: err}
 	}
-	return answers, err
+	return err
 }
 
 // lateError is a batch attempt that failed after BatchConfig.Timeout.

@@ -184,3 +184,30 @@ func TestUnknownVerdictCannotHoldAPartition(t *testing.T) {
 		t.Fatalf("after 3 unknown verdicts: %v, want the message poison", last)
 	}
 }
+
+// In batch mode too: an attempt cut with an unknown verdict while the
+// database answers is split down to its messages (which the per-message
+// path counts), not taken as an outage that nacks the batch whole for
+// ever.
+func TestBatchUnknownVerdictCannotHoldAPartition(t *testing.T) {
+	db := pgtest.New(t)
+	store, err := pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewBatchConsumer(store, func(context.Context, pgx.Tx, []*message.Message) ([][]*message.Message, error) { return nil, nil },
+		&BatchConfig{Config: Config{Scope: "unknown-verdict", MaxAttempts: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	err = c.judge(ctx, context.DeadlineExceeded, &cutError{wait: waitUnknown, err: context.DeadlineExceeded})
+	if outcome, ok := c.notTheirs(ctx, err); ok {
+		t.Fatalf("an unknown verdict with the database answering: %v, outcome %s, want it split to the messages", err, outcome)
+	}
+	// A cut while waiting for the database stays an outage.
+	err = c.judge(ctx, context.DeadlineExceeded, &cutError{wait: waitDatabase, err: context.DeadlineExceeded})
+	if outcome, ok := c.notTheirs(ctx, err); !ok || outcome != OutcomeUnavailable {
+		t.Fatalf("a cut waiting for the database: %v, outcome %s, want unavailable", err, outcome)
+	}
+}
