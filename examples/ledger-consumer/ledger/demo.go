@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -252,7 +253,11 @@ func Demo(ctx context.Context, cfg DemoConfig) (Summary, error) {
 		return sum, err
 	}
 	if cfg.Replay {
+		// A new group for the same scope: it takes the scope over on
+		// purpose (worker.Config.TakeOver), to find every command a
+		// duplicate.
 		wcfg.Group += "-replay"
+		wcfg.TakeOver = true
 		if sum.Replayed, sum.ReplayElapsed, err = runUntilCaughtUp(ctx, pool, wcfg, cfg.Progress, len(sum.Workload.Records)); err != nil {
 			return sum, err
 		}
@@ -317,7 +322,9 @@ func runUntilCaughtUp(ctx context.Context, pool *pgxpool.Pool, wcfg Config, prog
 	go func() { done <- worker.Run(wctx) }()
 	if err := waitCaughtUp(ctx, wcfg.Brokers, wcfg.Group, wcfg.Commands, worker, progress, total, done); err != nil {
 		stop()
-		<-done
+		if !errors.Is(err, errWorkerStopped) {
+			<-done // waitCaughtUp did not read it
+		}
 		return Counts{}, 0, err
 	}
 	elapsed := time.Since(start)

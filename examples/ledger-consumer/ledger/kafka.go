@@ -55,6 +55,9 @@ func removeDemo(ctx context.Context, brokers []string, log *slog.Logger, topics,
 // waitCaughtUp polls the group's committed offsets until they reach the
 // topic's end, printing progress. The topic is complete before the worker
 // starts, so its end offsets are read once.
+// errWorkerStopped: waitCaughtUp saw the worker return (it read done).
+var errWorkerStopped = errors.New("ledger: worker stopped early")
+
 func waitCaughtUp(ctx context.Context, brokers []string, group, topic string, w *Worker, progress io.Writer, total int, done <-chan error) error {
 	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
 	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
@@ -76,7 +79,7 @@ func waitCaughtUp(ctx context.Context, brokers []string, group, topic string, w 
 		case <-ctx.Done():
 			return ctx.Err()
 		case err := <-done:
-			return fmt.Errorf("ledger: worker stopped early: %v", err)
+			return fmt.Errorf("%w: %v", errWorkerStopped, err)
 		case <-tick.C:
 		}
 		if got, err := committed(ctx, c, group, topic, n); err == nil {
