@@ -110,8 +110,10 @@ type Config struct {
 	// StaleOutbox: after a request that wrote to the outbox, the middleware
 	// reads the outbox's backlog (at most every 30s, in the background) and
 	// logs a WARN when its oldest pending message has waited longer than
-	// this: no relay publishes it. Its gauge is plugin/eprom's
-	// WatchOutbox of Config.Outbox.Backlog(pool). Defaults to 1 minute.
+	// this: no relay publishes it. It reads on the store's Pool, so a
+	// store without one (consumertest.MemStore) watches nothing. Its gauge
+	// is plugin/eprom's WatchOutbox of Config.Outbox.Backlog(pool).
+	// Defaults to 1 minute.
 	StaleOutbox time.Duration
 	// Logger receives failures of the database. Defaults to slog.Default().
 	Logger *slog.Logger

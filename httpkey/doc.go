@@ -42,4 +42,8 @@
 // when the request is applied again ([MessageID]). Handlers with effects outside
 // the database run in lease mode (Config.Lease). docs/http.md compares
 // the behaviour with the draft and with Stripe's, point by point.
+//
+// The middleware reaches its keys through [Store], which pgstore's Store
+// implements; consumertest.MemStore implements it in memory, so a handler
+// that writes no SQL can be unit-tested without Postgres.
 package httpkey

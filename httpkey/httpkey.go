@@ -17,34 +17,32 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/internal/advisory"
 	"github.com/exactly-go/exactly/internal/pgerr"
 	"github.com/exactly-go/exactly/internal/pgtx"
 	"github.com/exactly-go/exactly/internal/txguard"
 	"github.com/exactly-go/exactly/outbox"
-	"github.com/exactly-go/exactly/pgstore"
 )
 
 // Middleware makes POST (or any) handlers idempotent under the
 // Idempotency-Key request header. It is safe for concurrent use.
 type Middleware struct {
-	store *pgstore.Store
+	store Store
 	cfg   Config
-	space string      // the key table, for advisory lock names
 	ready atomic.Bool // the store's Check passed
 
 	backlog     *outbox.Backlog // Config.Outbox's, read now and then
 	lastBacklog atomic.Int64    // when it was last read, in Unix nanoseconds
 }
 
-// New returns a Middleware that keeps its keys in store (its table, TTL
-// and clean-up: run the store's Cleanup, or RunCleanup, as for a
-// consumer). The store's Check runs before the first request's
-// transaction (it starts the partitioned layout and creates its first
+// New returns a Middleware that keeps its keys in store, a
+// [*pgstore.Store] (its table, TTL and clean-up: run the store's Cleanup,
+// or RunCleanup, as for a consumer), or consumertest.MemStore in a unit
+// test. The store's Check runs before the first request's transaction
+// (pgstore's starts the partitioned layout and creates its first
 // partitions; call it at start-up to fail fast). cfg must set
 // PrincipalFunc, or Unauthenticated.
-func New(store *pgstore.Store, cfg *Config) (*Middleware, error) {
-	if store == nil {
+func New(store Store, cfg *Config) (*Middleware, error) {
+	if isNil(store) {
 		return nil, errors.New("httpkey: store is nil")
 	}
 	c, err := cfg.withDefaults()
@@ -52,14 +50,13 @@ func New(store *pgstore.Store, cfg *Config) (*Middleware, error) {
 		return nil, err
 	}
 	// A stored response is JSON: the body in base64 and the headers.
-	if need := c.MaxResponseBytes/3*4 + 8<<10; need > store.Config().MaxResultBytes {
+	if need := c.MaxResponseBytes/3*4 + 8<<10; need > store.MaxResultBytes() {
 		return nil, fmt.Errorf("httpkey: Config.MaxResponseBytes %d does not fit the store's MaxResultBytes %d once encoded "+
-			"(it takes about %d): lower it or raise pgstore.Config.MaxResultBytes", c.MaxResponseBytes, store.Config().MaxResultBytes, need)
+			"(it takes about %d): lower it or raise pgstore.Config.MaxResultBytes", c.MaxResponseBytes, store.MaxResultBytes(), need)
 	}
-	sc := store.Config()
-	m := &Middleware{store: store, cfg: c, space: sc.Schema + "." + sc.Table}
-	if c.Outbox != nil {
-		if m.backlog, err = c.Outbox.Backlog(store.Pool()); err != nil {
+	m := &Middleware{store: store, cfg: c}
+	if p, ok := store.(pooled); ok && c.Outbox != nil {
+		if m.backlog, err = c.Outbox.Backlog(p.Pool()); err != nil {
 			return nil, fmt.Errorf("httpkey: Config.Outbox: %w", err)
 		}
 	}
@@ -310,7 +307,7 @@ func (m *Middleware) answer(w http.ResponseWriter, q *request, rec *recorder, c 
 		writeProblem(w, http.StatusConflict, ReasonInFlight, "a request with this Idempotency-Key is being processed: retry later")
 	case errors.Is(err, errResponseLarge), errors.Is(err, dedupe.ErrResultTooLarge):
 		writeProblem(w, http.StatusInternalServerError, ReasonResponseLarge, "the response is too large to be stored with its key; nothing was applied")
-	case errors.Is(err, dedupe.ErrMisconfigured), pgstore.IsConfigurationError(err):
+	case errors.Is(err, dedupe.ErrMisconfigured), pgerr.IsConfiguration(err):
 		m.cfg.Logger.ErrorContext(q.r.Context(), "httpkey: store misconfigured", "key", q.req.Key.String(), "err", err)
 		writeProblem(w, http.StatusInternalServerError, ReasonStoreFailed, "the idempotency store is misconfigured; nothing was applied")
 	case refusedForGood(err):
@@ -443,10 +440,9 @@ func (m *Middleware) runTxOnce(ctx context.Context, q *request, h http.Handler) 
 		return nil, dedupe.Claim{}, err
 	}
 	defer pgtx.Rollback(ctx, tx)
-	var locked bool
-	lock := advisory.LockID("httpkey/" + m.space + "/" + q.req.Key.Scope + "\x00" + q.req.Key.ID)
-	if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", lock).Scan(&locked); err != nil {
-		return nil, dedupe.Claim{}, fmt.Errorf("httpkey: lock %s: %w", q.req.Key, err)
+	locked, err := m.store.TryLockKeyTx(ctx, tx, q.req.Key)
+	if err != nil {
+		return nil, dedupe.Claim{}, err
 	}
 	if !locked {
 		c, err := m.lockedOut(ctx, tx, q)

@@ -95,7 +95,7 @@ func (s *Subscriber) Health() error {
 		hint := ""
 		if errors.Is(err, kerr.InconsistentGroupProtocol) {
 			hint = " (the group's members assign with a balancer this one does not have: a fleet on kafkapubsub, say; " +
-				"switch transports by stopping every member of the group before starting the new ones: README's \"Which Kafka transport\")"
+				"switch transports by stopping every member of the group before starting the new ones: docs/transports.md)"
 		}
 		errs = append(errs, fmt.Errorf("kgopubsub: the member for topic %s cannot join the group %s: %w%s", topic, s.cfg.ConsumerGroup, err, hint))
 	}

@@ -23,7 +23,7 @@ import (
 // member (INCONSISTENT_GROUP_PROTOCOL: the group assigns with range, which
 // franz-go's cooperative-sticky does not share), and the worker says so in
 // its Health ("consumer") instead of idling as healthy. The switch that
-// works, as README's "Which Kafka transport" says: once the last kafka-go
+// works, as docs/transports.md says: once the last kafka-go
 // worker stops, the franz-go one joins, and every command is applied
 // once, none lost (offsets and positions are the group's and the
 // database's, whichever transport wrote them).

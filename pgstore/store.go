@@ -19,7 +19,10 @@ import (
 )
 
 // DBTX is what the queries run on: a pool, a connection or a transaction.
-type DBTX interface {
+// It is an alias of its method set, so that an interface of another
+// package that names the same method set (httpkey.Store's GetTx) is met
+// by [Store.GetTx].
+type DBTX = interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -277,6 +280,28 @@ func (s *Store) GetTx(ctx context.Context, db DBTX, key dedupe.Key) (dedupe.Reco
 	}
 	return row.rec, nil
 }
+
+// TryLockKeyTx takes key's lock in tx without waiting, and reports whether
+// it took it: false when another transaction holds it. The lock is held
+// until tx ends. A claim does not take it: it keeps apart the callers that
+// take it before they claim (httpkey's requests in transactional mode), so
+// that one that finds it taken answers at once instead of waiting for the
+// transaction that holds the key's claim. It is a transaction-scoped
+// advisory lock named by the store's table and the key.
+func (s *Store) TryLockKeyTx(ctx context.Context, tx pgx.Tx, key dedupe.Key) (bool, error) {
+	// The name httpkey took the lock under when it took it itself, so that
+	// two versions of a server in one rolling upgrade keep each other out.
+	lock := advisory.LockID("httpkey/" + s.cfg.Schema + "." + s.cfg.Table + "/" + key.Scope + "\x00" + key.ID)
+	var locked bool
+	if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", lock).Scan(&locked); err != nil {
+		return false, fmt.Errorf("pgstore: lock %s: %w", key, err)
+	}
+	return locked, nil
+}
+
+// MaxResultBytes is the largest result the store keeps with a key
+// (Config.MaxResultBytes).
+func (s *Store) MaxResultBytes() int { return s.cfg.MaxResultBytes }
 
 // Cleanup implements dedupe.Store. Each batch is its own statement and
 // skips rows that a claim holds, so it never makes a claim wait. An

@@ -14,7 +14,8 @@
 //     write no SQL. It decides as pgstore does ([dedupe.Decide]) and
 //     passes the same conformance suite (dedupetest.Exercise); its
 //     transactions ([Tx]) run no SQL and record whether they were
-//     committed or rolled back.
+//     committed or rolled back. It is an [httpkey.Store] too, for HTTP
+//     handlers behind the httpkey middleware that write no SQL.
 //   - [*pgstore.Store] on a pool, for handlers that write SQL: the handler
 //     gets a real transaction, and a test reads its writes back.
 //

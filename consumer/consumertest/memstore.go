@@ -12,6 +12,7 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/dedupe/dedupetest"
+	"github.com/exactly-go/exactly/httpkey"
 )
 
 // MemStoreConfig configures a MemStore. The zero value (or a nil
@@ -43,19 +44,27 @@ type MemStoreConfig struct {
 // transaction ends. It also implements [dedupe.Store] with [pgx.Tx]
 // transactions (its own [*Tx]), and passes the dedupetest conformance suite.
 //
+// It implements [httpkey.Store] too, for unit tests of HTTP handlers behind
+// the httpkey middleware: [MemStore.TryLockKeyTx] keeps a second request
+// with a key out while the first one's transaction is open, as pgstore's
+// advisory lock does.
+//
 // Its transactions run no SQL: see [Tx]. Test handlers that write SQL on a
 // [*pgstore.Store] instead. A MemStore keeps nothing across restarts: it is
 // no deduplication for production.
 type MemStore struct {
 	keys        *dedupetest.MemStore
 	maxAttempts int
+	maxResult   int
 
-	mu  sync.Mutex
-	txs []*Tx
+	mu   sync.Mutex
+	txs  []*Tx
+	held map[dedupe.Key]*Tx // TryLockKeyTx's locks, by the transaction that took them
 }
 
 var (
 	_ consumer.BatchStore  = (*MemStore)(nil)
+	_ httpkey.Store        = (*MemStore)(nil)
 	_ dedupe.Store[pgx.Tx] = (*MemStore)(nil)
 	_ Store                = (*MemStore)(nil)
 )
@@ -69,9 +78,12 @@ func NewMemStore(cfg *MemStoreConfig) *MemStore {
 	if c.MaxTxAttempts <= 0 {
 		c.MaxTxAttempts = 5
 	}
+	if c.MaxResultBytes <= 0 {
+		c.MaxResultBytes = 1 << 20
+	}
 	keys := dedupetest.NewMemStore()
 	keys.TTL, keys.MaxResultBytes, keys.Now = c.TTL, c.MaxResultBytes, c.Now
-	return &MemStore{keys: keys, maxAttempts: c.MaxTxAttempts}
+	return &MemStore{keys: keys, maxAttempts: c.MaxTxAttempts, maxResult: c.MaxResultBytes, held: map[dedupe.Key]*Tx{}}
 }
 
 // Begin opens a transaction that claims nothing yet.
@@ -228,6 +240,37 @@ func (s *MemStore) Get(ctx context.Context, key dedupe.Key) (dedupe.Record, erro
 	}
 	return rec, nil
 }
+
+// GetTx implements [httpkey.Store]: key's committed record, or an error
+// wrapping dedupe.ErrNotFound. Unlike pgstore's GetTx on a transaction, it
+// does not see a key claimed in that transaction and not yet committed.
+func (s *MemStore) GetTx(ctx context.Context, _ httpkey.DBTX, key dedupe.Key) (dedupe.Record, error) {
+	return s.Get(ctx, key)
+}
+
+// TryLockKeyTx implements [httpkey.Store] as pgstore's does: it takes key's
+// lock for tx (one of s's transactions, from Begin) without waiting, held
+// until tx commits or rolls back, and reports false when another open
+// transaction holds it. Claims do not take it.
+func (s *MemStore) TryLockKeyTx(_ context.Context, tx pgx.Tx, key dedupe.Key) (bool, error) {
+	t, err := s.own(tx)
+	if err != nil {
+		return false, err
+	}
+	if t.Committed() || t.RolledBack() {
+		return false, pgx.ErrTxClosed
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h := s.held[key]; h != nil && h != t && !h.Committed() && !h.RolledBack() {
+		return false, nil
+	}
+	s.held[key] = t
+	return true, nil
+}
+
+// MaxResultBytes implements [httpkey.Store]: MemStoreConfig.MaxResultBytes.
+func (s *MemStore) MaxResultBytes() int { return s.maxResult }
 
 // Cleanup implements dedupe.Store.
 func (s *MemStore) Cleanup(ctx context.Context, cfg *dedupe.CleanupConfig) (int64, error) {

@@ -101,7 +101,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		batch = fs.Int("batch", 0, "batch mode: apply up to this many commands per transaction, set-based (0: one transaction per command)")
 		keyLayout = fs.String("key-layout", "partitioned", "how the keys are kept: partitioned (time partitions; the worker's role must own the tables, see docs/keys.md) or single-table (one table, for a deployment that has not switched)")
 		keyCleanup = fs.String("key-cleanup", "1m", "how often the key clean-up runs (with --key-layout partitioned it also creates the partitions ahead), at least 1ms; off: another process of the tables' owner runs it")
-		transport = fs.String("transport", "kafka-go", "the Kafka client: kafka-go, or franz-go (rebalances that stop only the partitions that move, static members, an idempotent producer; see the README's \"Which Kafka transport\")")
+		transport = fs.String("transport", "kafka-go", "the Kafka client: kafka-go, or franz-go (rebalances that stop only the partitions that move, static members, an idempotent producer; see docs/transports.md)")
 		groupProtocol = fs.String("group-protocol", "classic", "with --transport franz-go: classic (cooperative-sticky) or consumer (KIP-848, Kafka 4.0 and later; the broker's session timeout and heartbeat interval apply, not --session-timeout)")
 		instanceID = fs.String("instance-id", "", "with --transport franz-go: a static member's ID (group.instance.id), one per running worker (a pod's name): a restart within --session-timeout moves no partition")
 		kconn.register(fs)
