@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
 	"github.com/exactly-go/exactly/internal/testkit/testenv"
@@ -62,4 +64,53 @@ func TestSecondGroupOnAScopeIsRefused(t *testing.T) {
 		t.Fatalf("%d commands applied twice", n)
 	}
 	refused(first, second)
+}
+
+// Postgres unavailable for a while just after the worker found it ready
+// (a server that goes down again, a pooler refusing logins after the
+// server's restart): the worker waits it out at the scope's registration,
+// as it waits at start, and applies its commands once; it does not exit.
+// The registration here fails with lock_not_available (a transient error)
+// until the test lets go of the registry's table.
+func TestScopeRegistrationWaitsOutAnUnavailableDatabase(t *testing.T) {
+	w := newWorld(t, 1)
+	ctx := context.Background()
+	pcfg := w.db.Pool.Config().Copy()
+	pcfg.ConnConfig.RuntimeParams["lock_timeout"] = "100ms"
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	hold, err := w.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback(ctx)
+	if _, err := hold.Exec(ctx, "LOCK TABLE "+w.db.Table("exactly_scopes")+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	wk, err := worker.New(pool, w.config(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	var runErr error
+	go func() { runErr = wk.Run(runCtx); close(done) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	// Long enough for several registrations to fail.
+	select {
+	case <-done:
+		t.Fatalf("the worker exited while the scope registry was unavailable: %v", runErr)
+	case <-time.After(2 * time.Second):
+	}
+	if err := hold.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w.sendOnce(w.commands, "a")
+	testenv.WaitFor(t, time.Minute, "a applied once", func() bool { return w.appliedOnce() == 1 })
 }

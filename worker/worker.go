@@ -18,6 +18,8 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/backoff"
+	"github.com/exactly-go/exactly/internal/clock"
 	"github.com/exactly-go/exactly/internal/redact"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/migrations"
@@ -142,9 +144,12 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	if w.registersScope() {
 		// A second group on Scope and Topic would skip every command the
 		// first applied: refused here, unless it takes the scope over.
-		prev, err := w.store.RegisterScope(ctx, w.cfg.Scope, w.cfg.Topic, w.cfg.Group, w.cfg.TakeOver)
-		if err != nil {
+		prev, err := w.registerScope(ctx)
+		if err != nil || ctx.Err() != nil {
 			w.closeOwn()
+			if err == nil {
+				return nil
+			}
 			return fmt.Errorf("worker: %w", err)
 		}
 		if prev.Group != "" {
@@ -212,6 +217,32 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		w.flush(ctx, relay)
 	}
 	return err
+}
+
+// registerScope records the worker's group for its scope and topic
+// (pgstore.Store.RegisterScope). While Postgres is unavailable (it went
+// down again after waitReady, or a pooler in front of it refuses logins
+// for a while after the server's restart), it tries again with back-off
+// up to Config.StartupBackoff, as waitReady does: only a refusal (another
+// group holds the scope) or ctx's end stops it. It returns a zero
+// ScopeOwner and no error when ctx ends first.
+func (w *Worker) registerScope(ctx context.Context) (pgstore.ScopeOwner, error) {
+	wait := backoff.New(100*time.Millisecond, w.cfg.StartupBackoff)
+	for {
+		prev, err := w.store.RegisterScope(ctx, w.cfg.Scope, w.cfg.Topic, w.cfg.Group, w.cfg.TakeOver)
+		if err == nil || !dedupe.IsRetryable(err) {
+			return prev, err
+		}
+		if ctx.Err() != nil {
+			return pgstore.ScopeOwner{}, nil
+		}
+		d := wait.Next()
+		w.cfg.Logger.Warn("worker: Postgres unavailable while registering the scope; trying again",
+			"scope", w.cfg.Scope, "retry_in", d, "err", redact.Password(err.Error()))
+		if clock.Sleep(ctx, d) != nil {
+			return pgstore.ScopeOwner{}, nil
+		}
+	}
 }
 
 // registersScope says whether the worker records its group for its scope
