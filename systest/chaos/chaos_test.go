@@ -55,6 +55,9 @@ type options struct {
 	// (--instance-id chaos-<id>, the same at each restart).
 	transport string
 	static    bool
+	// pooler puts PgBouncer in transaction mode between the workers and
+	// Postgres (pooler_test.go).
+	pooler bool
 }
 
 func envBool(k string, def bool) bool {
@@ -80,6 +83,9 @@ func (o options) keyEnv() string {
 	if o.static {
 		env += " CHAOS_STATIC=1"
 	}
+	if o.pooler {
+		env += " CHAOS_POOLER=1"
+	}
 	return env
 }
 
@@ -100,6 +106,7 @@ func loadOptions() options {
 		o.transport = tr
 	}
 	o.static = envBool("CHAOS_STATIC", false)
+	o.pooler = envBool("CHAOS_POOLER", false)
 	if b, err := strconv.Atoi(os.Getenv("CHAOS_BATCH")); err == nil && b >= 0 {
 		o.batch = b
 	}
@@ -192,6 +199,9 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 	if o.static && o.transport != "franz-go" {
 		t.Fatalf("chaos: CHAOS_STATIC needs CHAOS_TRANSPORT=franz-go")
 	}
+	if o.pooler && topo != nil {
+		t.Fatalf("chaos: CHAOS_POOLER runs on the single broker's suite, not the topology run")
+	}
 	partitioned := o.keyLayout == "partitioned"
 	base, err := os.MkdirTemp("", "exactly-chaos-")
 	if err != nil {
@@ -283,6 +293,16 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 		if workerDB == dbURL {
 			t.Fatalf("chaos: no proxy for the Postgres of %s", dbURL)
 		}
+	}
+	var bouncer *pgBouncer
+	if o.pooler {
+		// The workers reach Postgres through PgBouncer in transaction mode
+		// (pooler_test.go); migrations, the audit and the faults connect
+		// directly.
+		if bouncer, err = startPgBouncer(ctx, t, root, base, pg.Port); err != nil {
+			t.Fatal(err)
+		}
+		workerDB = bouncer.workerURL()
 	}
 	pcfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
@@ -519,6 +539,9 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 		ks.check(f, o.keyMaintenance)
 	}
 	ackedLost := acked.missing(all, f)
+	if bouncer != nil {
+		t.Logf("chaos: pooler: %s", bouncer.check(actx, f))
+	}
 	next("")
 	if drainErr != nil {
 		f.fail("drain", "%v (lag by partition %v)", drainErr, lag)
