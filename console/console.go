@@ -247,7 +247,11 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(note + "\n"))
 		return
 	}
-	http.Redirect(w, r, "?note="+urlQueryEscape(note), http.StatusSeeOther)
+	// A Location relative to the page's own URL, which the browser knows:
+	// behind http.StripPrefix, r.URL.Path is not it (http.Redirect would
+	// make it absolute from r.URL.Path).
+	w.Header().Set("Location", "?note="+urlQueryEscape(note))
+	w.WriteHeader(http.StatusSeeOther)
 }
 
 // Redrive publishes the dead letter at partition and offset of
