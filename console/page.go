@@ -67,8 +67,8 @@ type Partition struct {
 	HasGap bool
 }
 
-// OutboxRow is one row of the outbox.
-type OutboxRow struct {
+// outboxRow is one row of the outbox.
+type outboxRow struct {
 	ID        int64
 	Topic     string
 	Key       string // the partition key it holds back
@@ -100,8 +100,8 @@ type view struct {
 	PartitionsErr        string
 	Outbox               outbox.Stats
 	OutboxErr            string
-	Oldest               *OutboxRow
-	Dead                 []OutboxRow
+	Oldest               *outboxRow
+	Dead                 []outboxRow
 	Letters              []redrive.Letter
 	LettersErr           string
 	Keys                 dedupe.Stats
@@ -139,7 +139,7 @@ func (c *Console) page(w http.ResponseWriter, r *http.Request) {
 		v.Oldest, v.Dead, err = c.outboxRows(ctx)
 		return err
 	})
-	v.LettersErr = bounded(func(ctx context.Context) (err error) { v.Letters, err = c.Letters(ctx); return err })
+	v.LettersErr = bounded(func(ctx context.Context) (err error) { v.Letters, err = c.letters(ctx); return err })
 	v.KeysErr = bounded(func(ctx context.Context) (err error) { v.Keys, err = c.store.Stats(ctx); return err })
 	v.Lookup = lookupView{Kind: q.Get("kind"), Scope: q.Get("scope"), Key: q.Get("key"), Principal: q.Get("principal")}
 	if v.Lookup.Kind != "http" {
@@ -234,17 +234,17 @@ func (c *Console) Partitions(ctx context.Context) ([]Partition, error) {
 
 // outboxRows reads the outbox's oldest pending row and its dead rows
 // (newest first, 50 at most), each with the key it holds back.
-func (c *Console) outboxRows(ctx context.Context) (*OutboxRow, []OutboxRow, error) {
+func (c *Console) outboxRows(ctx context.Context) (*outboxRow, []outboxRow, error) {
 	const cols = "id, topic, coalesce(partition_key, ''), uuid, attempts, coalesce(last_error, ''), created_at"
-	scan := func(sql string) ([]OutboxRow, error) {
+	scan := func(sql string) ([]outboxRow, error) {
 		rows, err := c.pool.Query(ctx, sql)
 		if err != nil {
 			return nil, err
 		}
 		defer rows.Close()
-		var out []OutboxRow
+		var out []outboxRow
 		for rows.Next() {
-			var o OutboxRow
+			var o outboxRow
 			if err := rows.Scan(&o.ID, &o.Topic, &o.Key, &o.UUID, &o.Attempts, &o.LastError, &o.CreatedAt); err != nil {
 				return nil, err
 			}
@@ -266,10 +266,10 @@ func (c *Console) outboxRows(ctx context.Context) (*OutboxRow, []OutboxRow, erro
 	return &oldest[0], dead, nil
 }
 
-// Letters reads the most recent Config.Letters records of each partition
+// letters reads the most recent Config.Letters records of each partition
 // of Config.DeadLetterTopic, newest first, each with its reason and when
 // it was redriven (exactly_redrives).
-func (c *Console) Letters(ctx context.Context) ([]redrive.Letter, error) {
+func (c *Console) letters(ctx context.Context) ([]redrive.Letter, error) {
 	if len(c.cfg.Brokers) == 0 || c.cfg.DeadLetterTopic == "" {
 		return nil, errors.New("no brokers or no dead-letter topic configured")
 	}
