@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/exactly-go/exactly/console"
@@ -176,6 +177,7 @@ func TestGuard(t *testing.T) {
 // without the dead-letter headers, and records it in exactly_redrives; a
 // second redrive publishes nothing. A consumer key and an HTTP key are
 // found by the key lookup with where they came from and their result.
+// The console runs on a pool of one connection.
 func TestRedriveAndLookup(t *testing.T) {
 	kafkatest.RequireReal(t)
 	t.Parallel()
@@ -183,8 +185,20 @@ func TestRedriveAndLookup(t *testing.T) {
 	brokers := kafkatest.Brokers(t)
 	source, dlq := kafkatest.Topic(t, 1), kafkatest.Topic(t, 1)
 	ctx := context.Background()
+	// The console on a pool of one connection: no part of the page or of
+	// a redrive may wait for a second connection while it holds one.
+	pcfg, err := pgxpool.ParseConfig(db.Pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig, pcfg.MaxConns = db.Pool.Config().ConnConfig.Copy(), 1
+	one, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(one.Close)
 	const token = "tok"
-	c, err := console.New(db.Pool, &console.Config{Brokers: brokers, Topics: []string{source}, Group: "g", DeadLetterTopic: dlq,
+	c, err := console.New(one, &console.Config{Brokers: brokers, Topics: []string{source}, Group: "g", DeadLetterTopic: dlq,
 		Schema: db.Schema, Scope: "payments", Token: token, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)

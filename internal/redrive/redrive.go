@@ -88,6 +88,7 @@ func Mark(ctx context.Context, pool *pgxpool.Pool, table, topic string, letters 
 	if err != nil {
 		return err
 	}
+	defer rows.Close()
 	type at struct {
 		p int32
 		o int64
