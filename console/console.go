@@ -38,6 +38,7 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/httpkey"
+	"github.com/exactly-go/exactly/internal/kafkaadmin"
 	"github.com/exactly-go/exactly/internal/redrive"
 	"github.com/exactly-go/exactly/kafkapubsub"
 	"github.com/exactly-go/exactly/outbox"
@@ -229,7 +230,9 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "console: redrive needs the dead letter's partition and offset", http.StatusBadRequest)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 3*c.cfg.Timeout)
+	// Not cut when the client goes away: a redrive cut between its publish
+	// and its commit would be published but not recorded.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 3*c.cfg.Timeout)
 	defer cancel()
 	note, err := c.Redrive(ctx, part, off)
 	if err != nil {
@@ -262,8 +265,17 @@ func (c *Console) Redrive(ctx context.Context, partition int, offset int64) (str
 	if c.cfg.DeadLetterTopic == "" || len(c.cfg.Brokers) == 0 {
 		return "", errors.New("console: no dead-letter topic or no brokers configured")
 	}
+	cl, closeClient := c.kafkaClient()
+	offs, err := kafkaadmin.ListOffsets(ctx, cl, c.cfg.DeadLetterTopic, []kafka.OffsetRequest{kafka.FirstOffsetOf(partition), kafka.LastOffsetOf(partition)})
+	closeClient()
+	if err != nil {
+		return "", err
+	}
+	if o := offs[partition]; offset < o.FirstOffset || offset >= o.LastOffset {
+		return "", fmt.Errorf("console: %s/%d holds offsets %d to %d: no record at offset %d", c.cfg.DeadLetterTopic, partition, o.FirstOffset, o.LastOffset-1, offset)
+	}
 	var letter *redrive.Letter
-	err := redrive.Read(ctx, c.cfg.Brokers, c.cfg.Security, c.cfg.DeadLetterTopic,
+	err = redrive.Read(ctx, c.cfg.Brokers, c.cfg.Security, c.cfg.DeadLetterTopic,
 		[]redrive.Span{{Partition: partition, From: offset, To: offset + 1}}, func(m kafka.Message) error {
 			if m.Offset == offset {
 				l := redrive.Of(m)

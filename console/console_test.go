@@ -231,7 +231,7 @@ func TestRedriveAndLookup(t *testing.T) {
 	if code, body := post(t, srv, redrive, bearer); code != http.StatusOK || !strings.Contains(body, "already redriven") {
 		t.Fatalf("second redrive: %d %s", code, body)
 	}
-	if code, body := post(t, srv, url.Values{"action": {"redrive"}, "partition": {"0"}, "offset": {"7"}}, bearer); code != http.StatusBadGateway {
+	if code, body := post(t, srv, url.Values{"action": {"redrive"}, "partition": {"0"}, "offset": {"7"}}, bearer); code != http.StatusBadGateway || !strings.Contains(body, "no record at offset 7") {
 		t.Fatalf("redrive of an offset with no record: %d %s, want 502", code, body)
 	}
 	got := kafkatest.ReadAll(t, source, 1, 5*time.Second)
