@@ -2,16 +2,19 @@ package console_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
@@ -283,5 +286,85 @@ func TestRedriveAndLookup(t *testing.T) {
 	}
 	if _, page = get(t, srv, "kind=http&scope=http&principal=other&key=k-1"); !strings.Contains(page, "<b>not applied</b>") {
 		t.Fatalf("HTTP key of another principal:\n%s", page)
+	}
+}
+
+// writeLetter writes a dead letter of source to dlq, as a worker's
+// PoisonQueue does.
+func writeLetter(t *testing.T, brokers []string, dlq, source, id, reason string) {
+	t.Helper()
+	kw := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: dlq, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer kw.Close()
+	if err := kw.WriteMessages(context.Background(), kafka.Message{Key: []byte("k"), Value: []byte("v"), Headers: []kafka.Header{
+		{Key: kafkapubsub.UUIDHeader, Value: []byte(id)}, {Key: middleware.ReasonForPoisonedKey, Value: []byte(reason)},
+		{Key: middleware.PoisonedTopicKey, Value: []byte(source)}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The console of a worker that runs as docs/grants.md's consumer and relay
+// roles, with the grant on exactly_redrives that the page documents: every
+// part of the page reads, and a redrive is recorded. Two redrives of one
+// letter at once publish it once.
+func TestLeastPrivilegeAndRedrivesAtOnce(t *testing.T) {
+	kafkatest.RequireReal(t)
+	t.Parallel()
+	db := pgtest.New(t)
+	brokers := kafkatest.Brokers(t)
+	source, dlq := kafkatest.Topic(t, 1), kafkatest.Topic(t, 1)
+	s := pgx.Identifier{db.Schema}.Sanitize()
+	q := func(table string) string { return pgx.Identifier{db.Schema, table}.Sanitize() }
+	role := db.RolePool(t, "GRANT USAGE ON SCHEMA "+s+" TO {role}",
+		// The consumer's.
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON "+q("exactly_keys2")+" TO {role}",
+		"GRANT SELECT, INSERT ON "+q("exactly_key_names")+" TO {role}",
+		"GRANT SELECT ON "+q("exactly_keys2_state")+" TO {role}",
+		"GRANT SELECT, UPDATE ON "+q("exactly_keys")+" TO {role}",
+		"GRANT SELECT, INSERT, UPDATE ON "+q("exactly_positions")+" TO {role}",
+		"GRANT SELECT, INSERT, UPDATE ON "+q("exactly_scopes")+" TO {role}",
+		"GRANT INSERT ON "+q("exactly_outbox")+" TO {role}",
+		"GRANT USAGE ON SEQUENCE "+q("exactly_outbox_id_seq")+" TO {role}",
+		// The relay's.
+		"GRANT SELECT, UPDATE, DELETE ON "+q("exactly_outbox")+" TO {role}",
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON "+q("exactly_outbox_waiters")+" TO {role}",
+		// The console's redrive.
+		"GRANT SELECT, INSERT ON "+q("exactly_redrives")+" TO {role}")
+	const token = "tok"
+	c, err := console.New(role, &console.Config{Brokers: brokers, Topics: []string{source}, Group: "g", DeadLetterTopic: dlq,
+		Schema: db.Schema, Token: token, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(c)
+	t.Cleanup(srv.Close)
+	writeLetter(t, brokers, dlq, source, "0190a0e8-0000-7000-8000-000000000002", "refused")
+
+	_, page := get(t, srv, "kind=consumer&scope=s&key=k")
+	if strings.Contains(page, `class="err"`) {
+		t.Fatalf("the page shows an error for the documented grants:\n%s", page)
+	}
+	for _, want := range []string{`id="partitions"`, `class="letter"`, `id="outbox"`, `id="gauges"`, "<b>not applied</b>"} {
+		if !strings.Contains(page, want) {
+			t.Fatalf("the page lacks %s:\n%s", want, page)
+		}
+	}
+
+	bearer := map[string]string{"Authorization": "Bearer " + token}
+	redrive := url.Values{"action": {"redrive"}, "partition": {"0"}, "offset": {"0"}}
+	bodies := make(chan string, 2)
+	for range 2 {
+		go func() {
+			code, body := post(t, srv, redrive, bearer)
+			bodies <- fmt.Sprint(code, " ", body)
+		}()
+	}
+	got := []string{<-bodies, <-bodies}
+	slices.Sort(got)
+	if !strings.Contains(got[0], "200 ") || !strings.Contains(got[1], "200 ") ||
+		strings.Contains(got[0], "already") == strings.Contains(got[1], "already") {
+		t.Fatalf("two redrives at once: %q, want one redriven and one already redriven", got)
+	}
+	if recs := kafkatest.ReadAll(t, source, 1, 3*time.Second); len(recs) != 1 {
+		t.Fatalf("%d records in %s after two redrives at once, want 1", len(recs), source)
 	}
 }
