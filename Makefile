@@ -29,7 +29,7 @@ test-matrix:
 
 # The tests behind PgBouncer (Debian's package, scripts/pgbouncer.sh) in
 # transaction mode: the pooler tests with pgx's default QueryExecMode, then
-# the pgstore, outbox, consumer, worker and httpkey suites through it with
+# the pgstore, outbox, consumer, worker, httpkey and console suites through it with
 # default_query_exec_mode=exec (scripts/test-pooler.sh says which tests it
 # holds out, and why). docs/deployments.md, "Behind a connection pooler".
 test-pooler:
