@@ -5,7 +5,7 @@ GO ?= go
 # systest, tools, internal/testkit/testservices).
 PKGS ?= $(shell GO="$(GO)" scripts/packages.sh)
 
-.PHONY: api release-check release-check-selftest bench-keys throughput demo test test-matrix test-pooler test-short chaos chaos-short chaos-keys chaos-franz chaos-topology bench lint services services-stop up down images test-docker compose-test
+.PHONY: test-console console-screenshot api release-check release-check-selftest bench-keys throughput demo test test-matrix test-pooler test-short chaos chaos-short chaos-keys chaos-franz chaos-topology bench lint services services-stop up down images test-docker compose-test
 
 # The ledger demo: Postgres at DATABASE_URL, else at localhost, else a
 # throwaway server for the demo's lifetime; Kafka in-process unless
@@ -29,11 +29,22 @@ test-matrix:
 
 # The tests behind PgBouncer (Debian's package, scripts/pgbouncer.sh) in
 # transaction mode: the pooler tests with pgx's default QueryExecMode, then
-# the pgstore, outbox, consumer, worker and httpkey suites through it with
+# the pgstore, outbox, consumer, worker, httpkey and console suites through it with
 # default_query_exec_mode=exec (scripts/test-pooler.sh says which tests it
 # holds out, and why). docs/deployments.md, "Behind a connection pooler".
 test-pooler:
 	GO="$(GO)" scripts/test-pooler.sh
+
+# The operator console in a real browser: Debian's chromium, headless
+# (apt-get install -y chromium; CHROMIUM=path for another), driven by
+# chromedp against a running worker on TEST_DATABASE_URL and
+# TEST_KAFKA_BROKERS (docs/console.md). make test skips it.
+test-console:
+	EXACTLY_BROWSER_TEST=1 $(GO) test -race -count=1 -timeout 3m -run 'TestConsoleInBrowser$$' ./systest/console/
+
+# The same run, saving the page with a dead letter to docs/console.png.
+console-screenshot:
+	EXACTLY_BROWSER_TEST=1 EXACTLY_CONSOLE_SCREENSHOT=$(CURDIR)/docs/console.png $(GO) test -count=1 -run 'TestConsoleInBrowser$$' ./systest/console/
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)

@@ -231,6 +231,13 @@ func (m *Middleware) checkBacklog(ctx context.Context) {
 	}()
 }
 
+// StoredKey is the key in the key table of the Idempotency-Key key sent
+// by principal to a Middleware of Config.Scope scope (the console's key
+// lookup reads it with pgstore.Store.Get).
+func StoredKey(scope, principal, key string) dedupe.Key {
+	return dedupe.Key{Scope: scope, ID: scopedID(principal, key)}
+}
+
 // scopedID is the stored ID of key sent by principal: the principal,
 // length-prefixed so that no principal and key pair reads as another,
 // then the key ("4:acme/k1").

@@ -57,7 +57,7 @@ echo "== behind PgBouncer (transaction mode), pgx's default mode: the pooler tes
 #     default_transaction_isolation as a startup parameter, which PgBouncer
 #     refuses.
 VIA_POOLER_SKIP=${VIA_POOLER_SKIP:-'TestCleanupOneRunnerAtATime|TestLaneGrantedAsTheWaitTimesOut|TestBatchTimeoutNacksTheBatchWhole|TestBatchTimeoutJudgedAtItsDeadline|TestRelayAcrossWaitersMigration|TestRunLeavesNothingRunning|TestRegistrationCutShortLeavesNoWaiter|TestSmallPoolEveryEntryPoint|TestCutJudgedBehindTransactionPooler|TestSingleTableRetireIsolationAndGuard'}
-VIA_POOLER_PKGS=${VIA_POOLER_PKGS:-./pgstore/ ./outbox/ ./consumer/ ./worker/ ./httpkey/}
+VIA_POOLER_PKGS=${VIA_POOLER_PKGS:-./pgstore/ ./outbox/ ./consumer/ ./worker/ ./httpkey/ ./console/}
 echo "== behind PgBouncer (transaction mode), default_query_exec_mode=exec: $VIA_POOLER_PKGS"
 # shellcheck disable=SC2086
 TEST_VIA_POOLER=1 TEST_POOLER_URL="$url&default_query_exec_mode=exec" \

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/exactly-go/exactly/console"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/kgopubsub"
 	"github.com/exactly-go/exactly/migrations"
@@ -73,7 +74,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	var (
 		url, bs, sch, cmds, events, dlq, group, metricsAddr *string
-		noDedupe, replay, migrate                           *bool
+		noDedupe, replay, migrate, withConsole              *bool
 		batch                                               *int
 		sessionTimeout                                      *time.Duration
 		keyLayout, keyCleanup                               *string
@@ -96,6 +97,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		group = fs.String("group", "ledger-consumer", "consumer group")
 		sessionTimeout = fs.Duration("session-timeout", 10*time.Second, "how long the group waits for a silent member before its partitions move (a crashed worker's partitions wait this long); the broker's group.min.session.timeout.ms (6s by default) is the floor")
 		metricsAddr = fs.String("metrics-addr", "127.0.0.1:9090", "address for /metrics and /healthz (\":9090\" for every interface; \"\" for none)")
+		withConsole = fs.Bool("console", false, "serve the operator console at /console/ on --metrics-addr (docs/console.md); its redrive action needs the token in $CONSOLE_TOKEN, read-only without it")
 		migrate = fs.Bool("migrate", false, "create or upgrade the tables before consuming (needs DDL rights; production runs `migrate` once instead)")
 		noDedupe = fs.Bool("no-dedupe", false, "run without the dedupe middleware (to measure it, or to watch verify fail)")
 		batch = fs.Int("batch", 0, "batch mode: apply up to this many commands per transaction, set-based (0: one transaction per command)")
@@ -232,7 +234,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "ledger-consumer worker: %v\n", err)
 			return 2
 		}
-		w, err := NewWorker(pool, Config{Schema: *sch, Brokers: brokerList, Security: sec, Partitioner: part, Commands: *cmds, Events: *events, DeadLetter: *dlq,
+		var con *console.Config
+		if *withConsole {
+			con = &console.Config{Token: os.Getenv("CONSOLE_TOKEN")}
+		}
+		w, err := NewWorker(pool, Config{Console: con, Schema: *sch, Brokers: brokerList, Security: sec, Partitioner: part, Commands: *cmds, Events: *events, DeadLetter: *dlq,
 			Group: *group, SessionTimeout: *sessionTimeout, MetricsAddr: *metricsAddr, CreateTopics: true, NoDedupe: *noDedupe, Batch: *batch,
 			KeyLayout: layout, CleanupInterval: cleanup, Transport: tr, Logger: logger})
 		if err != nil {

@@ -41,7 +41,7 @@ func TestHelp(t *testing.T) {
 	flags := map[string][]string{
 		"demo":    {"database-url", "brokers", "n", "accounts", "duplicates", "key-reuse", "malformed", "seed", "replay", "no-dedupe", "batch"},
 		"migrate": {"database-url", "schema"},
-		"worker": {"database-url", "brokers", "schema", "commands", "events", "dead-letter", "group", "metrics-addr", "migrate", "no-dedupe", "batch", "key-layout", "key-cleanup",
+		"worker": {"database-url", "brokers", "schema", "commands", "events", "dead-letter", "group", "metrics-addr", "console", "migrate", "no-dedupe", "batch", "key-layout", "key-cleanup",
 			"transport", "group-protocol", "instance-id"},
 		"load":   {"brokers", "commands", "n", "accounts", "duplicates", "key-reuse", "malformed", "seed"},
 		"verify": {"database-url", "brokers", "schema", "commands"},

@@ -13,6 +13,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/exactly-go/exactly/console"
 	"github.com/exactly-go/exactly/examples/ledger-consumer/ledger"
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
 	"github.com/exactly-go/exactly/internal/testkit/pgtest"
@@ -164,7 +165,8 @@ func TestDemoWithoutDedupeFailsVerify(t *testing.T) {
 	}
 }
 
-// The worker serves /healthz while it runs and /metrics fed by the hooks.
+// The worker serves /healthz while it runs, /metrics fed by the hooks, and
+// the operator console beside them (read-only: no token).
 func TestWorkerServesMetricsAndHealth(t *testing.T) {
 	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -173,7 +175,7 @@ func TestWorkerServesMetricsAndHealth(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	k := newKit(t, 2, ledger.Config{MetricsAddr: addr})
+	k := newKit(t, 2, ledger.Config{MetricsAddr: addr, Console: &console.Config{}})
 	wl, err := ledger.Generate(ledger.LoadConfig{Commands: 60, Accounts: 5, Duplicates: 0.1, KeyReuse: 0.02, Malformed: 0.02, Seed: 3})
 	if err != nil {
 		t.Fatal(err)
@@ -202,6 +204,9 @@ func TestWorkerServesMetricsAndHealth(t *testing.T) {
 		if code != 200 || !strings.Contains(body, w) {
 			t.Fatalf("/metrics %d, want %q among:\n%s", code, w, body)
 		}
+	}
+	if code, page := get("/console/"); code != 200 || !strings.Contains(page, "<td>"+k.Topic()+"</td>") || !strings.Contains(page, "read-only") {
+		t.Fatalf("/console/ %d, want the page, read-only, with the partitions of %s:\n%s", code, k.Topic(), page)
 	}
 	// Every exactly_ metric it serves is on the dashboard in docs/.
 	dash, err := os.ReadFile("../../../docs/grafana/exactly.json")

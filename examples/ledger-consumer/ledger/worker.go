@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/exactly-go/exactly/console"
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/kafkapubsub"
@@ -84,6 +85,11 @@ type Config struct {
 	// health of a worker are for its operators, not for every host that can
 	// reach it. Defaults to "": no server.
 	MetricsAddr string
+	// Console serves the operator console (package console) at
+	// /console/ beside /metrics when set, with MetricsAddr; the worker
+	// fills in its brokers, group, topics and schema. Defaults to nil: no
+	// console.
+	Console *console.Config
 	// CreateTopics creates the commands (6 partitions), events (3) and
 	// dead-letter (1) topics when they are missing, before consuming.
 	// Defaults to false: the topics must exist (or the broker create them).
@@ -237,6 +243,15 @@ func (w *Worker) Run(ctx context.Context) error {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(w.cfg.Registry, promhttp.HandlerOpts{}))
 		mux.Handle("/healthz", w.w.HealthHandler())
+		served := "/metrics and /healthz"
+		if w.cfg.Console != nil {
+			c, err := w.w.Console(w.cfg.Console)
+			if err != nil {
+				return fmt.Errorf("ledger: console: %w", err)
+			}
+			mux.Handle("/console/", http.StripPrefix("/console", c))
+			served = "/metrics, /healthz and /console/"
+		}
 		ln, err := net.Listen("tcp", w.cfg.MetricsAddr)
 		if err != nil {
 			return fmt.Errorf("ledger: metrics listener on %s: %w", w.cfg.MetricsAddr, err)
@@ -244,7 +259,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
-		log.Info("ledger: serving /metrics and /healthz", "addr", ln.Addr().String())
+		log.Info("ledger: serving "+served, "addr", ln.Addr().String())
 	}
 	start := time.Now()
 	err := w.w.Run(ctx)

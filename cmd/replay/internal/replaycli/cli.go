@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/exactly-go/exactly/console"
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/kafkaflags"
@@ -51,6 +52,9 @@ Commands:
   replay positions  per partition, the group's committed offset in Kafka, its position kept in
                  the database (pgstore.Positions) and the gap: what a database that lost
                  commits (a failover, a restore) gets delivered again
+  replay console serve the operator console (package console): per partition Kafka's
+                 committed offset, the database position, the lag and the gap; the outbox; the
+                 recent dead letters with a redrive action; a key lookup (docs/console.md)
   replay rebuild in one transaction, empty a scope's tables (--truncate), delete its keys and
                  record a new group as the scope's; that group's workers then apply the
                  topic again from its start, once (dry run unless --execute; docs/rebuild.md)
@@ -91,7 +95,12 @@ Examples:
   replay rewind --brokers localhost:9092 --group ledger-consumer --topic ledger.commands --back 1000
   replay rewind ... --back 1000 --execute
 
-Environment: KAFKA_BROKERS for --brokers, DATABASE_URL for --database-url.
+  # the operator console on 127.0.0.1:8080, its redrive action behind a token
+  CONSOLE_TOKEN=... replay console --brokers localhost:9092 --database-url "$DATABASE_URL" \
+      --group ledger-consumer --topic ledger.commands --dlq ledger.commands.dlq --scope ledger-consumer
+
+Environment: KAFKA_BROKERS for --brokers, DATABASE_URL for --database-url,
+CONSOLE_TOKEN for --token.
 Exit codes: 0 ok, 1 double application, 2 usage, 3 Kafka, 4 database, 5 checksum query,
 6 empty range, 7 group active, 8 unknown topic, 9 unknown group, 10 consumer did not catch up.
 Run "replay COMMAND -h" for a command's flags.
@@ -121,6 +130,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		dup                                                      int
 		mutateP, dry, execute, intoSource                        bool
 		dlq, reason, letterKey, letterID                         string
+		addr, token, trusted, httpScope, layout                  string
 		ttl, timeout                                             time.Duration
 	)
 	rangeFlags := func() {
@@ -187,6 +197,18 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&schema, "schema", "", "schema of exactly's tables (default: the database URL's search_path, else public)")
 		fs.StringVar(&table, "truncate", "", "the handler's tables to empty in the same transaction, comma-separated (schema.table, or in --schema)")
 		fs.BoolVar(&execute, "execute", false, "commit (default: count the keys in a transaction rolled back, truncate nothing)")
+	case "console":
+		fs.StringVar(&group, "group", "", "the worker's consumer group (its committed offsets and positions)")
+		fs.StringVar(&topic, "topic", "", "the worker's topics, comma-separated")
+		fs.StringVar(&dlq, "dlq", "", "the dead-letter topic (its recent records, with a redrive action)")
+		fs.StringVar(&dbURL, "database-url", os.Getenv("DATABASE_URL"), "the worker's Postgres URL (default $DATABASE_URL; required)")
+		fs.StringVar(&schema, "schema", "", "schema of exactly's tables (default: the database URL's search_path, else public)")
+		fs.StringVar(&scope, "scope", "", "the consumer's scope, offered in the key lookup")
+		fs.StringVar(&httpScope, "http-scope", "http", "httpkey.Config.Scope of the HTTP keys in the key lookup")
+		fs.StringVar(&layout, "key-layout", "partitioned", "the key table's layout: partitioned or single")
+		fs.StringVar(&addr, "addr", "127.0.0.1:8080", "address to serve the page on")
+		fs.StringVar(&token, "token", os.Getenv("CONSOLE_TOKEN"), "the token that the page's actions need (default $CONSOLE_TOKEN; none: read-only unless --trusted-header)")
+		fs.StringVar(&trusted, "trusted-header", "", "a header that a trusted proxy in front sets on authenticated requests (and strips from others): those may take actions")
 	default:
 		fmt.Fprintf(stderr, "replay: unknown command %q\n\n%s", cmd, usage)
 		return ExitUsage
@@ -280,6 +302,21 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		report, err = Rebuild(ctx, RebuildConfig{Brokers: bs, Security: sec, Scope: scope, Topic: topic, Group: group,
 			Truncate: truncate, DatabaseURL: dbURL, Schema: schema, Execute: execute})
+	case "console":
+		kl, ok := keyLayout(layout)
+		if !ok {
+			return usageErr("--key-layout is " + layout + ": want partitioned or single")
+		}
+		var topics []string
+		if topic != "" {
+			topics = strings.Split(topic, ",")
+		}
+		err = Console(ctx, ConsoleConfig{Brokers: bs, Security: sec, DatabaseURL: dbURL, Addr: addr, Console: console.Config{
+			Group: group, Topics: topics, DeadLetterTopic: dlq, Schema: schema, KeyLayout: kl, Scope: scope, HTTPScope: httpScope,
+			Token: token, TrustedHeader: trusted}}, stderr)
+		if err == nil {
+			return ExitOK
+		}
 	case "positions":
 		report, err = Positions(ctx, PositionsConfig{Brokers: bs, Security: sec, Group: group, Topic: topic, DatabaseURL: dbURL, Schema: schema, Table: table})
 	}

@@ -1,0 +1,258 @@
+// Package redrive publishes dead letters back to the topic each came from,
+// recording each redrive in exactly_redrives (migration 00010) so that a
+// second redrive skips it: the one implementation of `replay redrive` and
+// of the console's redrive action.
+package redrive
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/exactly-go/exactly/internal/kafkaadmin"
+	"github.com/exactly-go/exactly/kafkapubsub"
+)
+
+// ErrDatabase wraps the errors of the database that records the redrives.
+var ErrDatabase = errors.New("database")
+
+// Letter is one dead-letter record.
+type Letter struct {
+	Partition int       `json:"partition"`
+	Offset    int64     `json:"offset"`
+	Time      time.Time `json:"time"`
+	Key       string    `json:"key,omitempty"`
+	ID        string    `json:"message_id,omitempty"`
+	// Source is the topic it was consumed from (topic_poisoned), Handler
+	// the handler that refused it and Reason why.
+	Source  string `json:"source_topic,omitempty"`
+	Handler string `json:"handler,omitempty"`
+	Reason  string `json:"reason"`
+	// RedrivenAt is when it was redriven (nil: never, or not known
+	// without a database).
+	RedrivenAt *time.Time `json:"redriven_at,omitempty"`
+	// Outcome is what this run did with it: "redriven", "already
+	// redriven", "no source topic" or "" (listed only).
+	Outcome string `json:"outcome,omitempty"`
+
+	// Record is the dead-letter record as read.
+	Record kafka.Message `json:"-"`
+}
+
+// poisonHeaders are the headers a PoisonQueue adds to a dead letter.
+var poisonHeaders = []string{middleware.ReasonForPoisonedKey, middleware.PoisonedTopicKey,
+	middleware.PoisonedHandlerKey, middleware.PoisonedSubscriberKey}
+
+// Of reads a dead letter's reason headers.
+func Of(m kafka.Message) Letter {
+	l := Letter{Partition: m.Partition, Offset: m.Offset, Time: m.Time, Key: string(m.Key), Record: m}
+	for _, h := range m.Headers {
+		switch h.Key {
+		case kafkapubsub.UUIDHeader:
+			l.ID = string(h.Value)
+		case middleware.ReasonForPoisonedKey:
+			l.Reason = string(h.Value)
+		case middleware.PoisonedTopicKey:
+			l.Source = string(h.Value)
+		case middleware.PoisonedHandlerKey:
+			l.Handler = string(h.Value)
+		}
+	}
+	return l
+}
+
+// Table is the quoted name of exactly_redrives in schema.
+func Table(schema string) string { return pgx.Identifier{schema, "exactly_redrives"}.Sanitize() }
+
+// Mark sets RedrivenAt on the letters of topic that table holds.
+func Mark(ctx context.Context, pool *pgxpool.Pool, table, topic string, letters []Letter) error {
+	if len(letters) == 0 {
+		return nil
+	}
+	parts, offs := make([]int32, len(letters)), make([]int64, len(letters))
+	for i, l := range letters {
+		parts[i], offs[i] = int32(l.Partition), l.Offset
+	}
+	rows, err := pool.Query(ctx, "SELECT r.dlq_partition, r.dlq_offset, r.redriven_at FROM "+table+" r "+
+		"JOIN unnest($2::int[], $3::bigint[]) AS l(p, o) ON r.dlq_partition = l.p AND r.dlq_offset = l.o WHERE r.dlq_topic = $1",
+		topic, parts, offs)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	type at struct {
+		p int32
+		o int64
+	}
+	seen := map[at]time.Time{}
+	for rows.Next() {
+		var (
+			a  at
+			ts time.Time
+		)
+		if err := rows.Scan(&a.p, &a.o, &ts); err != nil {
+			return err
+		}
+		seen[a] = ts
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for i := range letters {
+		if ts, ok := seen[at{int32(letters[i].Partition), letters[i].Offset}]; ok {
+			letters[i].RedrivenAt = &ts
+		}
+	}
+	return nil
+}
+
+// One records l in table, publishes it to target with w and commits;
+// false when another redrive recorded it first. The record goes out as it
+// arrived at its source topic: key, value and headers (the message ID
+// among them), without the dead-letter headers. Only one connection of
+// pool is held, and no other is waited for while it is.
+func One(ctx context.Context, pool *pgxpool.Pool, table string, w *kafka.Writer, dlq, target string, l *Letter) (bool, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("%w: %v", ErrDatabase, err)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
+	var id *string
+	if l.ID != "" {
+		id = &l.ID
+	}
+	var ts time.Time
+	err = tx.QueryRow(ctx, "INSERT INTO "+table+" (dlq_topic, dlq_partition, dlq_offset, message_id, record_key, target_topic, reason) "+
+		"VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING RETURNING redriven_at",
+		dlq, l.Partition, l.Offset, id, l.Record.Key, target, l.Reason).Scan(&ts)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("%w: record the redrive of %s/%d/%d: %v", ErrDatabase, dlq, l.Partition, l.Offset, err)
+	}
+	out := kafka.Message{Topic: target, Key: l.Record.Key, Value: l.Record.Value, Headers: withoutPoisonHeaders(l.Record.Headers)}
+	if err := w.WriteMessages(ctx, out); err != nil {
+		return false, fmt.Errorf("publish %s/%d/%d to %s: %w", dlq, l.Partition, l.Offset, target, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, fmt.Errorf("%w: %s/%d/%d was published to %s but its record did not commit (a second redrive publishes it again; "+
+			"the consumer's keys absorb it): %v", ErrDatabase, dlq, l.Partition, l.Offset, target, err)
+	}
+	l.RedrivenAt = &ts
+	return true, nil
+}
+
+// NewWriter returns the Writer that One publishes with.
+func NewWriter(brokers []string, sec kafkapubsub.Security) *kafka.Writer {
+	return &kafka.Writer{Addr: kafka.TCP(brokers...), Balancer: &kafka.Murmur2Balancer{}, Transport: sec.Transport(),
+		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, MaxAttempts: 10}
+}
+
+// withoutPoisonHeaders returns hs, in order, without the dead-letter
+// headers: the record as it arrived at its source topic.
+func withoutPoisonHeaders(hs []kafka.Header) []kafka.Header {
+	out := hs[:0:0]
+	for _, h := range hs {
+		if !slices.Contains(poisonHeaders, h.Key) {
+			out = append(out, kafka.Header{Key: h.Key, Value: bytes.Clone(h.Value)})
+		}
+	}
+	return out
+}
+
+// Span is the offsets [From, To) of one partition.
+type Span struct {
+	Partition int
+	From, To  int64
+}
+
+// Recent returns the spans of the last n records of each partition of
+// topic (fewer where the log holds fewer).
+func Recent(ctx context.Context, c *kafka.Client, topic string, n int64) ([]Span, error) {
+	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return nil, fmt.Errorf("metadata of %s: %w", topic, err)
+	}
+	parts := 0
+	for _, t := range md.Topics {
+		if t.Name == topic {
+			if t.Error != nil {
+				return nil, fmt.Errorf("metadata of %s: %w", topic, t.Error)
+			}
+			parts = len(t.Partitions)
+		}
+	}
+	reqs := make([]kafka.OffsetRequest, 0, 2*parts)
+	for p := range parts {
+		reqs = append(reqs, kafka.FirstOffsetOf(p), kafka.LastOffsetOf(p))
+	}
+	if parts == 0 {
+		return nil, nil
+	}
+	offs, err := kafkaadmin.ListOffsets(ctx, c, topic, reqs)
+	if err != nil {
+		return nil, err
+	}
+	spans := make([]Span, 0, parts)
+	for p := range parts {
+		o := offs[p]
+		spans = append(spans, Span{Partition: p, From: max(o.FirstOffset, o.LastOffset-n), To: o.LastOffset})
+	}
+	return spans, nil
+}
+
+// Read calls each with the records of topic in spans, a partition at a
+// time each, and the partitions at once.
+func Read(ctx context.Context, brokers []string, sec kafkapubsub.Security, topic string, spans []Span, each func(kafka.Message) error) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(spans))
+	for i, s := range spans {
+		if s.To <= s.From {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Dialer: sec.Dialer(10 * time.Second), Topic: topic, Partition: s.Partition,
+				MaxWait: 100 * time.Millisecond, MaxBytes: 10 << 20})
+			defer r.Close()
+			if err := r.SetOffset(s.From); err != nil {
+				errs[i] = err
+				return
+			}
+			for {
+				m, err := r.FetchMessage(ctx)
+				if err != nil {
+					errs[i] = fmt.Errorf("read %s/%d: %w", topic, s.Partition, err)
+					return
+				}
+				if m.Offset >= s.To {
+					return
+				}
+				if err := each(m); err != nil {
+					errs[i] = err
+					return
+				}
+				if m.Offset+1 >= s.To {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
