@@ -5,7 +5,7 @@ GO ?= go
 # systest, tools, internal/testkit/testservices).
 PKGS ?= $(shell GO="$(GO)" scripts/packages.sh)
 
-.PHONY: test-console console-screenshot api release-check release-check-selftest bench-keys throughput demo test test-matrix test-pooler test-short chaos chaos-short chaos-keys chaos-franz chaos-topology bench lint services services-stop up down images test-docker compose-test
+.PHONY: test-console console-screenshot api release-check release-check-selftest bench-keys throughput demo test test-matrix test-pooler test-short chaos chaos-short chaos-keys chaos-pooler chaos-franz chaos-topology bench lint services services-stop up down images test-docker compose-test
 
 # The ledger demo: Postgres at DATABASE_URL, else at localhost, else a
 # throwaway server for the demo's lifetime; Kafka in-process unless
@@ -65,6 +65,12 @@ chaos-short:
 # CHAOS_KEY_LAYOUT=single-table runs the single table.)
 chaos-keys:
 	CHAOS=1 CHAOS_KEY_MAINTENANCE=1 $(GO) test -race -count=1 -timeout 20m -run 'TestChaos$$' -v ./systest/chaos/
+
+# The short chaos run with partition maintenance forced, the workers
+# reaching Postgres through PgBouncer in transaction mode (CHAOS_POOLER=1,
+# scripts/pgbouncer.sh; docs/chaos.md).
+chaos-pooler:
+	CHAOS=1 CHAOS_KEY_MAINTENANCE=1 CHAOS_POOLER=1 $(GO) test -race -count=1 -timeout 20m -run 'TestChaos$$' -v ./systest/chaos/
 
 # The short chaos run with the workers on the franz-go transport, each a
 # static member (docs/chaos.md).

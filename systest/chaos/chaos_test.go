@@ -540,7 +540,7 @@ func runChaos(t *testing.T, o options, sc scale, topo *topology) {
 	}
 	ackedLost := acked.missing(all, f)
 	if bouncer != nil {
-		t.Logf("chaos: pooler: %s", bouncer.check(actx, f))
+		t.Logf("chaos: pooler: %s", bouncer.check(actx, f, o.batch))
 	}
 	next("")
 	if drainErr != nil {

@@ -11,6 +11,7 @@
 //	make chaos                                                    # the long run (CHAOS_LONG=1)
 //	make chaos-topology                                           # three Kafka nodes (CHAOS_TOPOLOGY=1)
 //	make chaos-keys                                               # partition maintenance forced (CHAOS_KEY_MAINTENANCE=1)
+//	make chaos-pooler                                             # maintenance forced, the workers behind PgBouncer (CHAOS_KEY_MAINTENANCE=1 CHAOS_POOLER=1; pooler_test.go)
 //	make chaos-franz                                              # the workers on franz-go, static members (CHAOS_TRANSPORT=franz-go CHAOS_STATIC=1)
 //
 // The topology run (topology_test.go) runs the workload on a three-node
