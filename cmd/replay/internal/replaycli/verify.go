@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
@@ -279,12 +280,13 @@ func (s *keySink) close() {
 // re-applied (the replay created the key: its first copy applied again;
 // counted once per key) or untracked (no key).
 func (s *keySink) classify(ctx context.Context, start time.Time, rep *VerifyReport) error {
-	keys, err := s.keys(ctx)
-	if err != nil {
-		return err
-	}
 	var missing, reused, before, newKeys, newRecords int64
-	err = s.conn.QueryRow(ctx, `
+	for tries := 0; ; tries++ {
+		keys, err := s.keys(ctx)
+		if err != nil {
+			return err
+		}
+		err = s.conn.QueryRow(ctx, `
 SELECT coalesce(sum(r.n) FILTER (WHERE k.key IS NULL), 0),
        coalesce(sum(r.n) FILTER (WHERE k.fingerprint <> r.fp), 0),
        coalesce(sum(r.n) FILTER (WHERE k.fingerprint = r.fp AND k.created_at < $2), 0),
@@ -292,9 +294,18 @@ SELECT coalesce(sum(r.n) FILTER (WHERE k.key IS NULL), 0),
        coalesce(sum(r.n) FILTER (WHERE k.fingerprint = r.fp AND k.created_at >= $2), 0)
   FROM pg_temp.exactly_replayed r LEFT JOIN (SELECT DISTINCT ON (key) key, fingerprint, created_at FROM `+keys+` WHERE scope = $1
                   ORDER BY key, created_at DESC) k ON k.key = r.key`,
-		s.o.Scope, start).Scan(&missing, &reused, &before, &newKeys, &newRecords)
-	if err != nil {
-		return fmt.Errorf("%w: read keys: %v", errDatabase, err)
+			s.o.Scope, start).Scan(&missing, &reused, &before, &newKeys, &newRecords)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42P01" && s.o.Table == "" && tries < 3 {
+			// The single key table was retired (the partitioned layout's
+			// clean-up drops it once its keys have all expired) between
+			// finding the key tables and reading them: find them again.
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%w: read keys: %v", errDatabase, err)
+		}
+		break
 	}
 	rep.Untracked = s.untracked.Load() + missing
 	rep.KeyReused = reused
