@@ -27,6 +27,12 @@ const (
 	ProtocolConsumer GroupProtocol = "consumer"
 )
 
+// ProtocolShare consumes as a member of a share group (KIP-932, Kafka's
+// queues; Kafka 4.2 and later): the broker hands records out one by one to
+// the group's members, each locked to one member until it is acknowledged
+// or its lock times out. See ShareSubscriber.
+const ProtocolShare GroupProtocol = "share"
+
 // SubscriberConfig configures a Subscriber. The embedded
 // kafkapubsub.SubscriberConfig has the same fields with the same meaning
 // and defaults as for kafkapubsub's Subscriber (Brokers, ConsumerGroup,
@@ -157,3 +163,10 @@ func SecurityOptions(sec kafkapubsub.Security) []kgo.Opt {
 	}
 	return opts
 }
+
+// ErrSubscriberClosed is returned by Subscribe after Close.
+var ErrSubscriberClosed = errors.New("kgopubsub: subscriber closed")
+
+// partitionWatch is how often a Subscriber's clients refresh the topic's
+// metadata, and so find partitions added to it.
+const partitionWatch = 5 * time.Second

@@ -152,3 +152,11 @@ func toRecordAsArrived(topic string, msg *message.Message, r *kgo.Record, key []
 	}
 	return &kgo.Record{Topic: topic, Key: key, Value: msg.Payload, Headers: headers}
 }
+
+// MetadataDeliveryCount is the metadata key of the delivery count of a
+// message a ShareSubscriber delivers: 1 the first time the share group
+// hands the record out, more after its lock timed out or it was released,
+// its copies' deliveries included (the message's context carries it too,
+// dedupe.DeliveriesFromContext: the consumer then counts the failures of
+// a record and its copies together towards MaxAttempts).
+const MetadataDeliveryCount = "kafka_delivery_count"
