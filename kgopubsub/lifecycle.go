@@ -105,7 +105,7 @@ func (s *Subscriber) runDirect(ctx context.Context, topic string, out chan<- *me
 			if !ok {
 				p = newPartition(cl, topic, fp.Partition, s.pauseAt())
 				parts[fp.Partition] = p
-				go s.consume(ctx, stopCtx, p, out, func(int64) {})
+				go consume(s.delivery(), ctx, stopCtx, p, out, func(int64) {})
 			}
 			p.push(fp.Records)
 		})

@@ -19,7 +19,7 @@ func (m *member) assigned(_ context.Context, cl *kgo.Client, assigned map[string
 		stopCtx, stop := context.WithCancel(context.WithoutCancel(m.subCtx))
 		p.stop = stop
 		m.parts[id] = p
-		go m.s.consume(m.subCtx, stopCtx, p, m.out, func(next int64) { m.acked(id, next) })
+		go consume(m.s.delivery(), m.subCtx, stopCtx, p, m.out, func(next int64) { m.acked(id, next) })
 	}
 	m.s.log().Debug("kgopubsub: partitions assigned", "group", m.s.cfg.ConsumerGroup, "topic", m.topic, "partitions", assigned[m.topic])
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/exactly-go/exactly/internal/delivery"
 	"github.com/exactly-go/exactly/internal/subscriptions"
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
@@ -44,9 +45,16 @@ func (s *Subscriber) Close() error {
 
 func (s *Subscriber) log() *slog.Logger { return s.cfg.Logger }
 
+// delivery is what each partition's delivery takes of the configuration.
+func (s *Subscriber) delivery() delivery.Config {
+	c := s.cfg
+	return delivery.Config{MaxInFlight: c.MaxInFlight, KeyOrdered: c.KeyOrdered, NackBackoff: c.NackBackoff, MaxNackBackoff: c.MaxNackBackoff,
+		DrainTimeout: c.DrainTimeout, Logger: c.Logger, Name: "kgopubsub"}
+}
+
 // pauseAt is how many polled records of a partition may wait for its
 // goroutine before its fetching pauses.
-func (s *Subscriber) pauseAt() int { return max(1024, 2*lookaheadFactor*s.cfg.MaxInFlight) }
+func (s *Subscriber) pauseAt() int { return max(1024, 2*delivery.LookaheadFactor*s.cfg.MaxInFlight) }
 
 // clientOpts are the options every client of the Subscriber starts with.
 func (s *Subscriber) clientOpts(topic string) []kgo.Opt {
