@@ -10,10 +10,14 @@ import (
 // transports default and check alike (kafkapubsub.SubscriberConfig's,
 // which kgopubsub's embeds).
 type Settings struct {
+	// The durations: zero takes the default, a negative one is refused.
 	NackBackoff, MaxNackBackoff, SessionTimeout, RebalanceTimeout *time.Duration
 	DrainTimeout, HeartbeatInterval, MaxWait, CommitInterval      *time.Duration
-	MaxInFlight, MaxBytes                                         *int
-	Logger                                                        **slog.Logger
+	// MaxInFlight (1 by default, 1 or more) and MaxBytes (10 MiB by
+	// default).
+	MaxInFlight, MaxBytes *int
+	// Logger defaults to slog.Default().
+	Logger **slog.Logger
 }
 
 // Default fills in the defaults of the fields f points at and checks

@@ -9,14 +9,22 @@ import (
 )
 
 // Config is what a partition's loop takes of its subscriber's
-// configuration (the fields of kafkapubsub.SubscriberConfig, defaulted).
+// configuration: the kafkapubsub.SubscriberConfig fields of the same
+// names, defaulted (see Settings).
 type Config struct {
-	MaxInFlight    int
-	KeyOrdered     bool
+	// MaxInFlight is how many of a partition's messages are out at once.
+	MaxInFlight int
+	// KeyOrdered lets out at most one message per key at a time.
+	KeyOrdered bool
+	// NackBackoff is a nacked message's first pause, doubled at each nack
+	// up to MaxNackBackoff.
 	NackBackoff    time.Duration
 	MaxNackBackoff time.Duration
-	DrainTimeout   time.Duration
-	Logger         *slog.Logger
+	// DrainTimeout bounds the wait for the messages with the handler when
+	// the partition stops.
+	DrainTimeout time.Duration
+	// Logger gets the loop's warnings.
+	Logger *slog.Logger
 	// Name starts the loop's log messages: the transport's package name.
 	Name string
 }
@@ -34,6 +42,7 @@ type Batch[R any] struct {
 // window).
 type Partition[R any] struct {
 	Config
+	// Topic and Partition name the partition, for the logs.
 	Topic     string
 	Partition int32
 	// Start is the partition's position, or -1 when it is known only from
