@@ -3,7 +3,6 @@ package kafkapubsub
 import (
 	"context"
 	"crypto/tls"
-	"slices"
 	"strconv"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/sasl"
 
+	"github.com/exactly-go/exactly/internal/delivery"
 	"github.com/exactly-go/exactly/internal/mdkeys"
 )
 
@@ -90,37 +90,19 @@ func toWatermill(km kafka.Message) *message.Message {
 	return msg
 }
 
-// arrivedKey carries, in the context of a message the Subscriber delivers,
-// the record as it arrived.
-type arrivedKey struct{}
-
 // withArrived returns ctx carrying km, the record msg was made of.
 func withArrived(ctx context.Context, km *kafka.Message) context.Context {
-	return context.WithValue(ctx, arrivedKey{}, km)
+	return delivery.WithArrived(ctx, km)
 }
 
 // arrived returns the record msg was made of when msg is a message the
 // Subscriber delivered, published again under the ID it arrived with (a
 // dead letter, a message forwarded as it is), and nil otherwise.
-func arrived(msg *message.Message) *kafka.Message {
-	km, _ := msg.Context().Value(arrivedKey{}).(*kafka.Message)
-	if km == nil || msg.UUID != arrivedUUID(km) {
-		return nil
-	}
-	return km
-}
+func arrived(msg *message.Message) *kafka.Message { return delivery.Arrived(msg, arrivedUUID) }
 
 // arrivedUUID is the message ID a record arrived with ("" for none), as
 // toWatermill reads it.
-func arrivedUUID(km *kafka.Message) string {
-	var uuid string
-	for _, h := range km.Headers {
-		if h.Key == UUIDHeader {
-			uuid = string(h.Value)
-		}
-	}
-	return uuid
-}
+func arrivedUUID(km *kafka.Message) string { return delivery.Last(km.Headers, UUIDHeader) }
 
 // toKafka converts a Watermill message into a record for topic.
 func toKafka(topic string, msg *message.Message, key []byte) kafka.Message {
@@ -143,33 +125,7 @@ func toKafka(topic string, msg *message.Message, key []byte) kafka.Message {
 // letter's reasons) follows it, sorted by name. The key is the record's own
 // (nil stays nil) unless key differs from it.
 func toKafkaAsArrived(topic string, msg *message.Message, km *kafka.Message, key []byte) kafka.Message {
-	last := make(map[string]string, len(km.Headers))
-	for _, h := range km.Headers {
-		last[h.Key] = string(h.Value)
-	}
-	headers := make([]protocol.Header, 0, len(km.Headers)+len(msg.Metadata))
-	for _, h := range km.Headers {
-		if h.Key == UUIDHeader {
-			headers = append(headers, h)
-			continue
-		}
-		if v, ok := msg.Metadata[h.Key]; ok && v == last[h.Key] {
-			headers = append(headers, h)
-		}
-	}
-	var added []string
-	for k, v := range msg.Metadata {
-		if reserved(k) {
-			continue
-		}
-		if was, ok := last[k]; !ok || was != v {
-			added = append(added, k)
-		}
-	}
-	slices.Sort(added)
-	for _, k := range added {
-		headers = append(headers, protocol.Header{Key: k, Value: []byte(msg.Metadata[k])})
-	}
+	headers := delivery.AsArrived(km.Headers, msg.Metadata, UUIDHeader, reserved)
 	if string(key) == string(km.Key) {
 		key = km.Key
 	}

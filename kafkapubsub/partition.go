@@ -10,10 +10,11 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/delivery"
 )
 
 // consumePartition reads one partition in order and delivers it through a
-// window of up to MaxInFlight messages (see [window]). subCtx carries the
+// window of up to MaxInFlight messages (delivery.Partition). subCtx carries the
 // subscription's values into message contexts; stopCtx ends the reading,
 // after which the in-flight messages drain. acked is called with the next
 // offset to commit each time the watermark moves: after acks, and after a
@@ -29,7 +30,7 @@ func (s *Subscriber) consumePartition(subCtx, stopCtx context.Context, topic str
 	}
 	// The next response is fetched while this one is delivered.
 	ctx, cancel := context.WithCancel(stopCtx)
-	responses := make(chan fetched, 1)
+	responses := make(chan delivery.Batch[kafka.Message], 1)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -37,208 +38,36 @@ func (s *Subscriber) consumePartition(subCtx, stopCtx context.Context, topic str
 	}()
 	defer func() { cancel(); <-done }()
 
-	w := newWindow(s.cfg.MaxInFlight, s.cfg.KeyOrdered, pos)
-	// Each entry in flight has at most one event on its way (its ack or
-	// nack, then its back-off's end), so sends never wait.
-	events := make(chan windowEvent, s.cfg.MaxInFlight)
-	quit := make(chan struct{})
-	defer close(quit)
-	committed := pos
-	report := func() {
-		if wm := w.watermark(); wm > committed {
-			committed = wm
-			acked(committed)
-		}
+	d := &delivery.Partition[kafka.Message]{
+		Config: s.delivery(), Topic: topic, Partition: int32(partition), Start: pos,
+		Meta:    func(km *kafka.Message) (int64, []byte) { return km.Offset, km.Key },
+		Prepare: prepare,
+		Batches: responses,
 	}
-	var res fetched
-	taken, pending := 0, false // records of res taken into w; res not fully taken
-	withHandler := 0           // entries delivered and not yet acked or nacked
-	var unwatched []*entry     // of those, the ones without a watch goroutine
-	for {
-		for pending && taken < len(res.records) && !w.full() {
-			w.add(res.records[taken], s.cfg.NackBackoff)
-			taken++
-		}
-		if pending && taken == len(res.records) {
-			// Hidden records after the last one: commit past them, or the
-			// partition looks lagging forever when its tail is a
-			// transaction marker.
-			w.skip(res.next)
-			res, pending = fetched{}, false
-		}
-		report()
-		var in <-chan fetched
-		if !pending {
-			in = responses
-		}
-		var send chan<- *message.Message
-		var msg *message.Message
-		e := w.next()
-		if e != nil {
-			if e.msg == nil {
-				s.prepare(subCtx, e)
-			}
-			send, msg = out, e.msg
-		}
-		// One message with the handler (always so with MaxInFlight 1) is
-		// waited for here; several get a goroutine each that reports its
-		// ack or nack as an event.
-		var direct *entry
-		var ackedCh, nackedCh <-chan struct{}
-		if withHandler == 1 && len(unwatched) == 1 {
-			direct = unwatched[0]
-			ackedCh, nackedCh = direct.msg.Acked(), direct.msg.Nacked()
-		} else {
-			for _, u := range unwatched {
-				go watch(u, u.msg, events, quit)
-			}
-			unwatched = unwatched[:0]
-		}
-		select {
-		case res = <-in:
-			taken, pending = 0, true
-		case send <- msg:
-			w.sent(e)
-			withHandler++
-			unwatched = append(unwatched, e)
-		case <-ackedCh:
-			unwatched, withHandler = unwatched[:0], withHandler-1
-			s.handle(w, windowEvent{e: direct, msg: direct.msg, acked: true}, events, quit)
-		case <-nackedCh:
-			unwatched, withHandler = unwatched[:0], withHandler-1
-			s.handle(w, windowEvent{e: direct, msg: direct.msg}, events, quit)
-		case ev := <-events:
-			if ev.msg != nil {
-				withHandler--
-			}
-			s.handle(w, ev, events, quit)
-		case <-stopCtx.Done():
-			for _, u := range unwatched {
-				go watch(u, u.msg, events, quit)
-			}
-			s.drain(w, events)
-			report()
-			return
-		}
-	}
+	d.Run(subCtx, stopCtx, out, acked)
 }
 
-// windowEvent says that the delivery msg of e was acked or nacked, or (msg
-// nil) that e's back-off is over.
-type windowEvent struct {
-	e     *entry
-	msg   *message.Message
-	acked bool
-}
-
-// prepare makes e's next delivery, its context carrying the record's
-// coordinates and the record as it arrived (for the Publisher).
-func (s *Subscriber) prepare(subCtx context.Context, e *entry) {
-	km := e.km
-	msg := toWatermill(km)
-	ctx, cancel := context.WithCancel(context.WithoutCancel(subCtx))
-	ctx = withArrived(ctx, &e.km)
+// prepare makes a delivery of *km, its context carrying the record's
+// coordinates and the record as it arrived (for the Publisher). base is
+// the subscription's context without its cancellation.
+func prepare(base context.Context, km *kafka.Message) (*message.Message, context.CancelFunc) {
+	msg := toWatermill(*km)
+	ctx, cancel := context.WithCancel(base)
+	ctx = withArrived(ctx, km)
 	msg.SetContext(dedupe.ContextWithSource(ctx, dedupe.Source{Topic: km.Topic, Partition: int32(km.Partition), Offset: km.Offset}))
-	e.msg, e.cancel = msg, cancel
+	return msg, cancel
 }
 
-// watch reports msg's ack or nack.
-func watch(e *entry, msg *message.Message, events chan<- windowEvent, quit <-chan struct{}) {
-	var ev windowEvent
-	select {
-	case <-msg.Acked():
-		ev = windowEvent{e: e, msg: msg, acked: true}
-	case <-msg.Nacked():
-		ev = windowEvent{e: e, msg: msg}
-	case <-quit:
-		return
-	}
-	select {
-	case events <- ev:
-	case <-quit:
-	}
-}
-
-// handle applies an event to w while the partition runs.
-func (s *Subscriber) handle(w *window, ev windowEvent, events chan<- windowEvent, quit <-chan struct{}) {
-	e := ev.e
-	if ev.msg == nil {
-		e.retry = nil
-		w.retry(e)
-		return
-	}
-	e.cancel()
-	e.msg, e.cancel = nil, nil
-	if ev.acked {
-		w.acked(e)
-		return
-	}
-	w.nacked(e)
-	e.retry = time.AfterFunc(e.backoff, func() {
-		select {
-		case events <- windowEvent{e: e}:
-		case <-quit:
-		}
-	})
-	e.backoff = min(2*e.backoff, s.cfg.MaxNackBackoff)
-}
-
-// drain waits, up to DrainTimeout, for the messages of w that are with the
-// handler, and gives up the rest: a message given up (not acked in time,
-// nacked, or waiting for its back-off) is delivered again to the
-// partition's next owner, from the watermark on.
-func (s *Subscriber) drain(w *window, events <-chan windowEvent) {
-	withHandler := 0
-	for _, e := range w.entries {
-		switch e.state {
-		case delivered:
-			withHandler++
-		case backingOff:
-			e.retry.Stop()
-		}
-	}
-	defer func() {
-		for _, e := range w.entries {
-			if e.cancel != nil {
-				e.cancel()
-			}
-		}
-	}()
-	if withHandler == 0 {
-		return
-	}
-	// The handlers may be committing right now.
-	t := time.NewTimer(s.cfg.DrainTimeout)
-	defer t.Stop()
-	for withHandler > 0 {
-		select {
-		case ev := <-events:
-			if ev.msg == nil || ev.e.state != delivered {
-				continue // a back-off ended: that message is given up
-			}
-			withHandler--
-			ev.e.cancel()
-			ev.e.msg, ev.e.cancel = nil, nil
-			if ev.acked {
-				w.acked(ev.e)
-			} else {
-				ev.e.state = backingOff
-			}
-		case <-t.C:
-			for _, e := range w.entries {
-				if e.state == delivered {
-					s.log().Warn("kafkapubsub: in-flight message not acked within DrainTimeout; it will be delivered again",
-						"topic", e.km.Topic, "partition", e.km.Partition, "offset", e.km.Offset, "uuid", e.msg.UUID)
-				}
-			}
-			return
-		}
-	}
+// delivery is what each partition's delivery takes of the configuration.
+func (s *Subscriber) delivery() delivery.Config {
+	c := s.cfg
+	return delivery.Config{MaxInFlight: c.MaxInFlight, KeyOrdered: c.KeyOrdered, NackBackoff: c.NackBackoff, MaxNackBackoff: c.MaxNackBackoff,
+		DrainTimeout: c.DrainTimeout, Logger: c.Logger, Name: "kafkapubsub"}
 }
 
 // fetchLoop fetches f's partition from pos and sends every response that
 // moves the position on, until ctx ends.
-func (s *Subscriber) fetchLoop(ctx context.Context, f *fetcher, pos int64, responses chan<- fetched) {
+func (s *Subscriber) fetchLoop(ctx context.Context, f *fetcher, pos int64, responses chan<- delivery.Batch[kafka.Message]) {
 	bo := retryBackoff()
 	for {
 		res, err := f.fetch(ctx, pos)
@@ -268,7 +97,7 @@ func (s *Subscriber) fetchLoop(ctx context.Context, f *fetcher, pos int64, respo
 			continue
 		}
 		select {
-		case responses <- res:
+		case responses <- delivery.Batch[kafka.Message]{Records: res.records, Next: res.next}:
 		case <-ctx.Done():
 			return
 		}

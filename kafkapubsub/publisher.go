@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/exactly-go/exactly/internal/msgid"
+	"github.com/exactly-go/exactly/internal/delivery"
 )
 
 // PartitionKeyFunc returns the record key (which picks the partition) of msg
@@ -201,18 +201,9 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		// A message delivered by a Subscriber and published again under
 		// the ID it arrived with (a dead letter) goes out as the record
 		// it was: with no ID when it arrived with none.
-		km := arrived(m)
-		if km == nil && m.UUID == "" {
-			m.UUID = msgid.New()
-		}
-		key, err := p.key(topic, m)
-		if err != nil {
-			return fmt.Errorf("kafkapubsub: publish %s to %s: partition key: %w", m.UUID, topic, err)
-		}
-		if km != nil {
-			records[i] = toKafkaAsArrived(topic, m, km, key)
-		} else {
-			records[i] = toKafka(topic, m, key)
+		var err error
+		if records[i], err = delivery.Outgoing("kafkapubsub", topic, m, arrived, p.key, toKafkaAsArrived, toKafka); err != nil {
+			return err
 		}
 		sizes[i] = recordSize(&records[i])
 		if sizes[i] > p.cfg.MaxRecordBytes {

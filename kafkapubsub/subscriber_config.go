@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/exactly-go/exactly/internal/delivery"
 )
 
 // StartOffset says where a consumer group with no committed offset starts.
@@ -127,43 +129,10 @@ func (c *SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 	if o.StartOffset != StartFirst && o.StartOffset != StartLast {
 		return o, fmt.Errorf("kafkapubsub: SubscriberConfig.StartOffset is %d: use StartFirst or StartLast", o.StartOffset)
 	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&o.NackBackoff, 100*time.Millisecond)
-	def(&o.MaxNackBackoff, 5*time.Second)
-	def(&o.SessionTimeout, 10*time.Second)
-	def(&o.RebalanceTimeout, 30*time.Second)
-	def(&o.DrainTimeout, min(10*time.Second, o.RebalanceTimeout/2))
-	def(&o.HeartbeatInterval, time.Second)
-	def(&o.MaxWait, 250*time.Millisecond)
-	def(&o.CommitInterval, 200*time.Millisecond)
-	if o.MaxInFlight == 0 {
-		o.MaxInFlight = 1
-	}
-	if o.MaxInFlight < 0 {
-		return o, fmt.Errorf("kafkapubsub: SubscriberConfig.MaxInFlight is %d: set 1 or more (1 is one message per partition at a time)", o.MaxInFlight)
-	}
-	if o.MaxBytes == 0 {
-		o.MaxBytes = 10 << 20
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	for name, d := range map[string]time.Duration{"NackBackoff": o.NackBackoff, "MaxNackBackoff": o.MaxNackBackoff,
-		"DrainTimeout": o.DrainTimeout, "SessionTimeout": o.SessionTimeout, "RebalanceTimeout": o.RebalanceTimeout,
-		"HeartbeatInterval": o.HeartbeatInterval, "MaxWait": o.MaxWait} {
-		if d < 0 {
-			return o, fmt.Errorf("kafkapubsub: SubscriberConfig.%s is %v: set a positive duration", name, d)
-		}
-	}
-	if o.DrainTimeout >= o.RebalanceTimeout {
-		return o, fmt.Errorf("kafkapubsub: SubscriberConfig.DrainTimeout (%v) is not below RebalanceTimeout (%v): the group would finish the rebalance without this member and refuse its last commit; lower DrainTimeout or raise RebalanceTimeout", o.DrainTimeout, o.RebalanceTimeout)
-	}
-	if o.HeartbeatInterval >= o.SessionTimeout {
-		return o, fmt.Errorf("kafkapubsub: SubscriberConfig.HeartbeatInterval (%v) is not below SessionTimeout (%v): lower HeartbeatInterval (a third of SessionTimeout or less)", o.HeartbeatInterval, o.SessionTimeout)
+	if err := (delivery.Settings{NackBackoff: &o.NackBackoff, MaxNackBackoff: &o.MaxNackBackoff, SessionTimeout: &o.SessionTimeout,
+		RebalanceTimeout: &o.RebalanceTimeout, DrainTimeout: &o.DrainTimeout, HeartbeatInterval: &o.HeartbeatInterval, MaxWait: &o.MaxWait,
+		CommitInterval: &o.CommitInterval, MaxInFlight: &o.MaxInFlight, MaxBytes: &o.MaxBytes, Logger: &o.Logger}).Default("kafkapubsub"); err != nil {
+		return o, err
 	}
 	switch o.Isolation {
 	case 0:

@@ -3,11 +3,11 @@ package kgopubsub
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/exactly-go/exactly/internal/delivery"
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
@@ -26,6 +26,12 @@ const (
 	// the Subscriber joins with ProtocolClassic.
 	ProtocolConsumer GroupProtocol = "consumer"
 )
+
+// ProtocolShare consumes as a member of a share group (KIP-932, Kafka's
+// queues; Kafka 4.2 and later): the broker hands records out one by one to
+// the group's members, each locked to one member until it is acknowledged
+// or its lock times out. See ShareSubscriber.
+const ProtocolShare GroupProtocol = "share"
 
 // SubscriberConfig configures a Subscriber. The embedded
 // kafkapubsub.SubscriberConfig has the same fields with the same meaning
@@ -95,43 +101,10 @@ func (c *SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 	if o.StartOffset != kafkapubsub.StartFirst && o.StartOffset != kafkapubsub.StartLast {
 		return o, fmt.Errorf("kgopubsub: SubscriberConfig.StartOffset is %d: use kafkapubsub.StartFirst or kafkapubsub.StartLast", o.StartOffset)
 	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&o.NackBackoff, 100*time.Millisecond)
-	def(&o.MaxNackBackoff, 5*time.Second)
-	def(&o.SessionTimeout, 10*time.Second)
-	def(&o.RebalanceTimeout, 30*time.Second)
-	def(&o.DrainTimeout, min(10*time.Second, o.RebalanceTimeout/2))
-	def(&o.HeartbeatInterval, time.Second)
-	def(&o.MaxWait, 250*time.Millisecond)
-	def(&o.CommitInterval, 200*time.Millisecond)
-	if o.MaxInFlight == 0 {
-		o.MaxInFlight = 1
-	}
-	if o.MaxInFlight < 0 {
-		return o, fmt.Errorf("kgopubsub: SubscriberConfig.MaxInFlight is %d: set 1 or more (1 is one message per partition at a time)", o.MaxInFlight)
-	}
-	if o.MaxBytes == 0 {
-		o.MaxBytes = 10 << 20
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	for name, d := range map[string]time.Duration{"NackBackoff": o.NackBackoff, "MaxNackBackoff": o.MaxNackBackoff,
-		"DrainTimeout": o.DrainTimeout, "SessionTimeout": o.SessionTimeout, "RebalanceTimeout": o.RebalanceTimeout,
-		"HeartbeatInterval": o.HeartbeatInterval, "MaxWait": o.MaxWait} {
-		if d < 0 {
-			return o, fmt.Errorf("kgopubsub: SubscriberConfig.%s is %v: set a positive duration", name, d)
-		}
-	}
-	if o.DrainTimeout >= o.RebalanceTimeout {
-		return o, fmt.Errorf("kgopubsub: SubscriberConfig.DrainTimeout (%v) is not below RebalanceTimeout (%v): the group would finish the rebalance without this member and refuse its last commit; lower DrainTimeout or raise RebalanceTimeout", o.DrainTimeout, o.RebalanceTimeout)
-	}
-	if o.HeartbeatInterval >= o.SessionTimeout {
-		return o, fmt.Errorf("kgopubsub: SubscriberConfig.HeartbeatInterval (%v) is not below SessionTimeout (%v): lower HeartbeatInterval (a third of SessionTimeout or less)", o.HeartbeatInterval, o.SessionTimeout)
+	if err := (delivery.Settings{NackBackoff: &o.NackBackoff, MaxNackBackoff: &o.MaxNackBackoff, SessionTimeout: &o.SessionTimeout,
+		RebalanceTimeout: &o.RebalanceTimeout, DrainTimeout: &o.DrainTimeout, HeartbeatInterval: &o.HeartbeatInterval, MaxWait: &o.MaxWait,
+		CommitInterval: &o.CommitInterval, MaxInFlight: &o.MaxInFlight, MaxBytes: &o.MaxBytes, Logger: &o.Logger}).Default("kgopubsub"); err != nil {
+		return o, err
 	}
 	switch o.Isolation {
 	case 0:
@@ -157,3 +130,10 @@ func SecurityOptions(sec kafkapubsub.Security) []kgo.Opt {
 	}
 	return opts
 }
+
+// ErrSubscriberClosed is returned by Subscribe after Close.
+var ErrSubscriberClosed = errors.New("kgopubsub: subscriber closed")
+
+// partitionWatch is how often a Subscriber's clients refresh the topic's
+// metadata, and so find partitions added to it.
+const partitionWatch = 5 * time.Second

@@ -2,13 +2,13 @@ package kgopubsub
 
 import (
 	"context"
-	"slices"
 	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/exactly-go/exactly/internal/delivery"
 	"github.com/exactly-go/exactly/internal/mdkeys"
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
@@ -73,34 +73,17 @@ func toWatermill(r *kgo.Record) *message.Message {
 	return msg
 }
 
-// arrivedKey carries, in the context of a message the Subscriber delivers,
-// the record as it arrived.
-type arrivedKey struct{}
-
+// withArrived returns ctx carrying r, the record a message was made of.
 func withArrived(ctx context.Context, r *kgo.Record) context.Context {
-	return context.WithValue(ctx, arrivedKey{}, r)
+	return delivery.WithArrived(ctx, r)
 }
 
 // arrived returns the record msg was made of when msg is a message the
 // Subscriber delivered, published again under the ID it arrived with (a
 // dead letter, a message forwarded as it is), and nil otherwise.
-func arrived(msg *message.Message) *kgo.Record {
-	r, _ := msg.Context().Value(arrivedKey{}).(*kgo.Record)
-	if r == nil || msg.UUID != arrivedUUID(r) {
-		return nil
-	}
-	return r
-}
+func arrived(msg *message.Message) *kgo.Record { return delivery.Arrived(msg, arrivedUUID) }
 
-func arrivedUUID(r *kgo.Record) string {
-	var uuid string
-	for _, h := range r.Headers {
-		if h.Key == kafkapubsub.UUIDHeader {
-			uuid = string(h.Value)
-		}
-	}
-	return uuid
-}
+func arrivedUUID(r *kgo.Record) string { return delivery.Last(r.Headers, kafkapubsub.UUIDHeader) }
 
 // toRecord converts a Watermill message into a record for topic.
 func toRecord(topic string, msg *message.Message, key []byte) *kgo.Record {
@@ -120,35 +103,17 @@ func toRecord(topic string, msg *message.Message, key []byte) *kgo.Record {
 // order, a repeated name included, and its message ID header only if it
 // had one) with msg's changes, as kafkapubsub's Publisher does.
 func toRecordAsArrived(topic string, msg *message.Message, r *kgo.Record, key []byte) *kgo.Record {
-	last := make(map[string]string, len(r.Headers))
-	for _, h := range r.Headers {
-		last[h.Key] = string(h.Value)
-	}
-	headers := make([]kgo.RecordHeader, 0, len(r.Headers)+len(msg.Metadata))
-	for _, h := range r.Headers {
-		if h.Key == kafkapubsub.UUIDHeader {
-			headers = append(headers, h)
-			continue
-		}
-		if v, ok := msg.Metadata[h.Key]; ok && v == last[h.Key] {
-			headers = append(headers, h)
-		}
-	}
-	var added []string
-	for k, v := range msg.Metadata {
-		if reserved(k) {
-			continue
-		}
-		if was, ok := last[k]; !ok || was != v {
-			added = append(added, k)
-		}
-	}
-	slices.Sort(added)
-	for _, k := range added {
-		headers = append(headers, kgo.RecordHeader{Key: k, Value: []byte(msg.Metadata[k])})
-	}
+	headers := delivery.AsArrived(r.Headers, msg.Metadata, kafkapubsub.UUIDHeader, reserved)
 	if string(key) == string(r.Key) {
 		key = r.Key
 	}
 	return &kgo.Record{Topic: topic, Key: key, Value: msg.Payload, Headers: headers}
 }
+
+// MetadataDeliveryCount is the metadata key of the delivery count of a
+// message a ShareSubscriber delivers: 1 the first time the share group
+// hands the record out, more after its lock timed out or it was released,
+// its copies' deliveries included (the message's context carries it too,
+// dedupe.DeliveriesFromContext: the consumer then counts the failures of
+// a record and its copies together towards MaxAttempts).
+const MetadataDeliveryCount = "kafka_delivery_count"

@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/exactly-go/exactly/internal/msgid"
+	"github.com/exactly-go/exactly/internal/delivery"
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
@@ -154,18 +154,9 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	}
 	records := make([]*kgo.Record, len(msgs))
 	for i, m := range msgs {
-		r := arrived(m)
-		if r == nil && m.UUID == "" {
-			m.UUID = msgid.New()
-		}
-		key, err := p.key(topic, m)
-		if err != nil {
-			return fmt.Errorf("kgopubsub: publish %s to %s: partition key: %w", m.UUID, topic, err)
-		}
-		if r != nil {
-			records[i] = toRecordAsArrived(topic, m, r, key)
-		} else {
-			records[i] = toRecord(topic, m, key)
+		var err error
+		if records[i], err = delivery.Outgoing("kgopubsub", topic, m, arrived, p.key, toRecordAsArrived, toRecord); err != nil {
+			return err
 		}
 		if n := recordSize(records[i]); n > p.cfg.MaxRecordBytes {
 			return fmt.Errorf("%w: publish %s to %s: the record is %d bytes, PublisherConfig.MaxRecordBytes is %d: raise it (and the topic's max.message.bytes)",

@@ -1,23 +1,30 @@
-package kafkapubsub
+package delivery
 
 import (
 	"testing"
 	"time"
-
-	"github.com/segmentio/kafka-go"
 )
 
-func keyedRec(off int64, key string) kafka.Message {
-	km := kafka.Message{Offset: off}
+// rec is a record as a transport hands it to a window.
+type rec struct {
+	Offset int64
+	Key    []byte
+}
+
+func keyedRec(off int64, key string) rec {
+	km := rec{Offset: off}
 	if key != "-" {
 		km.Key = []byte(key)
 	}
 	return km
 }
 
+// addRec takes r into w, as a partition's loop does.
+func addRec(w *window[rec], r rec, backoff time.Duration) { w.add(r, r.Offset, r.Key, backoff) }
+
 // takeAll delivers every entry the window lets out now and returns them.
-func takeAll(w *window) []*entry {
-	var out []*entry
+func takeAll(w *window[rec]) []*entry[rec] {
+	var out []*entry[rec]
 	for e := w.next(); e != nil; e = w.next() {
 		w.sent(e)
 		out = append(out, e)
@@ -25,15 +32,15 @@ func takeAll(w *window) []*entry {
 	return out
 }
 
-func offsetsOf(es []*entry) []int64 {
+func offsetsOf(es []*entry[rec]) []int64 {
 	var out []int64
 	for _, e := range es {
-		out = append(out, e.km.Offset)
+		out = append(out, e.offset)
 	}
 	return out
 }
 
-func sameOffsets(t *testing.T, what string, got []*entry, want ...int64) {
+func sameOffsets(t *testing.T, what string, got []*entry[rec], want ...int64) {
 	t.Helper()
 	g := offsetsOf(got)
 	if len(g) != len(want) {
@@ -48,9 +55,9 @@ func sameOffsets(t *testing.T, what string, got []*entry, want ...int64) {
 
 // The watermark is the lowest unacked offset, whatever order acks come in.
 func TestWindowWatermark(t *testing.T) {
-	w := newWindow(3, false, 10)
+	w := newWindow[rec](3, false, 10)
 	for off := int64(10); off < 16; off++ {
-		w.add(keyedRec(off, "k"), time.Millisecond)
+		addRec(w, keyedRec(off, "k"), time.Millisecond)
 	}
 	es := takeAll(w)
 	sameOffsets(t, "plain window of 3", es, 10, 11, 12)
@@ -69,16 +76,16 @@ func TestWindowWatermark(t *testing.T) {
 // A nacked message keeps its slot and its key through its back-off, and is
 // delivered again before anything new.
 func TestWindowNackKeepsSlotAndKey(t *testing.T) {
-	w := newWindow(2, true, 0)
-	w.add(keyedRec(0, "a"), time.Millisecond)
-	w.add(keyedRec(1, "a"), time.Millisecond)
-	w.add(keyedRec(2, "b"), time.Millisecond)
-	w.add(keyedRec(3, "c"), time.Millisecond)
+	w := newWindow[rec](2, true, 0)
+	addRec(w, keyedRec(0, "a"), time.Millisecond)
+	addRec(w, keyedRec(1, "a"), time.Millisecond)
+	addRec(w, keyedRec(2, "b"), time.Millisecond)
+	addRec(w, keyedRec(3, "c"), time.Millisecond)
 	es := takeAll(w)
 	sameOffsets(t, "key a busy: 1 waits, 2 goes", es, 0, 2)
 	w.nacked(es[0])
 	if e := w.next(); e != nil {
-		t.Fatalf("delivered %d while a nacked message holds its slot", e.km.Offset)
+		t.Fatalf("delivered %d while a nacked message holds its slot", e.offset)
 	}
 	w.retry(es[0])
 	sameOffsets(t, "redelivery", takeAll(w), 0)
@@ -93,23 +100,23 @@ func TestWindowNackKeepsSlotAndKey(t *testing.T) {
 
 // Null keys are one key; the empty key is another.
 func TestWindowNullKeys(t *testing.T) {
-	w := newWindow(4, true, 0)
-	w.add(keyedRec(0, "-"), time.Millisecond)
-	w.add(keyedRec(1, "-"), time.Millisecond)
-	w.add(keyedRec(2, ""), time.Millisecond)
+	w := newWindow[rec](4, true, 0)
+	addRec(w, keyedRec(0, "-"), time.Millisecond)
+	addRec(w, keyedRec(1, "-"), time.Millisecond)
+	addRec(w, keyedRec(2, ""), time.Millisecond)
 	sameOffsets(t, "null keys share a gate", takeAll(w), 0, 2)
 }
 
-// The window holds lookaheadFactor × max records from the watermark on: a
+// The window holds LookaheadFactor × max records from the watermark on: a
 // message held at the bottom stops new deliveries once it is full.
 func TestWindowLookahead(t *testing.T) {
-	w := newWindow(2, false, 0)
+	w := newWindow[rec](2, false, 0)
 	var off int64
 	for ; !w.full(); off++ {
-		w.add(keyedRec(off, "k"), time.Millisecond)
+		addRec(w, keyedRec(off, "k"), time.Millisecond)
 	}
-	if off != lookaheadFactor*2 {
-		t.Fatalf("window took %d records, want %d", off, lookaheadFactor*2)
+	if off != LookaheadFactor*2 {
+		t.Fatalf("window took %d records, want %d", off, LookaheadFactor*2)
 	}
 	first := takeAll(w)
 	held := first[0]
@@ -140,9 +147,9 @@ func TestWindowLookahead(t *testing.T) {
 // goes out while nacked records wait, and they go out again lowest first,
 // whatever order their back-offs end in.
 func TestWindowNackRewindsInOffsetOrder(t *testing.T) {
-	w := newWindow(4, false, 0)
+	w := newWindow[rec](4, false, 0)
 	for off := range int64(6) {
-		w.add(keyedRec(off, "k"), time.Millisecond)
+		addRec(w, keyedRec(off, "k"), time.Millisecond)
 	}
 	first := takeAll(w)
 	sameOffsets(t, "first deliveries", first, 0, 1, 2, 3)
@@ -155,20 +162,4 @@ func TestWindowNackRewindsInOffsetOrder(t *testing.T) {
 	sameOffsets(t, "offset 2's back-off over, 0's not", takeAll(w))
 	w.retry(first[0])
 	sameOffsets(t, "both over: the nacked ones first, then the new ones", takeAll(w), 0, 2, 4, 5)
-}
-
-// A share group's copy headers (kgopubsub) are no message metadata: the
-// Subscriber leaves them out, and the Publisher never writes them from it,
-// so that a record forwarded or dead-lettered by a consumer group is never
-// taken for a copy.
-func TestShareHeadersNotMetadata(t *testing.T) {
-	km := kafka.Message{Topic: "t", Headers: []kafka.Header{
-		{Key: "exactly_share_origin", Value: []byte("t/0/1")}, {Key: "exactly_share_deliveries", Value: []byte("3")}, {Key: "app", Value: []byte("x")}}}
-	md := toWatermill(km).Metadata
-	if md.Get("exactly_share_origin") != "" || md.Get("exactly_share_deliveries") != "" || md.Get("app") != "x" {
-		t.Fatalf("metadata %v: want the application's header only", md)
-	}
-	if !reserved("exactly_share_origin") || !reserved("exactly_share_deliveries") {
-		t.Fatal("a share copy's headers would be written from metadata")
-	}
 }
