@@ -17,6 +17,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	kgosasl "github.com/twmb/franz-go/pkg/sasl"
 
 	"github.com/exactly-go/exactly/internal/kafkaadmin"
 	"github.com/exactly-go/exactly/kafkapubsub"
@@ -215,9 +220,24 @@ func Recent(ctx context.Context, c *kafka.Client, topic string, n int64) ([]Span
 	return spans, nil
 }
 
-// Read calls each with the records of topic in spans, a partition at a
-// time each, and the partitions at once.
+// Read calls each with the committed records of topic in spans, a
+// partition at a time each, and the partitions at once. It reads
+// read-committed, as a consumer with isolation.level=read_committed does:
+// a letter written in a transaction that was aborted (a Kafka Streams or
+// Connect dead-letter queue with exactly-once, a transactional producer)
+// is not a letter, and the transactions' markers are not records. A span
+// ends at the partition's last stable offset at the latest: a letter of a
+// transaction still open is not read.
 func Read(ctx context.Context, brokers []string, sec kafkapubsub.Security, topic string, spans []Span, each func(kafka.Message) error) error {
+	return ReadLimited(ctx, brokers, sec, topic, spans, 0, each)
+}
+
+// ReadLimited is Read with each fetch capped to maxBytes (0: 10 MB).
+func ReadLimited(ctx context.Context, brokers []string, sec kafkapubsub.Security, topic string, spans []Span, maxBytes int32,
+	each func(kafka.Message) error) error {
+	if maxBytes <= 0 {
+		maxBytes = 10 << 20
+	}
 	var wg sync.WaitGroup
 	errs := make([]error, len(spans))
 	for i, s := range spans {
@@ -227,32 +247,117 @@ func Read(ctx context.Context, brokers []string, sec kafkapubsub.Security, topic
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Dialer: sec.Dialer(10 * time.Second), Topic: topic, Partition: s.Partition,
-				MaxWait: 100 * time.Millisecond, MaxBytes: 10 << 20})
-			defer r.Close()
-			if err := r.SetOffset(s.From); err != nil {
-				errs[i] = err
-				return
-			}
-			for {
-				m, err := r.FetchMessage(ctx)
-				if err != nil {
-					errs[i] = fmt.Errorf("read %s/%d: %w", topic, s.Partition, err)
-					return
-				}
-				if m.Offset >= s.To {
-					return
-				}
-				if err := each(m); err != nil {
-					errs[i] = err
-					return
-				}
-				if m.Offset+1 >= s.To {
-					return
-				}
-			}
+			errs[i] = readSpan(ctx, brokers, sec, topic, s, maxBytes, each)
 		}()
 	}
 	wg.Wait()
 	return errors.Join(errs...)
 }
+
+func readSpan(ctx context.Context, brokers []string, sec kafkapubsub.Security, topic string, s Span, maxBytes int32,
+	each func(kafka.Message) error) error {
+	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords(),
+		kgo.FetchMaxWait(100 * time.Millisecond), kgo.FetchMaxBytes(maxBytes), kgo.FetchMaxPartitionBytes(maxBytes),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {int32(s.Partition): kgo.NewOffset().At(s.From)}})}
+	if sec.TLS != nil {
+		opts = append(opts, kgo.DialTLSConfig(sec.TLS.Clone()))
+	}
+	if sec.SASL != nil {
+		opts = append(opts, kgo.SASL(saslOf{sec.SASL}))
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("read %s/%d: %w", topic, s.Partition, err)
+	}
+	defer cl.Close()
+	// The span ends at the last stable offset: past it, a read-committed
+	// fetch returns nothing until the open transaction ends.
+	lso, err := lastStable(ctx, cl, topic, int32(s.Partition))
+	if err != nil {
+		return fmt.Errorf("read %s/%d: %w", topic, s.Partition, err)
+	}
+	to := min(s.To, lso)
+	if to <= s.From {
+		return nil
+	}
+	for {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("read %s/%d: %w", topic, s.Partition, err)
+		}
+		var ferr error
+		fs.EachError(func(t string, p int32, err error) { ferr = errors.Join(ferr, fmt.Errorf("read %s/%d: %w", t, p, err)) })
+		if ferr != nil {
+			return ferr
+		}
+		for it := fs.RecordIter(); !it.Done(); {
+			r := it.Next()
+			if r.Offset >= to {
+				return nil
+			}
+			if !r.Attrs.IsControl() {
+				if err := each(messageOf(r)); err != nil {
+					return err
+				}
+			}
+			if r.Offset+1 >= to {
+				return nil
+			}
+		}
+	}
+}
+
+// lastStable asks the partition's leader for its last stable offset.
+func lastStable(ctx context.Context, cl *kgo.Client, topic string, p int32) (int64, error) {
+	req := kmsg.NewPtrListOffsetsRequest()
+	req.IsolationLevel = 1
+	rt := kmsg.NewListOffsetsRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewListOffsetsRequestTopicPartition()
+	rp.Partition, rp.Timestamp = p, -1
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	res, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return 0, fmt.Errorf("last stable offset: %w", err)
+	}
+	for _, t := range res.Topics {
+		for _, rp := range t.Partitions {
+			if rp.Partition == p {
+				if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+					return 0, fmt.Errorf("last stable offset: %w", err)
+				}
+				return rp.Offset, nil
+			}
+		}
+	}
+	return 0, errors.New("last stable offset: the partition did not answer")
+}
+
+func messageOf(r *kgo.Record) kafka.Message {
+	m := kafka.Message{Topic: r.Topic, Partition: int(r.Partition), Offset: r.Offset, Key: r.Key, Value: r.Value, Time: r.Timestamp}
+	for _, h := range r.Headers {
+		m.Headers = append(m.Headers, kafka.Header{Key: h.Key, Value: h.Value})
+	}
+	return m
+}
+
+// saslOf lets franz-go authenticate with a kafka-go SASL mechanism.
+type saslOf struct{ m sasl.Mechanism }
+
+func (s saslOf) Name() string { return s.m.Name() }
+
+func (s saslOf) Authenticate(ctx context.Context, _ string) (kgosasl.Session, []byte, error) {
+	sess, first, err := s.m.Start(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return saslSession{ctx: ctx, s: sess}, first, nil
+}
+
+type saslSession struct {
+	ctx context.Context
+	s   sasl.StateMachine
+}
+
+func (s saslSession) Challenge(c []byte) (bool, []byte, error) { return s.s.Next(s.ctx, c) }

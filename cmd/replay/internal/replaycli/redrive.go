@@ -103,7 +103,12 @@ func Redrive(ctx context.Context, o RedriveConfig) (RedriveReport, error) {
 		return rep, err
 	}
 	var mu sync.Mutex
-	err = k.read(ctx, o.DeadLetterTopic, spans, func(m kafka.Message) error {
+	rs := make([]redrive.Span, len(spans))
+	for i, sp := range spans {
+		rs[i] = redrive.Span{Partition: sp.Partition, From: sp.From, To: sp.To}
+	}
+	// Read-committed: a letter of an aborted transaction is not listed.
+	err = redrive.Read(ctx, o.Brokers, o.Security, o.DeadLetterTopic, rs, func(m kafka.Message) error {
 		l := redrive.Of(m)
 		mu.Lock()
 		defer mu.Unlock()
