@@ -48,6 +48,14 @@ type Letter struct {
 	// Outcome is what this run did with it: "redriven", "already
 	// redriven", "no source topic" or "" (listed only).
 	Outcome string `json:"outcome,omitempty"`
+	// Uncertain is set when its redrive failed or outlived its deadline:
+	// the letter may have been published, and is published again only
+	// when forced.
+	Uncertain bool `json:"uncertain,omitempty"`
+	// OffsetReused is set when a letter with another message ID was
+	// redriven from this offset before: the topic was deleted and created
+	// again. It does not stop this letter's redrive.
+	OffsetReused bool `json:"offset_reused,omitempty"`
 
 	// Record is the dead-letter record as read.
 	Record kafka.Message `json:"-"`
@@ -78,7 +86,9 @@ func Of(m kafka.Message) Letter {
 // Table is the quoted name of exactly_redrives in schema.
 func Table(schema string) string { return pgx.Identifier{schema, "exactly_redrives"}.Sanitize() }
 
-// Mark sets RedrivenAt on the letters of topic that table holds.
+// Mark sets RedrivenAt and Uncertain on the letters of topic that table
+// holds, and OffsetReused on those whose offset a letter with another
+// message ID was redriven from (the topic was deleted and created again).
 func Mark(ctx context.Context, pool *pgxpool.Pool, table, topic string, letters []Letter) error {
 	if len(letters) == 0 {
 		return nil
@@ -87,7 +97,7 @@ func Mark(ctx context.Context, pool *pgxpool.Pool, table, topic string, letters 
 	for i, l := range letters {
 		parts[i], offs[i] = int32(l.Partition), l.Offset
 	}
-	rows, err := pool.Query(ctx, "SELECT r.dlq_partition, r.dlq_offset, r.redriven_at FROM "+table+" r "+
+	rows, err := pool.Query(ctx, "SELECT r.dlq_partition, r.dlq_offset, r.message_id, r.state, r.redriven_at FROM "+table+" r "+
 		"JOIN unnest($2::int[], $3::bigint[]) AS l(p, o) ON r.dlq_partition = l.p AND r.dlq_offset = l.o WHERE r.dlq_topic = $1",
 		topic, parts, offs)
 	if err != nil {
@@ -98,73 +108,140 @@ func Mark(ctx context.Context, pool *pgxpool.Pool, table, topic string, letters 
 		p int32
 		o int64
 	}
-	seen := map[at]time.Time{}
+	type row struct {
+		id, state string
+		ts        time.Time
+	}
+	seen := map[at][]row{}
 	for rows.Next() {
 		var (
-			a  at
-			ts time.Time
+			a at
+			r row
 		)
-		if err := rows.Scan(&a.p, &a.o, &ts); err != nil {
+		if err := rows.Scan(&a.p, &a.o, &r.id, &r.state, &r.ts); err != nil {
 			return err
 		}
-		seen[a] = ts
+		seen[a] = append(seen[a], r)
 	}
 	if err := rows.Err(); err != nil {
 		return err
 	}
 	for i := range letters {
-		if ts, ok := seen[at{int32(letters[i].Partition), letters[i].Offset}]; ok {
-			letters[i].RedrivenAt = &ts
+		l := &letters[i]
+		for _, r := range seen[at{int32(l.Partition), l.Offset}] {
+			if r.id != l.ID {
+				l.OffsetReused = true
+				continue
+			}
+			l.RedrivenAt, l.Uncertain = &r.ts, r.state == StateUncertain
 		}
 	}
 	return nil
 }
+
+// The states of a row of exactly_redrives.
+const (
+	// StatePublished: the letter was published (the broker acknowledged it).
+	StatePublished = "published"
+	// StateUncertain: its publish failed or outlived its deadline, and may
+	// have reached the broker all the same.
+	StateUncertain = "uncertain"
+)
+
+// ErrUncertain marks a redrive whose publish may or may not have reached
+// the broker: it is recorded as uncertain, and a second redrive does not
+// publish the letter again unless forced.
+var ErrUncertain = errors.New("may have been published")
 
 // One records l in table, publishes it to target with w and commits;
 // false when another redrive recorded it first. The record goes out as it
 // arrived at its source topic: key, value and headers (the message ID
 // among them), without the dead-letter headers. Only one connection of
 // pool is held, and no other is waited for while it is.
-func One(ctx context.Context, pool *pgxpool.Pool, table string, w *kafka.Writer, dlq, target string, l *Letter) (bool, error) {
+//
+// A publish that fails or outlives ctx may have reached the broker all the
+// same: One then commits the row as uncertain and returns an error wrapping
+// ErrUncertain. A letter recorded as uncertain is not published again (an
+// error wrapping ErrUncertain) unless force is set: the worker's keys
+// absorb a second copy, but a redrive publishes a letter once.
+func One(ctx context.Context, pool *pgxpool.Pool, table string, w *kafka.Writer, dlq, target string, l *Letter, force bool) (bool, error) {
+	where := fmt.Sprintf("%s/%d/%d", dlq, l.Partition, l.Offset)
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("%w: %v", ErrDatabase, err)
 	}
+	// after is a context for the statements that follow the publish: ctx
+	// may have expired during it.
+	after := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	}
 	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		rctx, cancel := after()
 		defer cancel()
 		_ = tx.Rollback(rctx)
 	}()
-	var id *string
-	if l.ID != "" {
-		id = &l.ID
-	}
+	key := "dlq_topic = $1 AND dlq_partition = $2 AND dlq_offset = $3 AND message_id = $4"
 	var ts time.Time
 	err = tx.QueryRow(ctx, "INSERT INTO "+table+" (dlq_topic, dlq_partition, dlq_offset, message_id, record_key, target_topic, reason) "+
 		"VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING RETURNING redriven_at",
-		dlq, l.Partition, l.Offset, id, l.Record.Key, target, l.Reason).Scan(&ts)
+		dlq, l.Partition, l.Offset, l.ID, l.Record.Key, target, l.Reason).Scan(&ts)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
+		var state string
+		err = tx.QueryRow(ctx, "SELECT state FROM "+table+" WHERE "+key, dlq, l.Partition, l.Offset, l.ID).Scan(&state)
+		if err != nil {
+			return false, fmt.Errorf("%w: read the redrive of %s: %v", ErrDatabase, where, err)
+		}
+		if state != StateUncertain {
+			return false, nil
+		}
+		if !force {
+			return false, fmt.Errorf("%w: an earlier redrive of %s failed and may have been published (the worker's keys absorb a copy); "+
+				"force it (replay redrive --force, the console's Force button) to publish it again", ErrUncertain, where)
+		}
+		// Forced: take the uncertain row (a second forced redrive waits
+		// here, then finds it published).
+		err = tx.QueryRow(ctx, "UPDATE "+table+" SET state = $5, redriven_at = now(), target_topic = $6 WHERE "+key+" AND state = $7 "+
+			"RETURNING redriven_at", dlq, l.Partition, l.Offset, l.ID, StatePublished, target, StateUncertain).Scan(&ts)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, nil
+		}
 	}
 	if err != nil {
-		return false, fmt.Errorf("%w: record the redrive of %s/%d/%d: %v", ErrDatabase, dlq, l.Partition, l.Offset, err)
+		return false, fmt.Errorf("%w: record the redrive of %s: %v", ErrDatabase, where, err)
 	}
 	out := kafka.Message{Topic: target, Key: l.Record.Key, Value: l.Record.Value, Headers: withoutPoisonHeaders(l.Record.Headers)}
-	if err := w.WriteMessages(ctx, out); err != nil {
-		return false, fmt.Errorf("publish %s/%d/%d to %s: %w", dlq, l.Partition, l.Offset, target, err)
+	if perr := w.WriteMessages(ctx, out); perr != nil {
+		actx, cancel := after()
+		defer cancel()
+		_, err := tx.Exec(actx, "UPDATE "+table+" SET state = $5 WHERE "+key, dlq, l.Partition, l.Offset, l.ID, StateUncertain)
+		if err == nil {
+			err = tx.Commit(actx)
+		}
+		if err != nil {
+			return false, fmt.Errorf("%w: publish %s to %s failed (%v) and may have been published all the same; "+
+				"recording it as uncertain failed too (a second redrive publishes it again; the worker's keys absorb a copy): %v",
+				ErrUncertain, where, target, perr, err)
+		}
+		l.RedrivenAt, l.Uncertain = &ts, true
+		return false, fmt.Errorf("%w: publish %s to %s failed (%v), yet it may have reached the broker: it is recorded as uncertain "+
+			"and the worker's keys absorb a copy; force a redrive (replay redrive --force, the console's Force button) to publish it again",
+			ErrUncertain, where, target, perr)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return false, fmt.Errorf("%w: %s/%d/%d was published to %s but its record did not commit (a second redrive publishes it again; "+
-			"the consumer's keys absorb it): %v", ErrDatabase, dlq, l.Partition, l.Offset, target, err)
+		return false, fmt.Errorf("%w: %s was published to %s but its record did not commit (a second redrive publishes it again; "+
+			"the worker's keys absorb it): %v", ErrDatabase, where, target, err)
 	}
-	l.RedrivenAt = &ts
+	l.RedrivenAt, l.Uncertain = &ts, false
 	return true, nil
 }
 
-// NewWriter returns the Writer that One publishes with.
+// NewWriter returns the Writer that One publishes with: acks=all and one
+// attempt, for a retry inside the Writer could publish a letter twice (the
+// worker's keys would absorb the copy, but a redrive publishes once; a
+// failed publish is recorded as uncertain instead).
 func NewWriter(brokers []string, sec kafkapubsub.Security) *kafka.Writer {
 	return &kafka.Writer{Addr: kafka.TCP(brokers...), Balancer: &kafka.Murmur2Balancer{}, Transport: sec.Transport(),
-		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, MaxAttempts: 10}
+		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, MaxAttempts: 1}
 }
 
 // withoutPoisonHeaders returns hs, in order, without the dead-letter
