@@ -58,8 +58,11 @@ type Partition struct {
 	// End is the partition's log-end offset.
 	End int64
 	// Lag is End minus the lower of Committed and Position: the records
-	// not yet applied.
+	// not yet applied; -1 with NoGroup.
 	Lag int64
+	// NoGroup is set when no consumer group is configured (Config.Group
+	// empty): what was applied is not known, and Lag is -1, not End.
+	NoGroup bool
 	// Gap is Position minus Committed (when both are known): above 0,
 	// Kafka's commit is behind the database; below 0, the database lost
 	// commits and the consumer applies again from Position.
@@ -223,6 +226,9 @@ func (c *Console) Partitions(ctx context.Context) ([]Partition, error) {
 				applied = pt.Position
 			}
 			pt.Lag = pt.End - max(applied, 0)
+			if c.cfg.Group == "" {
+				pt.Lag, pt.NoGroup = -1, true
+			}
 			if pt.Position >= 0 && pt.Committed >= 0 {
 				pt.Gap, pt.HasGap = pt.Position-pt.Committed, true
 			}
