@@ -107,6 +107,7 @@ type Console struct {
 	table  string // the outbox's, quoted
 	csrf   string
 	origin *http.CrossOriginProtection
+	pages  chan struct{} // a slot per page being built
 }
 
 // New returns the Console of the database on pool for cfg, which may be
@@ -153,7 +154,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Console, error) {
 	}
 	return &Console{cfg: c, pool: pool, store: store, outbox: backlog,
 		table: pgx.Identifier{c.Schema, "exactly_outbox"}.Sanitize(), csrf: hex.EncodeToString(secret[:]),
-		origin: http.NewCrossOriginProtection()}, nil
+		origin: http.NewCrossOriginProtection(), pages: make(chan struct{}, pagesAtOnce)}, nil
 }
 
 // Config returns the console's configuration with its defaults filled in.
