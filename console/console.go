@@ -107,6 +107,7 @@ type Console struct {
 	table  string // the outbox's, quoted
 	csrf   string
 	origin *http.CrossOriginProtection
+	pages  chan struct{} // a slot per page being built
 }
 
 // New returns the Console of the database on pool for cfg, which may be
@@ -153,7 +154,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Console, error) {
 	}
 	return &Console{cfg: c, pool: pool, store: store, outbox: backlog,
 		table: pgx.Identifier{c.Schema, "exactly_outbox"}.Sanitize(), csrf: hex.EncodeToString(secret[:]),
-		origin: http.NewCrossOriginProtection()}, nil
+		origin: http.NewCrossOriginProtection(), pages: make(chan struct{}, pagesAtOnce)}, nil
 }
 
 // Config returns the console's configuration with its defaults filled in.
@@ -234,7 +235,8 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) {
 	// and its commit would be published but not recorded.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 3*c.cfg.Timeout)
 	defer cancel()
-	note, err := c.Redrive(ctx, part, off)
+	force := r.PostFormValue("force") != ""
+	note, err := c.redrive(ctx, part, off, force)
 	if err != nil {
 		c.cfg.Logger.Warn("console: redrive failed", "topic", c.cfg.DeadLetterTopic, "partition", part, "offset", off, "err", err)
 		note = "redrive of " + c.cfg.DeadLetterTopic + "/" + strconv.Itoa(part) + "/" + strconv.FormatInt(off, 10) + " failed: " + err.Error()
@@ -261,7 +263,22 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) {
 // Config.DeadLetterTopic back to the topic it came from, as `replay
 // redrive` does, and records it in exactly_redrives the same way: a
 // letter redriven before is not published again. It returns what it did.
+// A publish that fails or outlives ctx may have reached the broker: it is
+// recorded as uncertain, and neither this redrive's error nor a second
+// Redrive publishes the letter again (ForceRedrive does).
 func (c *Console) Redrive(ctx context.Context, partition int, offset int64) (string, error) {
+	return c.redrive(ctx, partition, offset, false)
+}
+
+// ForceRedrive is Redrive that publishes again a letter whose earlier
+// redrive is recorded as uncertain (its publish failed or outlived its
+// deadline, and may have reached the broker: the worker's keys absorb a
+// copy). A letter redriven for certain is not published again.
+func (c *Console) ForceRedrive(ctx context.Context, partition int, offset int64) (string, error) {
+	return c.redrive(ctx, partition, offset, true)
+}
+
+func (c *Console) redrive(ctx context.Context, partition int, offset int64, force bool) (string, error) {
 	if c.cfg.DeadLetterTopic == "" || len(c.cfg.Brokers) == 0 {
 		return "", errors.New("console: no dead-letter topic or no brokers configured")
 	}
@@ -297,7 +314,7 @@ func (c *Console) Redrive(ctx context.Context, partition int, offset int64) (str
 	}
 	w := redrive.NewWriter(c.cfg.Brokers, c.cfg.Security)
 	defer w.Close()
-	done, err := redrive.One(ctx, c.pool, redrive.Table(c.cfg.Schema), w, c.cfg.DeadLetterTopic, letter.Source, letter)
+	done, err := redrive.One(ctx, c.pool, redrive.Table(c.cfg.Schema), w, c.cfg.DeadLetterTopic, letter.Source, letter, force)
 	if err != nil {
 		return "", err
 	}

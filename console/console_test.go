@@ -328,7 +328,7 @@ func TestLeastPrivilegeAndRedrivesAtOnce(t *testing.T) {
 		"GRANT SELECT, UPDATE, DELETE ON "+q("exactly_outbox")+" TO {role}",
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON "+q("exactly_outbox_waiters")+" TO {role}",
 		// The console's redrive.
-		"GRANT SELECT, INSERT ON "+q("exactly_redrives")+" TO {role}")
+		"GRANT SELECT, INSERT, UPDATE ON "+q("exactly_redrives")+" TO {role}")
 	const token = "tok"
 	c, err := console.New(role, &console.Config{Brokers: brokers, Topics: []string{source}, Group: "g", DeadLetterTopic: dlq,
 		Schema: db.Schema, Token: token, Logger: quiet()})

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,14 +31,8 @@ var pageTemplate = template.Must(template.New("console").Funcs(template.FuncMap{
 		}
 		return t.UTC().Format(time.RFC3339) + " (" + time.Since(t).Round(time.Second).String() + " ago)"
 	},
-	"dur": func(d time.Duration) string { return d.Round(time.Millisecond).String() },
-	"text": func(b []byte) string {
-		const max = 4096
-		if len(b) > max {
-			return string(b[:max]) + "… (" + strconv.Itoa(len(b)) + " bytes)"
-		}
-		return string(b)
-	},
+	"dur":  func(d time.Duration) string { return d.Round(time.Millisecond).String() },
+	"text": func(b []byte) string { return clip(string(b)) },
 	"off": func(o int64) string {
 		if o < 0 {
 			return "—"
@@ -45,6 +40,25 @@ var pageTemplate = template.Must(template.New("console").Funcs(template.FuncMap{
 		return strconv.FormatInt(o, 10)
 	},
 }).Parse(pageHTML))
+
+// shownBytes is the most the page shows of a stored result, a letter's
+// reason or key.
+const shownBytes = 4096
+
+// letterFetchBytes caps each fetch of the dead letters the page lists.
+const letterFetchBytes = 1 << 20
+
+// pagesAtOnce is how many GETs build the page at once; more are answered
+// 503 with Retry-After.
+const pagesAtOnce = 4
+
+// clip cuts s to shownBytes, saying how long it was.
+func clip(s string) string {
+	if len(s) > shownBytes {
+		return strings.ToValidUTF8(s[:shownBytes], "") + "… (" + strconv.Itoa(len(s)) + " bytes)"
+	}
+	return s
+}
 
 // Partition is where one partition of a commands topic stands.
 type Partition struct {
@@ -58,8 +72,11 @@ type Partition struct {
 	// End is the partition's log-end offset.
 	End int64
 	// Lag is End minus the lower of Committed and Position: the records
-	// not yet applied.
+	// not yet applied; -1 with NoGroup.
 	Lag int64
+	// NoGroup is set when no consumer group is configured (Config.Group
+	// empty): what was applied is not known, and Lag is -1, not End.
+	NoGroup bool
 	// Gap is Position minus Committed (when both are known): above 0,
 	// Kafka's commit is behind the database; below 0, the database lost
 	// commits and the consumer applies again from Position.
@@ -110,6 +127,14 @@ type view struct {
 }
 
 func (c *Console) page(w http.ResponseWriter, r *http.Request) {
+	select {
+	case c.pages <- struct{}{}:
+		defer func() { <-c.pages }()
+	default:
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "console: "+strconv.Itoa(pagesAtOnce)+" pages are being built at once; try again in a second", http.StatusServiceUnavailable)
+		return
+	}
 	q := r.URL.Query()
 	v := view{Now: time.Now(), Cfg: c.cfg, Actions: c.actions(), CSRF: c.csrf, NeedToken: c.cfg.Token != "" &&
 		(c.cfg.TrustedHeader == "" || r.Header.Get(c.cfg.TrustedHeader) == ""), Note: q.Get("note")}
@@ -223,6 +248,9 @@ func (c *Console) Partitions(ctx context.Context) ([]Partition, error) {
 				applied = pt.Position
 			}
 			pt.Lag = pt.End - max(applied, 0)
+			if c.cfg.Group == "" {
+				pt.Lag, pt.NoGroup = -1, true
+			}
 			if pt.Position >= 0 && pt.Committed >= 0 {
 				pt.Gap, pt.HasGap = pt.Position-pt.Committed, true
 			}
@@ -283,10 +311,17 @@ func (c *Console) letters(ctx context.Context) ([]redrive.Letter, error) {
 		mu   sync.Mutex
 		list []redrive.Letter
 	)
-	err = redrive.Read(ctx, c.cfg.Brokers, c.cfg.Security, c.cfg.DeadLetterTopic, spans, func(m kafka.Message) error {
+	// The page shows a letter's headers, never its value: the value is
+	// dropped as it is read, each fetch is capped at letterFetchBytes, and
+	// a reason or key longer than shownBytes is cut, as the stored results
+	// of the key lookup are.
+	err = redrive.ReadLimited(ctx, c.cfg.Brokers, c.cfg.Security, c.cfg.DeadLetterTopic, spans, letterFetchBytes, func(m kafka.Message) error {
+		l := redrive.Of(m)
+		l.Record = kafka.Message{}
+		l.Reason, l.Key = clip(l.Reason), clip(l.Key)
 		mu.Lock()
 		defer mu.Unlock()
-		list = append(list, redrive.Of(m))
+		list = append(list, l)
 		return nil
 	})
 	if err != nil {

@@ -70,6 +70,7 @@
 // both consumes and relays needs both roles' grants (GRANT ledger_relay TO
 // ledger_consumer). A database that revoked CONNECT from PUBLIC needs
 // GRANT CONNECT ON DATABASE for each role. exactly_redrives is written by
-// the replay tool's redrive only (SELECT, INSERT): run it as the migrator,
-// or grant those to an operator's role.
+// the replay tool's redrive and the console only (SELECT, INSERT, UPDATE:
+// a redrive whose publish failed is recorded as uncertain): run it as the
+// migrator, or grant those to an operator's role.
 package migrations

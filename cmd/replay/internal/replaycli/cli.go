@@ -128,7 +128,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fromOff, toOff, toOffset, back                           int64
 		fromTime, toTime, atTime, keyFlag, fpFlag                string
 		dup                                                      int
-		mutateP, dry, execute, intoSource                        bool
+		mutateP, dry, execute, intoSource, force                 bool
 		dlq, reason, letterKey, letterID                         string
 		addr, token, trusted, httpScope, layout                  string
 		ttl, timeout                                             time.Duration
@@ -181,6 +181,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&fromTime, "from-time", "", "first dead-letter time, RFC 3339")
 		fs.StringVar(&toTime, "to-time", "", "end dead-letter time, RFC 3339, exclusive")
 		fs.BoolVar(&execute, "execute", false, "publish the selected records not redriven yet (default: list only)")
+		fs.BoolVar(&force, "force", false, "with --execute, publish again the records whose earlier redrive failed and may have been published (uncertain)")
 		fs.StringVar(&dbURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL whose exactly_redrives records the redrives (default $DATABASE_URL; required with --execute)")
 		fs.StringVar(&schema, "schema", "", "schema of exactly_redrives (default: the database URL's search_path, else public)")
 	case "positions":
@@ -294,7 +295,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		report, pass = rep, rep.Pass
 	case "redrive":
 		report, err = Redrive(ctx, RedriveConfig{Brokers: bs, Security: sec, DeadLetterTopic: dlq, Range: r, Reason: reason, Key: letterKey,
-			ID: letterID, To: to, Execute: execute, DatabaseURL: dbURL, Schema: schema})
+			ID: letterID, To: to, Execute: execute, Force: force, DatabaseURL: dbURL, Schema: schema})
 	case "rebuild":
 		var truncate []string
 		if table != "" {

@@ -36,6 +36,11 @@ type RedriveConfig struct {
 	// Execute publishes the selected letters that were not redriven yet.
 	// Defaults to false: list only.
 	Execute bool
+	// Force publishes again, with Execute, the letters whose earlier
+	// redrive is recorded as uncertain (its publish failed or outlived
+	// its deadline, and may have reached the broker: the worker's keys
+	// absorb a copy). Defaults to false: they are skipped.
+	Force bool
 	// DatabaseURL is the database whose exactly_redrives table records the
 	// redrives (migration 00010). Required with Execute; without it the
 	// list does not say what was redriven.
@@ -44,6 +49,14 @@ type RedriveConfig struct {
 	// search_path, else public.
 	Schema string
 }
+
+// uncertainOutcome is the outcome of a letter whose redrive failed or
+// outlived its deadline.
+const uncertainOutcome = "uncertain: may have been published; the worker's keys absorb a copy; --force publishes it again"
+
+// offsetReusedNote marks a letter at an offset another letter was
+// redriven from.
+const offsetReusedNote = "a letter at this offset with another ID was redriven before (the topic was recreated)"
 
 // Letter is one dead-letter record.
 type Letter = redrive.Letter
@@ -103,7 +116,12 @@ func Redrive(ctx context.Context, o RedriveConfig) (RedriveReport, error) {
 		return rep, err
 	}
 	var mu sync.Mutex
-	err = k.read(ctx, o.DeadLetterTopic, spans, func(m kafka.Message) error {
+	rs := make([]redrive.Span, len(spans))
+	for i, sp := range spans {
+		rs[i] = redrive.Span{Partition: sp.Partition, From: sp.From, To: sp.To}
+	}
+	// Read-committed: a letter of an aborted transaction is not listed.
+	err = redrive.Read(ctx, o.Brokers, o.Security, o.DeadLetterTopic, rs, func(m kafka.Message) error {
 		l := redrive.Of(m)
 		mu.Lock()
 		defer mu.Unlock()
@@ -146,7 +164,11 @@ func Redrive(ctx context.Context, o RedriveConfig) (RedriveReport, error) {
 			target = l.Source
 		}
 		switch {
-		case l.RedrivenAt != nil:
+		case l.RedrivenAt != nil && l.Uncertain && !o.Force:
+			l.Outcome = uncertainOutcome
+			rep.Skipped++
+			continue
+		case l.RedrivenAt != nil && !l.Uncertain:
 			l.Outcome = "already redriven"
 			rep.Skipped++
 			continue
@@ -159,7 +181,12 @@ func Redrive(ctx context.Context, o RedriveConfig) (RedriveReport, error) {
 			rep.Skipped++
 			continue
 		}
-		done, err := redrive.One(ctx, pool, table, w, o.DeadLetterTopic, target, l)
+		done, err := redrive.One(ctx, pool, table, w, o.DeadLetterTopic, target, l, o.Force)
+		if errors.Is(err, redrive.ErrUncertain) {
+			l.Outcome = uncertainOutcome
+			rep.Skipped++
+			return rep, err
+		}
 		if errors.Is(err, redrive.ErrDatabase) {
 			return rep, fmt.Errorf("%w: %v", errDatabase, err)
 		}

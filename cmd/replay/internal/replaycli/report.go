@@ -35,8 +35,13 @@ func printReport(w io.Writer, report any) {
 			switch {
 			case l.Outcome != "":
 				state = " [" + l.Outcome + "]"
+			case l.RedrivenAt != nil && l.Uncertain:
+				state = " [" + uncertainOutcome + "]"
 			case l.RedrivenAt != nil:
 				state = " [redriven " + l.RedrivenAt.UTC().Format(time.RFC3339) + "]"
+			}
+			if l.OffsetReused {
+				state += " [" + offsetReusedNote + "]"
 			}
 			fmt.Fprintf(w, "  %d/%d %s key=%q id=%q from %s (handler %s): %s%s\n", l.Partition, l.Offset, l.Time.UTC().Format(time.RFC3339),
 				l.Key, l.ID, l.Source, l.Handler, l.Reason, state)
