@@ -28,20 +28,22 @@ import (
 // applied once. The retirement is done by hand, as retirePartition does
 // it, on the partition that the state reads as the oldest, in every exec
 // mode that plans a statement differently (a statement prepared once, one
-// planned at each execution, the simple protocol).
+// planned at each execution, the simple protocol), by Do and by DoBatch.
 func TestClaimRacingPartitionDetach(t *testing.T) {
 	modes := []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol}
 	for _, mode := range modes {
 		for _, when := range []string{"waits", "detached"} {
-			t.Run(fmt.Sprint(mode, "/", when), func(t *testing.T) {
-				t.Parallel()
-				claimRacingDetach(t, mode, when == "waits")
-			})
+			for _, batch := range []bool{false, true} {
+				t.Run(fmt.Sprint(mode, "/", when, "/batch=", batch), func(t *testing.T) {
+					t.Parallel()
+					claimRacingDetach(t, mode, when == "waits", batch)
+				})
+			}
 		}
 	}
 }
 
-func claimRacingDetach(t *testing.T, mode pgx.QueryExecMode, waits bool) {
+func claimRacingDetach(t *testing.T, mode pgx.QueryExecMode, waits, batch bool) {
 	_, _, db := newPartitioned(t, nil, "")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -76,9 +78,27 @@ func claimRacingDetach(t *testing.T, mode pgx.QueryExecMode, waits bool) {
 	// Both keys in the oldest partition; the first one read the state and
 	// prepared the claim on the store's connection.
 	warm, racer := v7At(low.Add(time.Millisecond)), v7At(low.Add(2*time.Millisecond))
+	do := func(id string) (dedupe.Claim, error) {
+		req := dedupetest.Req("s", id, "p")
+		if !batch {
+			return s.Do(ctx, req, func(ctx context.Context, tx pgx.Tx) ([]byte, error) { return nil, apply(ctx, db, tx, id) })
+		}
+		out, err := s.DoBatch(ctx, []dedupe.Request{req}, func(ctx context.Context, tx pgx.Tx, fresh []int) ([][]byte, error) {
+			for range fresh {
+				if err := apply(ctx, db, tx, id); err != nil {
+					return nil, err
+				}
+			}
+			return nil, nil
+		})
+		if err != nil {
+			return dedupe.Claim{}, err
+		}
+		return out[0].Claim, out[0].Err
+	}
 	claim := func(id string) (dedupe.Claim, error) {
 		for {
-			c, err := s.Do(ctx, dedupetest.Req("s", id, "p"), func(ctx context.Context, tx pgx.Tx) ([]byte, error) { return nil, apply(ctx, db, tx, id) })
+			c, err := do(id)
 			var r *dedupe.RetryableError
 			if !errors.As(err, &r) || ctx.Err() != nil {
 				return c, err
