@@ -35,9 +35,6 @@ type partArgs struct {
 	// legacy is the legacy table probed as the oldest generation, as the
 	// layout's state named it (quoted); "" once it is retired.
 	legacy string
-	// target is the partition that the key's statements name (see
-	// target); "" for the partitioned table.
-	target string
 }
 
 // prepareClaim reads the layout's state (cached) and the codes of the
@@ -84,8 +81,7 @@ func (p *partitioned) prepareClaim(ctx context.Context, db DBTX, req dedupe.Requ
 		pa.topicCode = &c
 	}
 	pa.fp, _ = hex.DecodeString(a.fingerprint) // validated: 64 hex digits
-	pa.target = p.target(st, pa.sid)
-	a.part, a.q = pa, p.queriesFor(st, pa.target)
+	a.part, a.q = pa, p.queriesFor(st, p.target(st, pa.sid))
 	return a, nil
 }
 

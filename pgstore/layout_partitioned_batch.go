@@ -84,11 +84,6 @@ func (p *partitioned) batchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.R
 		fps[j], topics[j], parts[j], offsets[j], ttls[j] = a.part.fp, a.part.topicCode, a.partition, a.offset, a.ttlMicros
 	}
 	st.claim, st.lock = p.batchClaim, p.batchLock
-	// A batch whose keys all go to one partition names it, as a claim of
-	// one key does (target): a plan made once, no routing.
-	if n > 0 && args[0].part.target != "" && !slices.ContainsFunc(args, func(a claimArgs) bool { return a.part.target != args[0].part.target }) {
-		st.claim, st.lock = p.batchOnPartition(args[0].part.target)
-	}
 	st.claimArgs = []any{scopes, ids, scodes, kids, kinds, texts, fps, topics, parts, offsets, ttls, n}
 	st.lockArgs = func(js []int) []any {
 		ls, li, lc, lk, lt, lx := make([]string, len(js)), make([]string, len(js)), make([]int16, len(js)), make([]pgtype.UUID, len(js)), make([]string, len(js)), make([]*string, len(js))

@@ -116,7 +116,7 @@ ORDER BY pref LIMIT 1`
 	p2BatchCols = `u.scope, u.id, ` + p2RowHead + p2TopicName + p2RowTail
 
 	// p2BatchKey matches the row in {P} aliased k of the request in u.
-	p2BatchKey = `{G}k.scope = u.scode AND k.kid = u.kid AND k.kind = u.kind::"char" AND (k.kind <> 't' OR k.id_text = u.id)`
+	p2BatchKey = `k.scope = u.scode AND k.kid = u.kid AND k.kind = u.kind::"char" AND (k.kind <> 't' OR k.id_text = u.id)`
 
 	// p2BatchClaimSQL is p2ClaimSQL for many keys, from arrays sorted in
 	// the primary key's order: it inserts them all, COMPLETED. When it
@@ -134,7 +134,7 @@ ORDER BY pref LIMIT 1`
                         scope, source_topic, attempts, kind, status, fingerprint, id_text)
     SELECT u.kid, now(), now() + u.ttl * interval '1 microsecond', NULL, NULL, u.off, u.part,
            u.scode, u.topic, 1, u.kind::"char", 'C', u.fp, u.idtext
-    FROM u WHERE {G}true ORDER BY u.ord
+    FROM u ORDER BY u.ord
     ON CONFLICT (scope, kid, kind) DO NOTHING
     RETURNING k.scope, k.kid, k.kind, k.id_text, k.created_at, k.expires_at
 ), n AS (SELECT count(*) AS n FROM ins)

@@ -24,8 +24,6 @@ type partitioned struct {
 	// batchClaim and batchLock are the batch statements (p2BatchClaimSQL,
 	// p2BatchLockSQL) on the partitioned table.
 	batchClaim, batchLock string
-	// batchOn are the batch statements on a partition, by its name.
-	batchOn map[string][2]string
 	// cleanupSQL deletes expired keys from the partition of keys that are
 	// not time-ordered (p2CleanupSQL).
 	cleanupSQL string
@@ -83,8 +81,7 @@ func newPartitioned(s *Store, schema, table string) *partitioned {
 	p := &partitioned{s: s, schema: schema, table: table, parent: q(table), other: q(table + "_other"),
 		names: q("exactly_key_names"), state: q(table + "_state"), qs: map[[2]string]*queries{}, now: time.Now,
 		dropAfter: 2 * stateTTL}
-	p.batchOn = map[string][2]string{}
-	r := strings.NewReplacer("{P}", p.parent, "{N}", p.names, "{G}", "")
+	r := strings.NewReplacer("{P}", p.parent, "{N}", p.names)
 	p.batchClaim, p.batchLock = r.Replace(p2BatchClaimSQL), r.Replace(p2BatchLockSQL)
 	p.cleanupSQL = strings.ReplaceAll(p2CleanupSQL, "{P}", p.other)
 	return p
@@ -191,24 +188,6 @@ func (p *partitioned) queriesFor(st layoutState, target string) *queries {
 	q := newPartitionedQueries(t, p.names, st.legacy, guard)
 	p.qs[k] = &q
 	return &q
-}
-
-// batchOnPartition returns the batch statements (claim, lock) on the
-// partition named target, guarded as queriesFor guards a time partition's.
-func (p *partitioned) batchOnPartition(target string) (claim, lock string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if b, ok := p.batchOn[target]; ok {
-		return b[0], b[1]
-	}
-	guard := ""
-	if target != p.table+"_other" {
-		guard = p.attachedGuard(target)
-	}
-	r := strings.NewReplacer("{P}", p.quoted(target), "{N}", p.names, "{G}", guard)
-	b := [2]string{r.Replace(p2BatchClaimSQL), r.Replace(p2BatchLockSQL)}
-	p.batchOn[target] = b
-	return b[0], b[1]
 }
 
 // target returns the table that a statement on the key sid names: its
