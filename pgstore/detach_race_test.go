@@ -145,9 +145,12 @@ func claimRacingDetach(t *testing.T, mode pgx.QueryExecMode, waits, batch bool) 
 			c, err := claim(racer)
 			done <- result{c, err}
 		}()
-		testenv.WaitFor(t, 20*time.Second, "the claim to wait for the partition's lock", func() bool {
+		// A claim that names the partition waits for its lock; one through
+		// the partitioned table (a batch), for the table's.
+		testenv.WaitFor(t, 20*time.Second, "the claim to wait for the retirement's lock", func() bool {
 			var n int
-			err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::regclass", part).Scan(&n)
+			err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation IN ($1::regclass, $2::regclass)",
+				part, db.Table("exactly_keys2")).Scan(&n)
 			return err == nil && n > 0
 		})
 	}
