@@ -3,7 +3,9 @@ package pgstore_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -79,5 +81,56 @@ func BenchmarkDo(b *testing.B) {
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "claims/s")
 			})
 		}
+	}
+}
+
+// BenchmarkDoRatio is BenchmarkDo on both layouts at once, side by side:
+// each of 4 goroutines claims one new key on the single table and one on
+// the partitioned layout per iteration (in turn first), so that both see
+// the same load, and the benchmark reports the partitioned layout's claim
+// rate over the single table's (x-single; the target is at least 0.9 for
+// time-ordered IDs). Run:
+//
+//	go test -run '^$' -bench DoRatio -count 3 -benchtime 3000x ./pgstore
+func BenchmarkDoRatio(b *testing.B) {
+	for _, ids := range []string{"v4", "v7"} {
+		b.Run(ids, func(b *testing.B) {
+			single, _ := storeMakers[pgstore.LayoutSingleTable](b, nil)
+			part, _ := storeMakers[pgstore.LayoutPartitioned](b, nil)
+			ctx := context.Background()
+			claim := func(s *pgstore.Store, ns *atomic.Int64) {
+				id := benchID(ids)
+				req := dedupetest.Req("bench", id, id)
+				req.Source = dedupe.Source{Topic: "bench-topic", Partition: 3, Offset: 7}
+				start := time.Now()
+				if c, err := s.Do(ctx, req, func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }); err != nil || c.Decision != dedupe.DecisionNew {
+					b.Fatal(c.Decision, err)
+				}
+				ns.Add(int64(time.Since(start)))
+			}
+			// Warm up: each connection prepares its statements.
+			for range 20 {
+				claim(single, new(atomic.Int64))
+				claim(part, new(atomic.Int64))
+			}
+			var singleNs, partNs atomic.Int64
+			var turn atomic.Int64
+			b.SetParallelism(2)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if turn.Add(1)%2 == 0 {
+						claim(single, &singleNs)
+						claim(part, &partNs)
+					} else {
+						claim(part, &partNs)
+						claim(single, &singleNs)
+					}
+				}
+			})
+			b.ReportMetric(float64(singleNs.Load())/float64(partNs.Load()), "x-single")
+			b.ReportMetric(float64(singleNs.Load())/float64(b.N), "single-ns/claim")
+			b.ReportMetric(float64(partNs.Load())/float64(b.N), "partitioned-ns/claim")
+		})
 	}
 }

@@ -137,6 +137,24 @@ func (p *partitioned) createPartition(ctx context.Context, conn *pgxpool.Conn, l
 	if _, err := conn.Exec(ctx, "ALTER TABLE "+q+" OWNER TO "+pgx.Identifier{owner}.Sanitize()); err != nil {
 		return classify(op, err)
 	}
+	// It gets the partitioned table's grants, so that a consumer role
+	// granted the table (docs/grants.md) claims in the partition by its
+	// own name, a plan made once (target).
+	rows, err := conn.Query(ctx, `SELECT format('GRANT %s ON %s TO %s', a.privilege_type, $2::text,
+       CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END)
+FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a WHERE c.oid = $1::regclass AND a.grantee <> c.relowner`, p.parent, q)
+	if err != nil {
+		return classify(op, err)
+	}
+	grants, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return classify(op, err)
+	}
+	for _, g := range grants {
+		if _, err := conn.Exec(ctx, g); err != nil {
+			return classify(op, err)
+		}
+	}
 	if _, err := conn.Exec(ctx, "CREATE INDEX IF NOT EXISTS "+pgx.Identifier{name + "_live"}.Sanitize()+" ON "+q+
 		" USING brin (expires_at, locked_until)"); err != nil {
 		return classify(op, err)

@@ -3,9 +3,9 @@ package pgstore
 import "strings"
 
 // The partitioned layout's statements (pgx named arguments), with {P} standing for the
-// partitioned table, {N} for the names table and {L} for the legacy table
+// partitioned table (or the partition a statement names), {N} for the names table and {L} for the legacy table
 // probed as the oldest generation (the statements without it leave its
-// parts out). They answer in the legacy statements' columns, so one
+// parts out), {G} for the guard of a statement on a time partition (attachedGuard). They answer in the legacy statements' columns, so one
 // protocol (claim.go) runs on both layouts. Their arguments:
 //
 //	@scope scope name, @id ID (returned as they are; the legacy table's key)
@@ -33,8 +33,9 @@ const (
 	// aliased k (a row the statement inserted has the request's, @tname).
 	p2TopicName = `(SELECT n.name FROM {N} n WHERE n.code = k.source_topic)`
 
-	// p2Key matches the request's row in {P} aliased k.
-	p2Key = `k.scope = @scode AND k.kid = @kid AND k.kind = @kind::"char" AND (k.kind <> 't' OR k.id_text = @id)`
+	// p2Key matches the request's row in {P} aliased k, after {G}, the
+	// guard of a statement on a time partition (attachedGuard).
+	p2Key = `{G}k.scope = @scode AND k.kid = @kid AND k.kind = @kind::"char" AND (k.kind <> 't' OR k.id_text = @id)`
 
 	// legacyLive matches the request's row in {L} aliased o while it is
 	// live: not expired, or leased.
@@ -46,7 +47,7 @@ const (
     SELECT @kid, now(), now() + @ttl::float8 * interval '1 microsecond', NULL,
            CASE WHEN @status::text = 'PROCESSING' THEN clock_timestamp() + @lease::float8 * interval '1 microsecond' END,
            @off, @part, @scode, @topic, 1, @kind::"char", CASE WHEN @status::text = 'COMPLETED' THEN 'C' ELSE 'P' END::"char", @fp, @idtext
-    /*noold*/
+    WHERE {G}true/*noold*/
     ON CONFLICT (scope, kid, kind) DO NOTHING
     RETURNING true AS inserted, k.*
 )
@@ -72,7 +73,7 @@ SELECT false, ` + p2Cols + `, clock_timestamp() FROM n k/*oldtakeoverrow*/`
 
 	// The legacy parts, spliced in where {L} is probed.
 	p2OldCTE   = `old AS (SELECT false, ` + prefixedOldCols + `, clock_timestamp() FROM {L} o WHERE ` + legacyLive + `), `
-	p2NoOld    = `WHERE NOT EXISTS (SELECT FROM old)`
+	p2NoOld    = ` AND NOT EXISTS (SELECT FROM old)`
 	p2AndNoOld = ` AND NOT EXISTS (SELECT FROM old)
 UNION ALL
 SELECT * FROM old`
@@ -190,9 +191,11 @@ WHERE ` + legacyLiveRow
     FOR UPDATE SKIP LOCKED))`
 )
 
-// newPartitionedQueries builds the partitioned layout's statements, with
-// the legacy table's parts when legacy is not "".
-func newPartitionedQueries(parent, names, legacy string) queries {
+// newPartitionedQueries builds the partitioned layout's statements on
+// parent (the partitioned table or one of its partitions), with the legacy
+// table's parts when legacy is not "" and guard ({G}: "" or attachedGuard's
+// condition) before every condition on the key.
+func newPartitionedQueries(parent, names, legacy, guard string) queries {
 	splice := func(stmt string, parts ...string) string {
 		for i := 0; i+1 < len(parts); i += 2 {
 			with := ""
@@ -201,7 +204,7 @@ func newPartitionedQueries(parent, names, legacy string) queries {
 			}
 			stmt = strings.ReplaceAll(stmt, parts[i], with)
 		}
-		return strings.NewReplacer("{P}", parent, "{N}", names, "{L}", legacy).Replace(stmt)
+		return strings.NewReplacer("{P}", parent, "{N}", names, "{L}", legacy, "{G}", guard).Replace(stmt)
 	}
 	update := func(set, where, oldSet, oldWhere string) string {
 		s := splice(p2UpdateSQL, "/*oldupdate*/", p2OldUpdate, "/*oldcount*/", p2OldCount)

@@ -57,6 +57,10 @@ type layoutState struct {
 	// otherDirect: the store's role may read, insert and update the
 	// partition for keys that are not time-ordered by its own name.
 	otherDirect bool
+	// direct names the time partitions attached when the state was read
+	// that the store's role may read, insert and update by their own names
+	// (see target).
+	direct map[string]bool
 	// high is the end of the newest time partition (zero: none).
 	high time.Time
 	// dbNow is the database's clock when the state was read, and readAt
@@ -99,6 +103,7 @@ func (p *partitioned) layoutState(ctx context.Context, db DBTX) (layoutState, er
 		direct bool
 		newest *int64
 		dbNow  time.Time
+		parts  []string
 	)
 	var started bool
 	if err := db.QueryRow(ctx, `SELECT width, low, legacy, started_at IS NOT NULL, has_table_privilege($1::regclass, 'SELECT')
@@ -106,8 +111,13 @@ func (p *partitioned) layoutState(ctx context.Context, db DBTX) (layoutState, er
        (SELECT max(substr(c.relname, length($3) + 3)::int8) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
         WHERE i.inhparent = $2::regclass AND left(c.relname, length($3) + 2) = $3 || '_p'
           AND substr(c.relname, length($3) + 3) ~ '^[0-9]+$'),
-       clock_timestamp() FROM `+p.state, p.other, p.parent, p.table).
-		Scan(&width, &low, &legacy, &started, &direct, &newest, &dbNow); err != nil {
+       clock_timestamp(),
+       ARRAY(SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+             WHERE i.inhparent = $2::regclass AND left(c.relname, length($3) + 2) = $3 || '_p'
+               AND has_table_privilege(c.oid, 'SELECT') AND has_table_privilege(c.oid, 'INSERT')
+               AND has_table_privilege(c.oid, 'UPDATE'))
+FROM `+p.state, p.other, p.parent, p.table).
+		Scan(&width, &low, &legacy, &started, &direct, &newest, &dbNow, &parts); err != nil {
 		return layoutState{}, classify("read "+p.state, err)
 	}
 	if !started {
@@ -125,7 +135,10 @@ func (p *partitioned) layoutState(ctx context.Context, db DBTX) (layoutState, er
 			return layoutState{}, classify("start the partitioned layout", err)
 		}
 	}
-	st = layoutState{width: width, otherDirect: direct, dbNow: dbNow, readAt: p.now()}
+	st = layoutState{width: width, otherDirect: direct, dbNow: dbNow, readAt: p.now(), direct: make(map[string]bool, len(parts))}
+	for _, n := range parts {
+		st.direct[n] = true
+	}
 	if newest != nil {
 		st.high = time.Unix(*newest, 0).Add(width)
 	}
@@ -165,30 +178,67 @@ func (p *partitioned) queriesFor(st layoutState, target string) *queries {
 	if q, ok := p.qs[k]; ok {
 		return q
 	}
-	t := p.parent
+	t, guard := p.parent, ""
 	if target != "" {
 		t = p.quoted(target)
+		if target != p.table+"_other" {
+			guard = p.attachedGuard(target)
+		}
 	}
-	q := newPartitionedQueries(t, p.names, st.legacy)
+	q := newPartitionedQueries(t, p.names, st.legacy, guard)
 	p.qs[k] = &q
 	return &q
 }
 
-// target returns the table that a claim of sid names: the partition for
-// keys that are not time-ordered, by its own name, when the store's role
-// may use it (its grants are its own: a role granted the partitioned table
-// only may not); else "", the partitioned table, which routes the key. A
-// statement on the partition is planned once per connection, as on the
-// legacy layout; on the partitioned table it is planned again at each
-// execution, to prune the other partitions. Time partitions are always
-// reached through the partitioned table: one is detached when it is
-// retired, and a claim that named it and waited for the detach would then
-// insert into a table that is no longer a partition, and is dropped.
+// target returns the table that a statement on the key sid names: its
+// partition, by its own name, when the store's role may use it (its grants
+// are its own: a role granted the partitioned table only may not) and, for
+// a time partition, when st saw it attached; else "", the partitioned
+// table, which routes the key. A statement on a partition is planned once
+// per connection, as on the single-table layout; on the partitioned table
+// it is planned again at each execution, to prune the other partitions,
+// which halves the claim rate.
+//
+// A time partition is detached when it is retired, then dropped: a claim
+// that names it and waits for the retirement's lock would then insert into
+// a table that is no longer a partition, its key lost with the table and
+// claimed again as new. Every statement on a time partition is guarded
+// against that (attachedGuard): it fails, and the claim is retried with
+// the state read again, unless the partition is still attached once the
+// statement holds its lock.
 func (p *partitioned) target(st layoutState, sid storedID) string {
-	if sid.timed || !st.otherDirect {
+	if !sid.timed {
+		if st.otherDirect {
+			return p.table + "_other"
+		}
 		return ""
 	}
-	return p.table + "_other"
+	if st.width <= 0 || st.low.IsZero() || sid.minted.Before(st.low) {
+		return ""
+	}
+	name := p.partName(st.low.Add(sid.minted.Sub(st.low) / st.width * st.width))
+	if !st.direct[name] {
+		return ""
+	}
+	return name
+}
+
+// attachedGuard is the condition (followed by AND) that guards a statement
+// on the time partition named part (see target): true while part is a
+// partition of the partitioned table, else an error, 42P01 (a relation
+// that does not exist), which layoutChanged reads as the layout changed
+// under the statement. pg_partition_root reads the catalog as it is
+// (not the statement's snapshot, whatever the isolation level), and the
+// planner folds it to a constant: it runs when the statement is planned,
+// once the statement holds its locks, which wait for the retirement's
+// transaction; a retirement's DETACH or DROP invalidates the plans that
+// name the partition, so a plan cached before is planned again. The
+// statement is planned once while the partition stays attached.
+func (p *partitioned) attachedGuard(part string) string {
+	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+	gone := `"pgstore: ` + part + ` is no longer a partition of ` + p.table + `: the layout's state is read again"`
+	return "(CASE WHEN pg_catalog.pg_partition_root(" + lit(p.quoted(part)) + "::regclass) = " + lit(p.parent) +
+		"::regclass THEN true ELSE " + lit(gone) + "::text::regclass IS NULL END) AND "
 }
 
 // code returns name's code in the names table, adding it when missing,

@@ -150,3 +150,40 @@ JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1::regclass AND c.rel
 		t.Fatalf("%d time partitions owned by %v, want 3 or more, all by %s", parts, owners, owner)
 	}
 }
+
+// The time partitions that maintenance creates get the partitioned table's
+// grants: a consumer role granted the table only (docs/grants.md) may then
+// claim in a key's partition by its name, a statement planned once.
+func TestPartitionsGetTheTableGrants(t *testing.T) {
+	t.Parallel()
+	owner, _, db := newPartitioned(t, nil, "")
+	ctx := context.Background()
+	rows := db.RowsOnlyPool(t) // granted the tables there are: no time partition yet
+	var role string
+	if err := rows.QueryRow(ctx, "SELECT current_user").Scan(&role); err != nil {
+		t.Fatal(err)
+	}
+	if err := owner.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var parts, granted int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE has_table_privilege($1, c.oid, 'SELECT')
+    AND has_table_privilege($1, c.oid, 'INSERT') AND has_table_privilege($1, c.oid, 'UPDATE') AND has_table_privilege($1, c.oid, 'DELETE'))
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $2::regclass AND c.relname LIKE 'exactly_keys2_p%'`,
+		role, db.Table("exactly_keys2")).Scan(&parts, &granted); err != nil {
+		t.Fatal(err)
+	}
+	if parts == 0 || granted != parts {
+		t.Fatalf("%d of %d time partitions granted to the role granted the partitioned table", granted, parts)
+	}
+	s, err := pgstore.New(rows, &pgstore.Config{Schema: db.Schema, Layout: pgstore.LayoutPartitioned})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := uuid.Must(uuid.NewV7()).String()
+	for _, want := range []dedupe.Decision{dedupe.DecisionNew, dedupe.DecisionDuplicate} {
+		if c, err := s.Do(ctx, dedupetest.Req("s", id, "p"), noop); err != nil || c.Decision != want {
+			t.Fatalf("Do %s: %v %v, want %v", id, c.Decision, err, want)
+		}
+	}
+}
