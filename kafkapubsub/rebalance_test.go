@@ -20,9 +20,7 @@ import (
 // keeps its membership through the drain, commits, and the message is not
 // delivered again to anyone.
 func TestSlowDrainKeepsMembership(t *testing.T) {
-	kafkatest.RequireReal(t)
-	t.Parallel()
-	brokers := kafkatest.Brokers(t)
+	brokers := kafkatest.RealParallel(t)
 	topic := kafkatest.Topic(t, 1)
 	group := kafkatest.Name("g")
 	const n = 5

@@ -14,9 +14,7 @@ import (
 )
 
 func TestCheckTTL(t *testing.T) {
-	t.Parallel()
-	kafkatest.RequireReal(t)
-	brokers := kafkatest.Brokers(t)
+	brokers := kafkatest.RealParallel(t)
 	ctx := context.Background()
 	topic := kafkatest.Name("retention")
 	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}

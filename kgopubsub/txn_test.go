@@ -17,9 +17,7 @@ import (
 // never delivered, those of a committed one are, and a Subscriber with
 // ReadUncommitted gets both.
 func TestReadCommitted(t *testing.T) {
-	kafkatest.RequireReal(t)
-	t.Parallel()
-	brokers := kafkatest.Brokers(t)
+	brokers := kafkatest.RealParallel(t)
 	topic := kafkatest.Topic(t, 1)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID(kafkatest.Name("tx")), kgo.DefaultProduceTopic(topic))
 	if err != nil {

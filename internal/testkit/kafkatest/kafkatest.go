@@ -141,6 +141,15 @@ func RequireReal(t testing.TB) {
 	}
 }
 
+// RealParallel is the opening of a parallel test that needs a real broker
+// (RequireReal): it marks t parallel and returns the brokers.
+func RealParallel(t *testing.T) []string {
+	t.Helper()
+	RequireReal(t)
+	t.Parallel()
+	return Brokers(t)
+}
+
 // Name returns a unique name with prefix, for topics and groups.
 func Name(prefix string) string {
 	b := make([]byte, 5)
