@@ -116,7 +116,7 @@ func TestBatchTimeoutNacksTheBatchWhole(t *testing.T) {
 // just before the deadline, not at the first read.
 func TestBatchTimeoutJudgedAtItsDeadline(t *testing.T) {
 	t.Parallel()
-	batchCutWaitingForLock(t, time.Second, 100*time.Millisecond)
+	batchCutWaitingForLock(t, time.Second, 150*time.Millisecond)
 }
 
 // batchCutWaitingForLock runs a batch whose handler runs its own code until
