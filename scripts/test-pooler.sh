@@ -53,10 +53,11 @@ echo "== behind PgBouncer (transaction mode), pgx's default mode: the pooler tes
 #   TestCutJudgedBehindTransactionPooler: runs in step 1; with five suites
 #     at once every server session of the pooler's pool (40) may be taken,
 #     and the verdict's reads queue in the pooler past the deadline.
-#   TestSingleTableRetireIsolationAndGuard: connects with
-#     default_transaction_isolation as a startup parameter, which PgBouncer
-#     refuses.
-VIA_POOLER_SKIP=${VIA_POOLER_SKIP:-'TestCleanupOneRunnerAtATime|TestLaneGrantedAsTheWaitTimesOut|TestBatchTimeoutNacksTheBatchWhole|TestBatchTimeoutJudgedAtItsDeadline|TestRelayAcrossWaitersMigration|TestRunLeavesNothingRunning|TestRegistrationCutShortLeavesNoWaiter|TestSmallPoolEveryEntryPoint|TestCutJudgedBehindTransactionPooler|TestSingleTableRetireIsolationAndGuard'}
+#   TestSingleTableRetireIsolationAndGuard,
+#   TestScopeRegistrationWaitsOutAnUnavailableDatabase: connect with
+#     default_transaction_isolation or lock_timeout as a startup parameter,
+#     which PgBouncer refuses.
+VIA_POOLER_SKIP=${VIA_POOLER_SKIP:-'TestCleanupOneRunnerAtATime|TestLaneGrantedAsTheWaitTimesOut|TestBatchTimeoutNacksTheBatchWhole|TestBatchTimeoutJudgedAtItsDeadline|TestRelayAcrossWaitersMigration|TestRunLeavesNothingRunning|TestRegistrationCutShortLeavesNoWaiter|TestSmallPoolEveryEntryPoint|TestCutJudgedBehindTransactionPooler|TestSingleTableRetireIsolationAndGuard|TestScopeRegistrationWaitsOutAnUnavailableDatabase'}
 VIA_POOLER_PKGS=${VIA_POOLER_PKGS:-./pgstore/ ./outbox/ ./consumer/ ./worker/ ./httpkey/ ./console/}
 echo "== behind PgBouncer (transaction mode), default_query_exec_mode=exec: $VIA_POOLER_PKGS"
 # shellcheck disable=SC2086
