@@ -29,6 +29,14 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
+// servers opens a test on real servers: a database and a source and a
+// dead-letter topic of its own.
+func servers(t *testing.T) (db *pgtest.DB, brokers []string, source, dlq string) {
+	t.Helper()
+	kafkatest.RequireReal(t)
+	return pgtest.New(t), kafkatest.Brokers(t), kafkatest.Topic(t, 1), kafkatest.Topic(t, 1)
+}
+
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // get returns the page's status and body.
@@ -182,11 +190,8 @@ func TestGuard(t *testing.T) {
 // found by the key lookup with where they came from and their result.
 // The console runs on a pool of one connection.
 func TestRedriveAndLookup(t *testing.T) {
-	kafkatest.RequireReal(t)
+	db, brokers, source, dlq := servers(t)
 	t.Parallel()
-	db := pgtest.New(t)
-	brokers := kafkatest.Brokers(t)
-	source, dlq := kafkatest.Topic(t, 1), kafkatest.Topic(t, 1)
 	ctx := context.Background()
 	// The console on a pool of one connection: no part of the page or of
 	// a redrive may wait for a second connection while it holds one.
@@ -307,11 +312,8 @@ func writeLetter(t *testing.T, brokers []string, dlq, source, id, reason string)
 // part of the page reads, and a redrive is recorded. Two redrives of one
 // letter at once publish it once.
 func TestLeastPrivilegeAndRedrivesAtOnce(t *testing.T) {
-	kafkatest.RequireReal(t)
+	db, brokers, source, dlq := servers(t)
 	t.Parallel()
-	db := pgtest.New(t)
-	brokers := kafkatest.Brokers(t)
-	source, dlq := kafkatest.Topic(t, 1), kafkatest.Topic(t, 1)
 	s := pgx.Identifier{db.Schema}.Sanitize()
 	q := func(table string) string { return pgx.Identifier{db.Schema, table}.Sanitize() }
 	role := db.RolePool(t, "GRANT USAGE ON SCHEMA "+s+" TO {role}",

@@ -12,7 +12,6 @@ import (
 
 	"github.com/exactly-go/exactly/console"
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
-	"github.com/exactly-go/exactly/internal/testkit/pgtest"
 )
 
 // The dead-letter topic deleted and created again numbers its records from
@@ -20,10 +19,7 @@ import (
 // "already redriven" (its message ID differs); the page says what happened
 // at that offset and the letter is redriven.
 func TestRecreatedTopicLetterAtRedrivenOffsetIsRedriven(t *testing.T) {
-	kafkatest.RequireReal(t)
-	db := pgtest.New(t)
-	brokers := kafkatest.Brokers(t)
-	source, dlq := kafkatest.Topic(t, 1), kafkatest.Topic(t, 1)
+	db, brokers, source, dlq := servers(t)
 	ctx := context.Background()
 	c, err := console.New(db.Pool, &console.Config{Brokers: brokers, DeadLetterTopic: dlq, Schema: db.Schema, Token: "tok", Logger: quiet()})
 	if err != nil {

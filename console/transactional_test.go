@@ -14,7 +14,6 @@ import (
 	"github.com/exactly-go/exactly/console"
 	"github.com/exactly-go/exactly/internal/redrive"
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
-	"github.com/exactly-go/exactly/internal/testkit/pgtest"
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
@@ -24,10 +23,7 @@ import (
 // listed, and the page is built without waiting out its deadline on the
 // transaction markers.
 func TestAbortedLetterIsNotListedNorRedriven(t *testing.T) {
-	kafkatest.RequireReal(t)
-	db := pgtest.New(t)
-	brokers := kafkatest.Brokers(t)
-	source, dlq := kafkatest.Topic(t, 1), kafkatest.Topic(t, 1)
+	db, brokers, source, dlq := servers(t)
 	ctx := context.Background()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID("txdlq-"+dlq), kgo.DefaultProduceTopic(dlq))
 	if err != nil {

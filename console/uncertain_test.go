@@ -16,7 +16,6 @@ import (
 	"github.com/exactly-go/exactly/console"
 	"github.com/exactly-go/exactly/internal/redrive"
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
-	"github.com/exactly-go/exactly/internal/testkit/pgtest"
 	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
@@ -46,10 +45,7 @@ func (s lateAcks) RoundTrip(ctx context.Context, addr net.Addr, req protocol.Mes
 // operator's retry through the console does not publish the letter again,
 // says why, and the page offers Force, which does.
 func TestUncertainRedriveIsNotRepeatedUnlessForced(t *testing.T) {
-	kafkatest.RequireReal(t)
-	db := pgtest.New(t)
-	brokers := kafkatest.Brokers(t)
-	source, dlq := kafkatest.Topic(t, 1), kafkatest.Topic(t, 1)
+	db, brokers, source, dlq := servers(t)
 	writeLetter(t, brokers, dlq, source, "0190a0e8-0000-7000-8000-0000000000aa", "refused")
 	ctx := context.Background()
 
