@@ -35,6 +35,7 @@
 //	GRANT SELECT ON ledger.exactly_keys2_state TO ledger_consumer;
 //	GRANT SELECT, UPDATE ON ledger.exactly_keys TO ledger_consumer;
 //	GRANT SELECT, INSERT, UPDATE ON ledger.exactly_positions TO ledger_consumer;
+//	GRANT SELECT, INSERT, UPDATE ON ledger.exactly_positions_claims TO ledger_consumer;
 //	GRANT SELECT, INSERT, UPDATE ON ledger.exactly_scopes TO ledger_consumer;
 //	GRANT INSERT ON ledger.exactly_outbox TO ledger_consumer;
 //	GRANT USAGE ON SEQUENCE ledger.exactly_outbox_id_seq TO ledger_consumer;
@@ -56,7 +57,10 @@
 // (pgstore.LayoutSingleTable) grants SELECT, INSERT, UPDATE, DELETE on
 // exactly_keys instead, and its clean-up (DELETE) may run as the consumer.
 // On exactly_positions, SELECT reads a group's positions when partitions are
-// assigned and INSERT and UPDATE save them (pgstore.Positions). On
+// assigned and INSERT and UPDATE save them (pgstore.Positions); on
+// exactly_positions_claims, INSERT and UPDATE claim the partitions a
+// member is assigned and SELECT (FOR SHARE, which needs UPDATE) fences its
+// saves (migration 00013 gives it every grant exactly_positions had). On
 // exactly_scopes, a worker records its group for its scope and topic at
 // start (SELECT, INSERT; UPDATE to take a scope over: worker.Config.TakeOver,
 // pgstore.Store.RegisterScope). A

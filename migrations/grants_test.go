@@ -234,6 +234,12 @@ func TestDocumentedGrants(t *testing.T) {
 	if got, err := positions.Load(ctx, "ledger", topic, []int{0, 1}); err != nil || got[0] != 4 || got[1] != 5 {
 		t.Fatalf("load positions as the consumer: %v %v, want 0:4 1:5", got, err)
 	}
+	// A Subscriber claims its partitions and fences its saves.
+	if got, epochs, err := positions.Claim(ctx, "ledger", topic, []int{0, 1}); err != nil || got[0] != 4 || epochs[0] <= 0 {
+		t.Fatalf("claim positions as the consumer: %v %v %v, want 0:4 and an epoch", got, epochs, err)
+	} else if _, lost, err := positions.SaveClaimed(ctx, "ledger", topic, map[int]int64{0: 6}, map[int]int64{0: 4}, epochs); err != nil || lost != nil {
+		t.Fatalf("save claimed positions as the consumer: %v %v", lost, err)
+	}
 	// A worker records its group for its scope and topic at start, and
 	// takes a scope over with worker.Config.TakeOver.
 	if _, err := store.RegisterScope(ctx, "ledger", topic, "ledger", false); err != nil {
@@ -341,5 +347,43 @@ func TestDocumentedGrants(t *testing.T) {
 		if _, err := c.pool.Exec(ctx, strings.ReplaceAll(c.stmt, "{S}", schema)); !denied(err) {
 			t.Errorf("%s: %s: err = %v, want permission denied", c.who, c.stmt, err)
 		}
+	}
+}
+
+// TestUpgradeGivesClaimsThePositionsGrants: a deployment migrated before
+// 00013 granted its consumer exactly_positions only; the migration that
+// adds the claims gives them the same grants, so the consumer's upgraded
+// Subscriber claims and saves with no new grant.
+func TestUpgradeGivesClaimsThePositionsGrants(t *testing.T) {
+	adm := admin(t)
+	ctx := context.Background()
+	migrator, consumer := randomName("t_migrator_"), randomName("t_consumer_")
+	newRole(t, adm, migrator)
+	newRole(t, adm, consumer)
+	schema := randomName("t_")
+	exec(t, adm, "CREATE SCHEMA "+schema+" AUTHORIZATION "+migrator)
+	migPool := connectAs(t, adm, migrator)
+	conPool := connectAs(t, adm, consumer)
+	if err := migrations.Migrate(ctx, migPool, &migrations.Config{Schema: schema, Version: 12}); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, migPool, "GRANT USAGE ON SCHEMA "+schema+" TO "+consumer,
+		"GRANT SELECT, INSERT, UPDATE ON "+schema+".exactly_positions TO "+consumer)
+	if err := migrations.Migrate(ctx, migPool, &migrations.Config{Schema: schema}); err != nil {
+		t.Fatal(err)
+	}
+	positions, err := pgstore.NewPositions(conPool, &pgstore.PositionsConfig{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, epochs, err := positions.Claim(ctx, "g", "t", []int{0})
+	if err != nil {
+		t.Fatalf("claim as the consumer granted exactly_positions before 00013: %v", err)
+	}
+	if _, lost, err := positions.SaveClaimed(ctx, "g", "t", map[int]int64{0: 3}, map[int]int64{}, epochs); err != nil || lost != nil {
+		t.Fatalf("save claimed positions as that consumer: %v %v", lost, err)
+	}
+	if _, err := conPool.Exec(ctx, "DELETE FROM "+schema+".exactly_positions_claims"); !denied(err) {
+		t.Fatalf("DELETE on the claims as that consumer: %v, want it denied (it had no DELETE on exactly_positions)", err)
 	}
 }

@@ -38,7 +38,7 @@ func TestUpDownUp(t *testing.T) {
 			t.Fatalf("up %d: %v", round, err)
 		}
 		got := strings.Join(tables(t, db), ",")
-		if got != "exactly_goose_db_version,exactly_key_names,exactly_keys,exactly_keys2,exactly_keys2_other,exactly_keys2_state,exactly_outbox,exactly_outbox_waiters,exactly_positions,exactly_redrives,exactly_scopes" {
+		if got != "exactly_goose_db_version,exactly_key_names,exactly_keys,exactly_keys2,exactly_keys2_other,exactly_keys2_state,exactly_outbox,exactly_outbox_waiters,exactly_positions,exactly_positions_claims,exactly_redrives,exactly_scopes" {
 			t.Fatalf("after up: tables %s", got)
 		}
 		cur, latest, err := migrations.Version(ctx, db.Pool, opts)

@@ -50,8 +50,8 @@ func TestMigrateAsSchemaOwner(t *testing.T) {
 		schema, owner).Scan(&owned, &all); err != nil {
 		t.Fatal(err)
 	}
-	if all != 11 || owned != all {
-		t.Fatalf("%d tables in %s, %d owned by %s; want 11, all of them", all, schema, owned, owner)
+	if all != 12 || owned != all {
+		t.Fatalf("%d tables in %s, %d owned by %s; want 12, all of them", all, schema, owned, owner)
 	}
 
 	missing := randomName("t_")
@@ -97,7 +97,7 @@ WHERE wait_event_type = 'Lock' AND query = $1`, `CREATE SCHEMA IF NOT EXISTS "`+
 		t.Fatalf("Migrate: %v", err)
 	}
 	var tables int
-	if err := adm.QueryRow(ctx, "SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = $1", schema).Scan(&tables); err != nil || tables != 11 {
-		t.Fatalf("%d tables in %s (%v), want 11", tables, schema, err)
+	if err := adm.QueryRow(ctx, "SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = $1", schema).Scan(&tables); err != nil || tables != 12 {
+		t.Fatalf("%d tables in %s (%v), want 12", tables, schema, err)
 	}
 }

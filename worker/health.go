@@ -244,7 +244,8 @@ func (w *Worker) missingTables(ctx context.Context) ([]string, error) {
 	want := []string{pgx.Identifier{w.cfg.Schema, w.store.Config().Table}.Sanitize(),
 		pgx.Identifier{w.cfg.Schema, "exactly_outbox"}.Sanitize()}
 	if !w.cfg.NoPositions && w.cfg.Subscriber == nil {
-		want = append(want, pgx.Identifier{w.cfg.Schema, "exactly_positions"}.Sanitize())
+		want = append(want, pgx.Identifier{w.cfg.Schema, "exactly_positions"}.Sanitize(),
+			pgx.Identifier{w.cfg.Schema, "exactly_positions_claims"}.Sanitize())
 	}
 	if w.registersScope() {
 		want = append(want, pgx.Identifier{w.cfg.Schema, "exactly_scopes"}.Sanitize())
