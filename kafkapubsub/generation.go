@@ -46,6 +46,11 @@ func (o *offsets) putBack(p map[int]int64) {
 // bound to gen: when the generation ends they drain, commit and return.
 func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, topic string, out chan<- *message.Message) {
 	st := &offsets{pending: map[int]int64{}}
+	assigned := gen.Assignments[topic]
+	var sp *startPositions
+	if s.cfg.Positions != nil {
+		sp = newStartPositions(s, topic, assigned)
+	}
 	var commitMu sync.Mutex // one commit at a time, so saves and commits keep their order
 	// Under commitMu: the least position the database must hold per
 	// partition (loaded at the start, then each save), and whether it was
@@ -55,6 +60,12 @@ func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, t
 	expected := map[int]int64{}
 	fenced := false
 	rewind := make(chan struct{})
+	// Under commitMu: the partitions another member claimed since this
+	// generation claimed them (PositionClaims). This member lost them
+	// without knowing it yet; their offsets are neither saved nor
+	// committed, and Kafka ends the generation once the member hears from
+	// it.
+	lostParts := map[int]bool{}
 	commit := func() {
 		commitMu.Lock()
 		defer commitMu.Unlock()
@@ -62,7 +73,12 @@ func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, t
 			return
 		}
 		p := st.take()
-		if p == nil {
+		for part := range p {
+			if lostParts[part] {
+				delete(p, part)
+			}
+		}
+		if len(p) == 0 {
 			return
 		}
 		// The database's position first, then Kafka's: see savePositions.
@@ -72,7 +88,7 @@ func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, t
 				exp[part] = e
 			}
 		}
-		behind, err := s.savePositions(ctx, topic, p, exp)
+		behind, lost, err := s.savePositions(ctx, sp, p, exp)
 		if err != nil {
 			s.log().Warn("kafkapubsub: saving positions failed; not committing to Kafka either", "group", s.cfg.ConsumerGroup, "topic", topic, "generation", gen.ID, "offsets", p, "err", err)
 			st.putBack(p)
@@ -86,6 +102,18 @@ func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, t
 				"generation", gen.ID, "db_positions", behind, "expected", exp)
 			return
 		}
+		if len(lost) > 0 {
+			s.log().Warn("kafkapubsub: another member claimed partitions of this generation: this member lost them without knowing it "+
+				"(cut off from Kafka or paused past its session); their positions are not saved or committed",
+				"group", s.cfg.ConsumerGroup, "topic", topic, "generation", gen.ID, "lost", lost, "offsets", p)
+			for _, part := range lost {
+				lostParts[part] = true
+				delete(p, part)
+			}
+			if len(p) == 0 {
+				return
+			}
+		}
 		for part, off := range p {
 			expected[part] = off
 		}
@@ -97,12 +125,7 @@ func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, t
 		}
 	}
 	var partitions sync.WaitGroup
-	assigned := gen.Assignments[topic]
 	s.log().Debug("kafkapubsub: generation started", "group", s.cfg.ConsumerGroup, "topic", topic, "generation", gen.ID, "partitions", len(assigned))
-	var sp *startPositions
-	if s.cfg.Positions != nil {
-		sp = newStartPositions(s, topic, assigned)
-	}
 	for _, a := range assigned {
 		partitions.Add(1)
 		gen.Start(func(gctx context.Context) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -47,6 +48,26 @@ type Positions interface {
 	// is past the offset keeps it (a member that lost the partition
 	// without knowing it saves late, after the new owner saved further).
 	Save(ctx context.Context, group, topic string, offsets, expected map[int]int64) (behind map[int]int64, err error)
+}
+
+// PositionClaims is implemented by Positions that know which member owns
+// a partition (pgstore.Positions does): a Subscriber whose Positions have
+// it claims its partitions at each assignment, instead of loading them, and
+// fences each save with the claim, so that a member which lost a partition
+// without knowing it yet (cut off from Kafka, or paused, past its
+// session) saves nothing for it once its new owner claimed it. Such a
+// member neither saves nor commits that partition's offsets again until it
+// is assigned it again and claims it; Kafka takes the partition from it
+// once it hears from the group.
+type PositionClaims interface {
+	// Claim takes partitions for the caller and returns their stored
+	// positions, as Load does, and the epoch of each claim: every claim
+	// raises a partition's epoch.
+	Claim(ctx context.Context, group, topic string, partitions []int) (positions, epochs map[int]int64, err error)
+	// SaveClaimed is Save fenced by epochs (partition → the epoch the
+	// caller claimed it with): a partition claimed since by another stores
+	// nothing and is returned in lost.
+	SaveClaimed(ctx context.Context, group, topic string, offsets, expected, epochs map[int]int64) (behind map[int]int64, lost []int, err error)
 }
 
 // positionTimeout bounds one Load or Save.
@@ -119,17 +140,25 @@ func (s *Subscriber) client(topic string) *kafka.Client {
 // position then never passes Kafka's in normal operation, so a database
 // that lost commits shows as one whose position is behind Kafka's, and a
 // failed save leaves Kafka's offset where it was.
-func (s *Subscriber) savePositions(ctx context.Context, topic string, p, expected map[int]int64) (behind map[int]int64, err error) {
+//
+// With PositionClaims the save is fenced by the epochs the generation
+// claimed its partitions with (sp), and lost lists the partitions another
+// member claimed since.
+func (s *Subscriber) savePositions(ctx context.Context, sp *startPositions, p, expected map[int]int64) (behind map[int]int64, lost []int, err error) {
 	if s.cfg.Positions == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), positionTimeout)
 	defer cancel()
-	behind, err = s.cfg.Positions.Save(ctx, s.cfg.ConsumerGroup, topic, p, expected)
-	if err != nil {
-		return nil, fmt.Errorf("save positions: %w", err)
+	if pc, ok := s.cfg.Positions.(PositionClaims); ok {
+		behind, lost, err = pc.SaveClaimed(ctx, s.cfg.ConsumerGroup, sp.topic, p, expected, sp.claimed())
+	} else {
+		behind, err = s.cfg.Positions.Save(ctx, s.cfg.ConsumerGroup, sp.topic, p, expected)
 	}
-	return behind, nil
+	if err != nil {
+		return nil, nil, fmt.Errorf("save positions: %w", err)
+	}
+	return behind, lost, nil
 }
 
 // startPositions loads the database's positions for a generation's
@@ -143,6 +172,17 @@ type startPositions struct {
 	loaded     bool
 	pos        map[int]int64
 	marked     map[int]bool // Kafka's commit carries positionsMarker
+
+	mu     sync.Mutex
+	epochs map[int]int64 // the claims' epochs, with PositionClaims
+}
+
+// claimed returns the epochs of the generation's claims (nil before they
+// are made, or without PositionClaims).
+func (sp *startPositions) claimed() map[int]int64 {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return sp.epochs
 }
 
 func newStartPositions(s *Subscriber, topic string, assigned []kafka.PartitionAssignment) *startPositions {
@@ -168,7 +208,18 @@ func (sp *startPositions) get(ctx context.Context) (map[int]int64, bool) {
 	s := sp.s
 	for bo := retryBackoff(); ; {
 		lctx, cancel := context.WithTimeout(ctx, positionTimeout)
-		pos, err := s.cfg.Positions.Load(lctx, s.cfg.ConsumerGroup, sp.topic, sp.partitions)
+		var pos, epochs map[int]int64
+		var err error
+		if pc, ok := s.cfg.Positions.(PositionClaims); ok {
+			pos, epochs, err = pc.Claim(lctx, s.cfg.ConsumerGroup, sp.topic, sp.partitions)
+		} else {
+			pos, err = s.cfg.Positions.Load(lctx, s.cfg.ConsumerGroup, sp.topic, sp.partitions)
+		}
+		if epochs != nil {
+			sp.mu.Lock()
+			sp.epochs = epochs
+			sp.mu.Unlock()
+		}
 		var marked map[int]bool
 		if err == nil {
 			marked, err = s.markedPartitions(lctx, sp.topic, sp.partitions)

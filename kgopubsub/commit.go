@@ -7,6 +7,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 // commit commits the pending offsets of owned partitions: with Positions,
@@ -24,6 +26,11 @@ func (m *member) commit(mustCommit []int32) {
 	p := m.pending
 	m.pending = map[int32]int64{}
 	m.mu.Unlock()
+	for part := range p {
+		if m.lostParts[part] {
+			delete(p, part)
+		}
+	}
 	if len(p) == 0 {
 		return
 	}
@@ -50,7 +57,14 @@ func (m *member) commit(mustCommit []int32) {
 				exp[int(part)] = e
 			}
 		}
-		behind, err := s.cfg.Positions.Save(ctx, s.cfg.ConsumerGroup, m.topic, offs, exp)
+		var behind map[int]int64
+		var lost []int
+		var err error
+		if pc, ok := s.cfg.Positions.(kafkapubsub.PositionClaims); ok {
+			behind, lost, err = pc.SaveClaimed(ctx, s.cfg.ConsumerGroup, m.topic, offs, exp, m.epochs)
+		} else {
+			behind, err = s.cfg.Positions.Save(ctx, s.cfg.ConsumerGroup, m.topic, offs, exp)
+		}
 		if err != nil {
 			s.log().Warn("kgopubsub: saving positions failed; not committing to Kafka either", "group", s.cfg.ConsumerGroup, "topic", m.topic, "offsets", p, "err", err)
 			putBack()
@@ -63,6 +77,21 @@ func (m *member) commit(mustCommit []int32) {
 				"starting the partitions again from the database's positions", "group", s.cfg.ConsumerGroup, "topic", m.topic,
 				"db_positions", behind, "expected", exp)
 			return
+		}
+		if len(lost) > 0 {
+			s.log().Warn("kgopubsub: another member claimed partitions this member consumes: it lost them without knowing it "+
+				"(cut off from Kafka or paused past its session); their positions are not saved or committed",
+				"group", s.cfg.ConsumerGroup, "topic", m.topic, "lost", lost, "offsets", p)
+			if m.lostParts == nil {
+				m.lostParts = map[int32]bool{}
+			}
+			for _, part := range lost {
+				m.lostParts[int32(part)] = true
+				delete(p, int32(part))
+			}
+			if len(p) == 0 {
+				return
+			}
 		}
 		for part, off := range p {
 			m.expected[part] = off

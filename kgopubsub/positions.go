@@ -2,12 +2,14 @@ package kgopubsub
 
 import (
 	"context"
+	"maps"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/exactly-go/exactly/internal/backoff"
+	"github.com/exactly-go/exactly/kafkapubsub"
 )
 
 // positionsMarker is the metadata of every offset that a Subscriber with
@@ -66,11 +68,16 @@ func (m *member) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 	for id := range ps {
 		ids = append(ids, int(id))
 	}
-	var pos map[int]int64
+	var pos, epochs map[int]int64
+	pc, claims := s.cfg.Positions.(kafkapubsub.PositionClaims)
 	for bo := backoff.New(100*time.Millisecond, 5*time.Second); ; {
 		lctx, cancel := context.WithTimeout(ctx, commitTimeout)
 		var err error
-		pos, err = s.cfg.Positions.Load(lctx, s.cfg.ConsumerGroup, m.topic, ids)
+		if claims {
+			pos, epochs, err = pc.Claim(lctx, s.cfg.ConsumerGroup, m.topic, ids)
+		} else {
+			pos, err = s.cfg.Positions.Load(lctx, s.cfg.ConsumerGroup, m.topic, ids)
+		}
 		cancel()
 		if err == nil {
 			break
@@ -85,6 +92,15 @@ func (m *member) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 	}
 	m.commitMu.Lock()
 	defer m.commitMu.Unlock()
+	if epochs != nil {
+		if m.epochs == nil {
+			m.epochs = map[int]int64{}
+		}
+		maps.Copy(m.epochs, epochs)
+		for id := range epochs {
+			delete(m.lostParts, int32(id))
+		}
+	}
 	var back []int32 // partitions that start at the database's position, behind Kafka's
 	for id := range ps {
 		if dbOff, has := pos[int(id)]; has {

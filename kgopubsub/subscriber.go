@@ -112,6 +112,13 @@ type member struct {
 	expected map[int32]int64
 	fenced   bool
 	rewind   chan struct{}
+	// epochs are the epochs of the member's claims of its partitions
+	// (kafkapubsub.PositionClaims), which fence its saves; lostParts are
+	// the partitions another member claimed since, whose offsets are
+	// neither saved nor committed until this member claims them again
+	// (Kafka takes them from it once it hears from it).
+	epochs    map[int]int64
+	lostParts map[int32]bool
 	// committed and marked are Kafka's committed offsets of the partitions
 	// being assigned and whether they carry positionsMarker.
 	committed map[int32]int64

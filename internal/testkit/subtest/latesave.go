@@ -63,3 +63,88 @@ func PositionsLateSave(t *testing.T, tr Transport) {
 		t.Fatalf("the owner delivered %v, want %v once each", got, want)
 	}
 }
+
+// A member that lost its partition without knowing it saves nothing for
+// it, not even forward. The member here is the transport's Subscriber; the
+// partition's new owner is the test, which claims the partition in the
+// database as a member just assigned it does (pgstore.Positions.Claim)
+// while the Subscriber holds a message. The Subscriber then acks it and
+// closes: neither its commits nor its last one at Close may save the next
+// position. A member assigned the partition next delivers the message
+// again and saves past it.
+func PositionsFormerOwnerSave(t *testing.T, tr Transport) {
+	kafkatest.RequireReal(t)
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	topic, group := kafkatest.Topic(t, 1), kafkatest.Name("g")
+	db := pgtest.New(t)
+	ctx := context.Background()
+	store, err := pgstore.New(db.Pool, &pgstore.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	positions := store.Positions()
+	// where reads the position and the claim's epoch in one snapshot (-1
+	// for none).
+	where := func() (pos, epoch int64) {
+		t.Helper()
+		err := db.Pool.QueryRow(ctx, `SELECT coalesce((SELECT next_offset FROM `+db.Table("exactly_positions")+` WHERE consumer_group = $1 AND topic = $2 AND partition = 0), -1),
+       coalesce((SELECT epoch FROM `+db.Table("exactly_positions_claims")+` WHERE consumer_group = $1 AND topic = $2 AND partition = 0), -1)`, group, topic).Scan(&pos, &epoch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pos, epoch
+	}
+	cfg := &kafkapubsub.SubscriberConfig{Brokers: brokers, ConsumerGroup: group, Positions: positions,
+		SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second, CommitInterval: 20 * time.Millisecond, Logger: Logger()}
+	ProduceKeyed(t, brokers, topic, 5, 1)
+	sub, err := tr.NewSubscriber(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Close() })
+	ch, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, release, acked := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		for m := range ch {
+			if OffsetOf(m) == 5 {
+				close(held)
+				<-release
+				m.Ack()
+				close(acked)
+				continue
+			}
+			m.Ack()
+		}
+	}()
+	testenv.WaitFor(t, time.Minute, "the member to save the first records", func() bool { p, _ := where(); return p == 5 })
+	ProduceKeyed(t, brokers, topic, 1, 1)
+	select {
+	case <-held:
+	case <-time.After(time.Minute):
+		t.Fatal("offset 5 was not delivered in a minute")
+	}
+	// Another member is assigned the partition and claims it.
+	_, theirs, err := positions.Claim(ctx, group, topic, []int{0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	<-acked
+	if err := sub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if p, epoch := where(); p != 5 || epoch != theirs[0] {
+		t.Fatalf("the member that lost the partition saved it: position %d (want 5), epoch %d (the new owner's %d)", p, epoch, theirs[0])
+	}
+	// The partition's next owner delivers offset 5 again and saves past it.
+	d, stop := consumeAll(t, tr, cfg, topic)
+	testenv.WaitFor(t, time.Minute, "the next owner to save position 6", func() bool { p, _ := where(); return p == 6 })
+	stop()
+	if got := d.of(0); !slicesEqual(got, []int64{5}) {
+		t.Fatalf("the next owner delivered %v, want [5]", got)
+	}
+}

@@ -165,6 +165,7 @@ func Run(t *testing.T, tr Transport) {
 		{"PositionsRestoreBeforeFirstSave", PositionsRestoreBeforeFirstSave},
 		{"PositionsRestoreBeforeFirstSaveApplied", PositionsRestoreBeforeFirstSaveApplied},
 		{"PositionsLateSave", PositionsLateSave},
+		{"PositionsFormerOwnerSave", PositionsFormerOwnerSave},
 		{"PositionsRestoreBelowLogStart", PositionsRestoreBelowLogStart},
 		{"KeyOrderedConcurrency", KeyOrderedConcurrency},
 		{"WatermarkHoldsCommit", WatermarkHoldsCommit},
