@@ -75,7 +75,10 @@ func stateOf(ctx context.Context) *state {
 // and nothing is applied. A statement that may fail (a unique violation
 // the handler answers with 409) runs in a savepoint (tx.Begin); a 4xx
 // answered after a failed statement outside one is stored with the key
-// all the same, without the handler's writes.
+// all the same, without the handler's writes. On a [*pgstore.Store] in
+// transactional mode it is the store's own transaction, as
+// pgstore.Store.Do's is (its BEGIN went out in one round trip with the
+// key's lock and claim): LargeObjects is not supported on it.
 func Tx(ctx context.Context) pgx.Tx {
 	if s := stateOf(ctx); s != nil {
 		return s.tx

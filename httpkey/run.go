@@ -44,6 +44,9 @@ func (m *Middleware) check(ctx context.Context) error {
 }
 
 func (m *Middleware) runTxOnce(ctx context.Context, q *request, h http.Handler) (*recorder, dedupe.Claim, error) {
+	if p, ok := m.store.(pipelined); ok {
+		return m.runTxPipelined(ctx, p, q, h)
+	}
 	tx, err := m.store.Begin(ctx)
 	if err != nil {
 		return nil, dedupe.Claim{}, err
@@ -74,6 +77,35 @@ func (m *Middleware) runTxOnce(ctx context.Context, q *request, h http.Handler) 
 	return rec, c, nil
 }
 
+// runTxPipelined is runTxOnce's steps on a store that sends them in the
+// round trips a plain handler's transaction takes: BEGIN, the lock and the
+// claim in one, the handler's statements, the response's UPDATE and
+// COMMIT in one.
+func (m *Middleware) runTxPipelined(ctx context.Context, p pipelined, q *request, h http.Handler) (*recorder, dedupe.Claim, error) {
+	tx, locked, c, err := p.BeginLockClaimTx(ctx, q.req)
+	if tx != nil {
+		defer pgtx.Rollback(ctx, tx)
+	}
+	if err != nil {
+		return nil, c, err
+	}
+	if !locked {
+		c, err := m.lockedOut(ctx, p.Pool(), q)
+		return nil, c, err
+	}
+	if !c.Decision.Run() {
+		return nil, c, nil
+	}
+	rec, result, err := m.handle(ctx, q, h, &state{tx: tx})
+	if err != nil {
+		return rec, c, err
+	}
+	if err := p.CompleteCommitTx(ctx, tx, c, result); err != nil {
+		return rec, c, fmt.Errorf("httpkey: complete and commit %s: %w", q.req.Key, err)
+	}
+	return rec, c, nil
+}
+
 // storeAlone stores a's response with the key in a transaction of its own,
 // after the handler's transaction rolled back: the handler's writes are
 // gone, its answer stays. A request with the same key that ran in between
@@ -86,8 +118,8 @@ func (m *Middleware) storeAlone(ctx context.Context, q *request, a *abortedAnswe
 // lockedOut answers a request that found its key's lock taken: by the
 // first request, still running (409), or by another duplicate of a key
 // that is already completed, which is then replayed or a reuse.
-func (m *Middleware) lockedOut(ctx context.Context, tx pgx.Tx, q *request) (dedupe.Claim, error) {
-	rec, err := m.store.GetTx(ctx, tx, q.req.Key)
+func (m *Middleware) lockedOut(ctx context.Context, db DBTX, q *request) (dedupe.Claim, error) {
+	rec, err := m.store.GetTx(ctx, db, q.req.Key)
 	if errors.Is(err, dedupe.ErrNotFound) {
 		return dedupe.Claim{}, errBusy
 	}

@@ -61,6 +61,22 @@ type Store interface {
 	MaxResultBytes() int
 }
 
+// pipelined is a store that begins a request's transaction, takes its
+// key's lock and claims the key in one round trip, and stores the response
+// with the COMMIT in one more ([pgstore.Store.BeginLockClaimTx],
+// [pgstore.Store.CompleteCommitTx]): transactional mode then costs the
+// round trips of the handler's own transaction. Other stores take a round
+// trip for each step.
+type pipelined interface {
+	pooled
+	// BeginLockClaimTx is Begin, TryLockKeyTx and, when it took the lock,
+	// ClaimTx; a lock held elsewhere rolls the transaction back (tx nil,
+	// locked false).
+	BeginLockClaimTx(ctx context.Context, req dedupe.Request) (tx pgx.Tx, locked bool, c dedupe.Claim, err error)
+	// CompleteCommitTx is CompleteTx and Commit.
+	CompleteCommitTx(ctx context.Context, tx pgx.Tx, c dedupe.Claim, result []byte) error
+}
+
 // pooled is a store whose keys are on a Postgres pool.
 type pooled interface {
 	Pool() *pgxpool.Pool

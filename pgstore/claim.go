@@ -136,6 +136,14 @@ func (s *Store) resolveClaim(ctx context.Context, db DBTX, req dedupe.Request, a
 // transaction is returned whenever it was opened, also with the claim's
 // error: the caller rolls it back.
 func (s *Store) beginClaim(ctx context.Context, req dedupe.Request) (*connTx, dedupe.Claim, error) {
+	return s.beginLockClaim(ctx, req, false)
+}
+
+// beginLockClaim is beginClaim, with lock the key's lock (TryLockKeyTx's)
+// taken without waiting between BEGIN and the claim, in the same round
+// trip: when another transaction holds it, the claim does not run, the
+// transaction is rolled back and the error is errKeyLocked.
+func (s *Store) beginLockClaim(ctx context.Context, req dedupe.Request, lock bool) (*connTx, dedupe.Claim, error) {
 	a, err := s.newClaimArgs(ctx, s.pool, req, dedupe.StatusCompleted, 0)
 	if err != nil {
 		return nil, dedupe.Claim{}, err
@@ -147,6 +155,9 @@ func (s *Store) beginClaim(ctx context.Context, req dedupe.Request) (*connTx, de
 	tx := &connTx{pc: pc, conn: pc.Conn()}
 	b := &pgx.Batch{}
 	b.Queue(s.beginSQL)
+	if lock {
+		b.Queue(lockOrFailSQL, s.keyLockID(req.Key))
+	}
 	b.Queue(a.q.claim, s.l.claimParams(a)...)
 	br := tx.conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
@@ -156,6 +167,16 @@ func (s *Store) beginClaim(ctx context.Context, req dedupe.Request) (*connTx, de
 			return nil, dedupe.Claim{}, s.l.claimError(req, a, err)
 		}
 		return nil, dedupe.Claim{}, classify("begin", err)
+	}
+	if lock {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			rerr := tx.Rollback(ctx)
+			if isKeyLocked(err) && rerr == nil {
+				return nil, dedupe.Claim{}, errKeyLocked
+			}
+			return nil, dedupe.Claim{}, fmt.Errorf("pgstore: lock %s: %w", req.Key, err)
+		}
 	}
 	row, rowErr := scanKeyRow(br.QueryRow())
 	if err := br.Close(); err != nil && rowErr == nil {

@@ -90,6 +90,10 @@ type layout interface {
 	update(ctx context.Context, db DBTX, key dedupe.Key, u keyUpdate) (int64, error)
 	// get reads the stored key on db.
 	get(ctx context.Context, db DBTX, key dedupe.Key) (keyRow, error)
+	// resultOne is the statement (and its arguments, read on db) that
+	// stores result with key, claimed in the same transaction, and fails
+	// with notOneRow unless it updated exactly one row (queries.resultOne).
+	resultOne(ctx context.Context, db DBTX, key dedupe.Key, result []byte) (string, []any, error)
 	// stats counts (or estimates) the keys, on db.
 	stats(ctx context.Context, db DBTX) (dedupe.Stats, error)
 	// cleanup runs the layout's maintenance on conn, which holds the
@@ -107,6 +111,9 @@ type layout interface {
 // queries are a layout's statements on one key.
 type queries struct {
 	claim, lock, takeover, result, complete, release, extend, get, cleanup string
+	// resultOne is result that fails unless it updated exactly one row
+	// (oneRowSQL), for a statement sent in one round trip with the COMMIT.
+	resultOne string
 	// batchResult stores the results of many keys (the partitioned layout's).
 	batchResult string
 }

@@ -243,6 +243,14 @@ func (p *partitioned) update(ctx context.Context, db DBTX, key dedupe.Key, u key
 	return n, err
 }
 
+func (p *partitioned) resultOne(ctx context.Context, db DBTX, key dedupe.Key, result []byte) (string, []any, error) {
+	a, err := p.keyArgs(ctx, db, key)
+	if err != nil {
+		return "", nil, err
+	}
+	return a.q.resultOne, []any{p.named(a, pgx.NamedArgs{"result": result})}, nil
+}
+
 func (p *partitioned) get(ctx context.Context, db DBTX, key dedupe.Key) (keyRow, error) {
 	// A scope with no code has no key in the partitioned table: a read
 	// adds no name, so that it never waits for a transaction adding the

@@ -210,7 +210,7 @@ func newPartitionedQueries(parent, names, legacy, guard string) queries {
 		s := splice(p2UpdateSQL, "/*oldupdate*/", p2OldUpdate, "/*oldcount*/", p2OldCount)
 		return strings.NewReplacer("/*set*/", set, "/*where*/", where, "/*oldset*/", oldSet, "/*oldwhere*/", oldWhere).Replace(s)
 	}
-	return queries{
+	q := queries{
 		claim:    splice(p2ClaimSQL, "/*old*/", p2OldCTE, "/*noold*/", p2NoOld, "/*andnoold*/", p2AndNoOld),
 		lock:     splice(p2LockSQL),
 		takeover: splice(p2TakeoverSQL, "/*oldtakeover*/", p2OldTakeover, "/*oldtakeoverrow*/", p2OldTakeoverRow),
@@ -229,6 +229,8 @@ func newPartitionedQueries(parent, names, legacy, guard string) queries {
 		get:         splice(p2GetSQL, "/*oldget*/", p2OldGet),
 		batchResult: splice(p2BatchResultSQL, "/*oldbatchresult*/", p2OldBatchResult, "/*oldcount*/", p2OldCount),
 	}
+	q.resultOne = oneRowSQL(q.result)
+	return q
 }
 
 const (

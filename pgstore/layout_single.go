@@ -37,6 +37,7 @@ func newSingleTable(s *Store, schema, name string) *singleTable {
 			claim: r.Replace(claimSQL), lock: r.Replace(lockSQL), takeover: r.Replace(takeoverSQL),
 			result: r.Replace(resultSQL), complete: r.Replace(completeSQL), release: r.Replace(releaseSQL), extend: r.Replace(extendSQL),
 			get: r.Replace(getSQL), cleanup: r.Replace(cleanupSQL),
+			resultOne: oneRowSQL("WITH n AS (" + r.Replace(resultSQL) + " RETURNING 1)\nSELECT (SELECT count(*) FROM n)"),
 		},
 		batchClaim: r.Replace(batchClaimSQL), batchLock: r.Replace(batchLockSQL), batchResult: r.Replace(batchResultSQL),
 		statsSize: r.Replace(statsSizeSQL), statsExact: r.Replace(statsExactSQL), statsEstimate: r.Replace(statsEstimateSQL),
@@ -123,6 +124,10 @@ func (l *singleTable) update(ctx context.Context, db DBTX, key dedupe.Key, u key
 		return 0, nil
 	}
 	return tag.RowsAffected(), err
+}
+
+func (l *singleTable) resultOne(_ context.Context, _ DBTX, key dedupe.Key, result []byte) (string, []any, error) {
+	return l.q.resultOne, []any{key.Scope, key.ID, result}, nil
 }
 
 func (l *singleTable) get(ctx context.Context, db DBTX, key dedupe.Key) (keyRow, error) {

@@ -288,14 +288,19 @@ func (s *Store) GetTx(ctx context.Context, db DBTX, key dedupe.Key) (dedupe.Reco
 // transaction that holds the key's claim. It is a transaction-scoped
 // advisory lock named by the store's table and the key.
 func (s *Store) TryLockKeyTx(ctx context.Context, tx pgx.Tx, key dedupe.Key) (bool, error) {
-	// The name httpkey took the lock under when it took it itself, so that
-	// two versions of a server in one rolling upgrade keep each other out.
-	lock := advisory.LockID("httpkey/" + s.cfg.Schema + "." + s.cfg.Table + "/" + key.Scope + "\x00" + key.ID)
 	var locked bool
-	if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", lock).Scan(&locked); err != nil {
+	if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", s.keyLockID(key)).Scan(&locked); err != nil {
 		return false, fmt.Errorf("pgstore: lock %s: %w", key, err)
 	}
 	return locked, nil
+}
+
+// keyLockID is the advisory lock of key that TryLockKeyTx and
+// BeginLockClaimTx take: the name httpkey took the lock under when it took
+// it itself, so that two versions of a server in one rolling upgrade keep
+// each other out.
+func (s *Store) keyLockID(key dedupe.Key) int64 {
+	return advisory.LockID("httpkey/" + s.cfg.Schema + "." + s.cfg.Table + "/" + key.Scope + "\x00" + key.ID)
 }
 
 // MaxResultBytes is the largest result the store keeps with a key
