@@ -83,7 +83,7 @@ func TestFilterPartition(t *testing.T) {
 			&fetchapi.ResponsePartition{LastStableOffset: 5, HighWatermark: 5}, 5, true, nil, 5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := filterPartition("t", tc.p, tc.pos, tc.committed)
+			got, err := filterPartition("t", tc.p, tc.pos, tc.committed, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -98,5 +98,36 @@ func TestFilterPartition(t *testing.T) {
 				t.Fatalf("got records %v next %d, want %v next %d", offs, got.next, tc.want, tc.next)
 			}
 		})
+	}
+}
+
+// Keys and values copied out of a response keep a null key null and an
+// empty one empty, and appending to one never writes into the next.
+func TestFetchedBytes(t *testing.T) {
+	big := make([]byte, arenaBlock)
+	recs := []protocol.Record{
+		{Offset: 0, Key: nil, Value: protocol.NewBytes([]byte("a"))},
+		{Offset: 1, Key: protocol.NewBytes([]byte{}), Value: protocol.NewBytes([]byte("b"))},
+		{Offset: 2, Key: protocol.NewBytes([]byte("k")), Value: protocol.NewBytes(big)},
+		{Offset: 3, Key: protocol.NewBytes([]byte("k")), Value: protocol.NewBytes([]byte("c"))},
+	}
+	p := part(4, nil, &protocol.RecordBatch{BaseOffset: 0, ProducerID: -1, Records: protocol.NewRecordReader(recs...)})
+	got, err := filterPartition("t", p, 0, true, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.records) != 4 {
+		t.Fatalf("%d records, want 4", len(got.records))
+	}
+	r := got.records
+	if r[0].Key != nil || r[1].Key == nil || len(r[1].Key) != 0 || string(r[2].Key) != "k" {
+		t.Fatalf("keys %q (nil %v), %q (nil %v), %q: want null, empty, k", r[0].Key, r[0].Key == nil, r[1].Key, r[1].Key == nil, r[2].Key)
+	}
+	if len(r[2].Value) != len(big) {
+		t.Fatalf("a value of %d bytes came out with %d", len(big), len(r[2].Value))
+	}
+	_ = append(r[0].Value, 'x')
+	if string(r[0].Value) != "a" || string(r[1].Value) != "b" || string(r[3].Value) != "c" {
+		t.Fatalf("values %q %q %q after an append to the first, want a b c", r[0].Value, r[1].Value, r[3].Value)
 	}
 }
