@@ -44,7 +44,7 @@ type fetcher struct {
 	maxBytes  int
 	maxWait   time.Duration
 	// last is how many records the last fetch returned: the room the next
-	// one's records are given at once.
+	// one's records are given at once (up to chunkRecords).
 	last int
 }
 
@@ -53,8 +53,11 @@ type fetcher struct {
 // that is not in records is hidden (a control record, a record of an aborted
 // transaction, a record removed by compaction) and may be committed past.
 type fetched struct {
-	records []kafka.Message
-	next    int64
+	// chunks are the records, about chunkRecords at a time (a record batch
+	// is never split), n of them.
+	chunks [][]kafka.Message
+	n      int
+	next   int64
 }
 
 // fetch reads from pos.
@@ -104,12 +107,15 @@ func (f *fetcher) fetch(ctx context.Context, pos int64) (fetched, error) {
 				return fetched{next: pos}, kafka.Error(p.ErrorCode)
 			}
 			out, err := filterPartition(f.topic, p, pos, f.committed, f.last)
-			f.last = len(out.records)
+			f.last = out.n
 			return out, err
 		}
 	}
 	return fetched{next: pos}, fmt.Errorf("fetch response without %s/%d", f.topic, f.partition)
 }
+
+// chunkRecords is about how many records a fetch response's chunks hold.
+const chunkRecords = 1024
 
 // batch is one decoded record batch of a fetch response.
 type batch struct {
@@ -227,9 +233,18 @@ func closeBytes(b protocol.Bytes) {
 // this response: the broker lists every aborted transaction overlapping the
 // returned range, even one whose first offset is below pos.
 //
-// The records are given room for sizeHint of them at once.
-func filterPartition(topic string, p *fetchapi.ResponsePartition, pos int64, committed bool, sizeHint int) (fetched, error) {
-	out := fetched{next: pos}
+// The records are given room for sizeHint of them at once (up to
+// chunkRecords), and cut in chunks of about chunkRecords between record
+// batches: a response of many records grows no slice of them all.
+func filterPartition(topic string, p *fetchapi.ResponsePartition, pos int64, committed bool, sizeHint int) (out fetched, err error) {
+	out = fetched{next: pos}
+	var cur []kafka.Message // the chunk being filled
+	defer func() {
+		if len(cur) > 0 {
+			out.chunks = append(out.chunks, cur)
+			out.n += len(cur)
+		}
+	}()
 	stream, ok := p.RecordSet.Records.(*protocol.RecordStream)
 	if p.RecordSet.Records == nil {
 		return out, nil
@@ -248,24 +263,29 @@ func filterPartition(topic string, p *fetchapi.ResponsePartition, pos int64, com
 		limit = p.LastStableOffset
 	}
 	decoded := 0
-	if sizeHint > 0 {
-		out.records = make([]kafka.Message, 0, sizeHint)
-	}
 	var a arena
 	for _, rr := range batches {
-		kept := len(out.records)
-		b, records, err := readBatch(topic, int(p.Partition), rr, &a, pos, out.records)
-		out.records = records
+		if len(cur) >= chunkRecords {
+			out.chunks = append(out.chunks, cur)
+			out.n += len(cur)
+			cur = nil
+		}
+		if cur == nil && sizeHint > 0 {
+			cur = make([]kafka.Message, 0, min(sizeHint, chunkRecords))
+		}
+		kept := len(cur)
+		b, records, err := readBatch(topic, int(p.Partition), rr, &a, pos, cur)
+		cur = records
 		if err != nil {
-			out.records = out.records[:kept]
+			cur = cur[:kept]
 			// Deliver what came before; the next fetch starts at the bad batch.
-			if len(out.records) > 0 || out.next > pos {
+			if out.n+len(cur) > 0 || out.next > pos {
 				return out, nil
 			}
 			return out, err
 		}
 		if limit >= 0 && b.base >= limit {
-			out.records = out.records[:kept]
+			cur = cur[:kept]
 			break // at or past the last stable offset: not yet decided
 		}
 		decoded++
@@ -286,11 +306,11 @@ func filterPartition(topic string, p *fetchapi.ResponsePartition, pos int64, com
 			}
 		}
 		if hidden {
-			out.records = out.records[:kept]
+			cur = cur[:kept]
 		} else if limit >= 0 {
-			for i := kept; i < len(out.records); i++ {
-				if out.records[i].Offset >= limit {
-					out.records = out.records[:i]
+			for i := kept; i < len(cur); i++ {
+				if cur[i].Offset >= limit {
+					cur = cur[:i]
 					break
 				}
 			}
@@ -300,7 +320,7 @@ func filterPartition(topic string, p *fetchapi.ResponsePartition, pos int64, com
 			out.next = min(out.next, max(limit, pos))
 		}
 	}
-	if decoded > 0 && out.next == pos && len(out.records) == 0 && (limit < 0 || pos < limit) {
+	if decoded > 0 && out.next == pos && out.n+len(cur) == 0 && (limit < 0 || pos < limit) {
 		// The broker returns first the batch that holds pos. When nothing in
 		// it is at or past pos (its tail was compacted away, or it is an
 		// empty batch kept for its producer's state), pos is hidden: step

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 	fetchapi "github.com/segmentio/kafka-go/protocol/fetch"
 )
@@ -88,7 +89,7 @@ func TestFilterPartition(t *testing.T) {
 				t.Fatal(err)
 			}
 			var offs []int64
-			for _, r := range got.records {
+			for _, r := range got.all() {
 				offs = append(offs, r.Offset)
 				if string(r.Value) != fmt.Sprint(r.Offset) {
 					t.Errorf("record %d has value %q", r.Offset, r.Value)
@@ -116,10 +117,10 @@ func TestFetchedBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got.records) != 4 {
-		t.Fatalf("%d records, want 4", len(got.records))
+	r := got.all()
+	if len(r) != 4 || got.n != 4 {
+		t.Fatalf("%d records (n %d), want 4", len(r), got.n)
 	}
-	r := got.records
 	if r[0].Key != nil || r[1].Key == nil || len(r[1].Key) != 0 || string(r[2].Key) != "k" {
 		t.Fatalf("keys %q (nil %v), %q (nil %v), %q: want null, empty, k", r[0].Key, r[0].Key == nil, r[1].Key, r[1].Key == nil, r[2].Key)
 	}
@@ -129,5 +130,40 @@ func TestFetchedBytes(t *testing.T) {
 	_ = append(r[0].Value, 'x')
 	if string(r[0].Value) != "a" || string(r[1].Value) != "b" || string(r[3].Value) != "c" {
 		t.Fatalf("values %q %q %q after an append to the first, want a b c", r[0].Value, r[1].Value, r[3].Value)
+	}
+}
+
+// all is every record of f, in order.
+func (f fetched) all() []kafka.Message {
+	var out []kafka.Message
+	for _, c := range f.chunks {
+		out = append(out, c...)
+	}
+	return out
+}
+
+// A response of many records comes in chunks, cut between record batches,
+// that hold them all in order.
+func TestFetchedChunks(t *testing.T) {
+	var batches []protocol.RecordReader
+	const perBatch = chunkRecords * 3 / 5
+	for b := range int64(3) {
+		offs := make([]int64, perBatch)
+		for i := range offs {
+			offs[i] = b*perBatch + int64(i)
+		}
+		batches = append(batches, data(b*perBatch, -1, false, offs...))
+	}
+	got, err := filterPartition("t", part(3*perBatch, nil, batches...), 0, true, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.chunks) != 2 || len(got.chunks[0]) != 2*perBatch || got.n != 3*perBatch || got.next != 3*perBatch {
+		t.Fatalf("%d chunks, n %d, next %d: want 2 chunks (the first of 2 batches), n %d, next %d", len(got.chunks), got.n, got.next, 3*perBatch, 3*perBatch)
+	}
+	for i, r := range got.all() {
+		if r.Offset != int64(i) {
+			t.Fatalf("record %d at offset %d", i, r.Offset)
+		}
 	}
 }

@@ -94,13 +94,23 @@ func (s *Subscriber) fetchLoop(ctx context.Context, f *fetcher, pos int64, respo
 			continue
 		}
 		bo.Reset()
-		if res.next == pos && len(res.records) == 0 {
+		if res.next == pos && res.n == 0 {
 			continue
 		}
-		select {
-		case responses <- delivery.Batch[kafka.Message]{Records: res.records, Next: res.next}:
-		case <-ctx.Done():
-			return
+		// The position after the response goes with its last chunk.
+		for i := 0; i == 0 || i < len(res.chunks); i++ {
+			b := delivery.Batch[kafka.Message]{Next: res.next}
+			if len(res.chunks) > 0 {
+				b.Records = res.chunks[i]
+			}
+			if i < len(res.chunks)-1 {
+				b.Next = 0
+			}
+			select {
+			case responses <- b:
+			case <-ctx.Done():
+				return
+			}
 		}
 		pos = res.next
 	}
