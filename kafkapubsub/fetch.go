@@ -43,6 +43,9 @@ type fetcher struct {
 	committed bool
 	maxBytes  int
 	maxWait   time.Duration
+	// last is how many records the last fetch returned: the room the next
+	// one's records are given at once (up to chunkRecords).
+	last int
 }
 
 // fetched is what one Fetch response yields: the records to deliver, in
@@ -50,8 +53,11 @@ type fetcher struct {
 // that is not in records is hidden (a control record, a record of an aborted
 // transaction, a record removed by compaction) and may be committed past.
 type fetched struct {
-	records []kafka.Message
-	next    int64
+	// chunks are the records, about chunkRecords at a time (a record batch
+	// is never split), n of them.
+	chunks [][]kafka.Message
+	n      int
+	next   int64
 }
 
 // fetch reads from pos.
@@ -100,11 +106,16 @@ func (f *fetcher) fetch(ctx context.Context, pos int64) (fetched, error) {
 			if p.ErrorCode != 0 {
 				return fetched{next: pos}, kafka.Error(p.ErrorCode)
 			}
-			return filterPartition(f.topic, p, pos, f.committed)
+			out, err := filterPartition(f.topic, p, pos, f.committed, f.last)
+			f.last = out.n
+			return out, err
 		}
 	}
 	return fetched{next: pos}, fmt.Errorf("fetch response without %s/%d", f.topic, f.partition)
 }
+
+// chunkRecords is about how many records a fetch response's chunks hold.
+const chunkRecords = 1024
 
 // batch is one decoded record batch of a fetch response.
 type batch struct {
@@ -112,14 +123,14 @@ type batch struct {
 	producerID    int64
 	transactional bool
 	control       bool
-	records       []kafka.Message // data records, copied
-	abort         bool            // a control batch holding an abort marker
-	maxOffset     int64           // highest record offset seen, or -1
+	abort         bool  // a control batch holding an abort marker
+	maxOffset     int64 // highest record offset seen, or -1
 }
 
-// readBatch copies the records of one batch: kafka-go's key and value bytes
-// are only valid until the next ReadRecord.
-func readBatch(topic string, partition int, rr protocol.RecordReader) (batch, error) {
+// readBatch copies the data records of one batch from pos on to out, and
+// returns out: kafka-go's key and value bytes are only valid until the
+// next ReadRecord, so they are copied, into blocks of a (see arena).
+func readBatch(topic string, partition int, rr protocol.RecordReader, a *arena, pos int64, out []kafka.Message) (batch, []kafka.Message, error) {
 	b := batch{producerID: -1, maxOffset: -1}
 	switch v := rr.(type) {
 	case *protocol.RecordBatch:
@@ -129,34 +140,39 @@ func readBatch(topic string, partition int, rr protocol.RecordReader) (batch, er
 	case *protocol.MessageSet:
 		b.base = v.BaseOffset
 	default:
-		return b, fmt.Errorf("unexpected record batch %T", rr)
+		return b, out, fmt.Errorf("unexpected record batch %T", rr)
 	}
 	for {
 		r, err := rr.ReadRecord()
 		if errors.Is(err, io.EOF) {
-			return b, nil
+			return b, out, nil
 		}
 		if err != nil {
-			return b, err
+			return b, out, err
 		}
 		b.maxOffset = max(b.maxOffset, r.Offset)
 		if b.control {
 			cr, err := protocol.ReadControlRecord(r)
 			if err != nil {
-				return b, fmt.Errorf("control record at offset %d: %w", r.Offset, err)
+				return b, out, fmt.Errorf("control record at offset %d: %w", r.Offset, err)
 			}
 			if cr.Type == abortMarker {
 				b.abort = true
 			}
 			continue
 		}
-		key, err := protocol.ReadAll(r.Key)
-		if err != nil {
-			return b, fmt.Errorf("key at offset %d: %w", r.Offset, err)
+		if r.Offset < pos { // a fetch may start in the middle of a batch
+			closeBytes(r.Key)
+			closeBytes(r.Value)
+			continue
 		}
-		value, err := protocol.ReadAll(r.Value)
+		key, err := a.read(r.Key)
 		if err != nil {
-			return b, fmt.Errorf("value at offset %d: %w", r.Offset, err)
+			return b, out, fmt.Errorf("key at offset %d: %w", r.Offset, err)
+		}
+		value, err := a.read(r.Value)
+		if err != nil {
+			return b, out, fmt.Errorf("value at offset %d: %w", r.Offset, err)
 		}
 		closeBytes(r.Key)
 		closeBytes(r.Value)
@@ -164,11 +180,44 @@ func readBatch(topic string, partition int, rr protocol.RecordReader) (batch, er
 		if len(r.Headers) > 0 {
 			headers = append(headers, r.Headers...)
 		}
-		b.records = append(b.records, kafka.Message{
+		out = append(out, kafka.Message{
 			Topic: topic, Partition: partition, Offset: r.Offset,
 			Key: key, Value: value, Headers: headers, Time: r.Time,
 		})
 	}
+}
+
+// arena hands out the bytes of the keys and values of a fetch response's
+// records from blocks of arenaBlock bytes, one allocation for many
+// records; a larger key or value gets one of its own. Each slice it hands
+// out is capped at its length, so that appending to one never writes into
+// the next.
+type arena struct{ free []byte }
+
+// arenaBlock is the size of an arena's blocks: a message kept by its
+// handler keeps at most that much memory of other records alive.
+const arenaBlock = 16 << 10
+
+// read copies b (nil for a null key or value) out of the response.
+func (a *arena) read(b protocol.Bytes) ([]byte, error) {
+	if b == nil {
+		return nil, nil
+	}
+	n := b.Len()
+	var s []byte
+	switch {
+	case n == 0:
+		return []byte{}, nil
+	case n > arenaBlock/4:
+		s = make([]byte, n)
+	default:
+		if len(a.free) < n {
+			a.free = make([]byte, arenaBlock)
+		}
+		s, a.free = a.free[:n:n], a.free[n:]
+	}
+	_, err := io.ReadFull(b, s)
+	return s, err
 }
 
 func closeBytes(b protocol.Bytes) {
@@ -183,8 +232,19 @@ func closeBytes(b protocol.Bytes) {
 // past the last stable offset. The aborted-transaction state lives only for
 // this response: the broker lists every aborted transaction overlapping the
 // returned range, even one whose first offset is below pos.
-func filterPartition(topic string, p *fetchapi.ResponsePartition, pos int64, committed bool) (fetched, error) {
-	out := fetched{next: pos}
+//
+// The records are given room for sizeHint of them at once (up to
+// chunkRecords), and cut in chunks of about chunkRecords between record
+// batches: a response of many records grows no slice of them all.
+func filterPartition(topic string, p *fetchapi.ResponsePartition, pos int64, committed bool, sizeHint int) (out fetched, err error) {
+	out = fetched{next: pos}
+	var cur []kafka.Message // the chunk being filled
+	defer func() {
+		if len(cur) > 0 {
+			out.chunks = append(out.chunks, cur)
+			out.n += len(cur)
+		}
+	}()
 	stream, ok := p.RecordSet.Records.(*protocol.RecordStream)
 	if p.RecordSet.Records == nil {
 		return out, nil
@@ -203,16 +263,29 @@ func filterPartition(topic string, p *fetchapi.ResponsePartition, pos int64, com
 		limit = p.LastStableOffset
 	}
 	decoded := 0
+	var a arena
 	for _, rr := range batches {
-		b, err := readBatch(topic, int(p.Partition), rr)
+		if len(cur) >= chunkRecords {
+			out.chunks = append(out.chunks, cur)
+			out.n += len(cur)
+			cur = nil
+		}
+		if cur == nil && sizeHint > 0 {
+			cur = make([]kafka.Message, 0, min(sizeHint, chunkRecords))
+		}
+		kept := len(cur)
+		b, records, err := readBatch(topic, int(p.Partition), rr, &a, pos, cur)
+		cur = records
 		if err != nil {
+			cur = cur[:kept]
 			// Deliver what came before; the next fetch starts at the bad batch.
-			if len(out.records) > 0 || out.next > pos {
+			if out.n+len(cur) > 0 || out.next > pos {
 				return out, nil
 			}
 			return out, err
 		}
 		if limit >= 0 && b.base >= limit {
+			cur = cur[:kept]
 			break // at or past the last stable offset: not yet decided
 		}
 		decoded++
@@ -232,15 +305,14 @@ func filterPartition(topic string, p *fetchapi.ResponsePartition, pos int64, com
 				hidden = true
 			}
 		}
-		if !hidden {
-			for _, r := range b.records {
-				if r.Offset < pos { // a fetch may start in the middle of a batch
-					continue
-				}
-				if limit >= 0 && r.Offset >= limit {
+		if hidden {
+			cur = cur[:kept]
+		} else if limit >= 0 {
+			for i := kept; i < len(cur); i++ {
+				if cur[i].Offset >= limit {
+					cur = cur[:i]
 					break
 				}
-				out.records = append(out.records, r)
 			}
 		}
 		out.next = max(out.next, last+1)
@@ -248,7 +320,7 @@ func filterPartition(topic string, p *fetchapi.ResponsePartition, pos int64, com
 			out.next = min(out.next, max(limit, pos))
 		}
 	}
-	if decoded > 0 && out.next == pos && len(out.records) == 0 && (limit < 0 || pos < limit) {
+	if decoded > 0 && out.next == pos && out.n+len(cur) == 0 && (limit < 0 || pos < limit) {
 		// The broker returns first the batch that holds pos. When nothing in
 		// it is at or past pos (its tail was compacted away, or it is an
 		// empty batch kept for its producer's state), pos is hidden: step

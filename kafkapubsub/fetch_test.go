@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 	fetchapi "github.com/segmentio/kafka-go/protocol/fetch"
 )
@@ -83,12 +84,12 @@ func TestFilterPartition(t *testing.T) {
 			&fetchapi.ResponsePartition{LastStableOffset: 5, HighWatermark: 5}, 5, true, nil, 5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := filterPartition("t", tc.p, tc.pos, tc.committed)
+			got, err := filterPartition("t", tc.p, tc.pos, tc.committed, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
 			var offs []int64
-			for _, r := range got.records {
+			for _, r := range got.all() {
 				offs = append(offs, r.Offset)
 				if string(r.Value) != fmt.Sprint(r.Offset) {
 					t.Errorf("record %d has value %q", r.Offset, r.Value)
@@ -98,5 +99,71 @@ func TestFilterPartition(t *testing.T) {
 				t.Fatalf("got records %v next %d, want %v next %d", offs, got.next, tc.want, tc.next)
 			}
 		})
+	}
+}
+
+// Keys and values copied out of a response keep a null key null and an
+// empty one empty, and appending to one never writes into the next.
+func TestFetchedBytes(t *testing.T) {
+	big := make([]byte, arenaBlock)
+	recs := []protocol.Record{
+		{Offset: 0, Key: nil, Value: protocol.NewBytes([]byte("a"))},
+		{Offset: 1, Key: protocol.NewBytes([]byte{}), Value: protocol.NewBytes([]byte("b"))},
+		{Offset: 2, Key: protocol.NewBytes([]byte("k")), Value: protocol.NewBytes(big)},
+		{Offset: 3, Key: protocol.NewBytes([]byte("k")), Value: protocol.NewBytes([]byte("c"))},
+	}
+	p := part(4, nil, &protocol.RecordBatch{BaseOffset: 0, ProducerID: -1, Records: protocol.NewRecordReader(recs...)})
+	got, err := filterPartition("t", p, 0, true, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := got.all()
+	if len(r) != 4 || got.n != 4 {
+		t.Fatalf("%d records (n %d), want 4", len(r), got.n)
+	}
+	if r[0].Key != nil || r[1].Key == nil || len(r[1].Key) != 0 || string(r[2].Key) != "k" {
+		t.Fatalf("keys %q (nil %v), %q (nil %v), %q: want null, empty, k", r[0].Key, r[0].Key == nil, r[1].Key, r[1].Key == nil, r[2].Key)
+	}
+	if len(r[2].Value) != len(big) {
+		t.Fatalf("a value of %d bytes came out with %d", len(big), len(r[2].Value))
+	}
+	_ = append(r[0].Value, 'x')
+	if string(r[0].Value) != "a" || string(r[1].Value) != "b" || string(r[3].Value) != "c" {
+		t.Fatalf("values %q %q %q after an append to the first, want a b c", r[0].Value, r[1].Value, r[3].Value)
+	}
+}
+
+// all is every record of f, in order.
+func (f fetched) all() []kafka.Message {
+	var out []kafka.Message
+	for _, c := range f.chunks {
+		out = append(out, c...)
+	}
+	return out
+}
+
+// A response of many records comes in chunks, cut between record batches,
+// that hold them all in order.
+func TestFetchedChunks(t *testing.T) {
+	var batches []protocol.RecordReader
+	const perBatch = chunkRecords * 3 / 5
+	for b := range int64(3) {
+		offs := make([]int64, perBatch)
+		for i := range offs {
+			offs[i] = b*perBatch + int64(i)
+		}
+		batches = append(batches, data(b*perBatch, -1, false, offs...))
+	}
+	got, err := filterPartition("t", part(3*perBatch, nil, batches...), 0, true, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.chunks) != 2 || len(got.chunks[0]) != 2*perBatch || got.n != 3*perBatch || got.next != 3*perBatch {
+		t.Fatalf("%d chunks, n %d, next %d: want 2 chunks (the first of 2 batches), n %d, next %d", len(got.chunks), got.n, got.next, 3*perBatch, 3*perBatch)
+	}
+	for i, r := range got.all() {
+		if r.Offset != int64(i) {
+			t.Fatalf("record %d at offset %d", i, r.Offset)
+		}
 	}
 }

@@ -62,31 +62,49 @@ func (s Security) Transport() *kafka.Transport {
 func (s Security) dialer(timeout time.Duration) *kafka.Dialer { return s.Dialer(timeout) }
 func (s Security) transport() *kafka.Transport                { return s.Transport() }
 
-// toWatermill converts a fetched record into a Watermill message.
-func toWatermill(km kafka.Message) *message.Message {
+// toWatermill converts a fetched record into a Watermill message. The
+// metadata's values and the UUID are cut from one string, one allocation
+// for them all; partition is the record's partition formatted (the same
+// for all of a partition's records), stamps formats its timestamp (nil:
+// each time).
+func toWatermill(km *kafka.Message, partition string, stamps *delivery.Stamps) *message.Message {
+	var stack [256]byte
+	b := stack[:0]
+	for _, h := range km.Headers {
+		b = append(b, h.Value...)
+	}
+	hdrEnd := len(b)
+	b = strconv.AppendInt(b, km.Offset, 10)
+	offEnd := len(b)
+	b = append(b, km.Key...)
+	all := string(b)
+
 	var uuid string
-	md := make(message.Metadata, len(km.Headers)+5)
+	at := 0
 	for _, h := range km.Headers {
 		if h.Key == UUIDHeader {
-			uuid = string(h.Value)
-			continue
+			uuid = all[at : at+len(h.Value)]
 		}
-		if mdkeys.ShareHeader(h.Key) {
-			continue
-		}
-		md[h.Key] = string(h.Value)
+		at += len(h.Value)
 	}
 	msg := message.NewMessage(uuid, km.Value)
+	md := msg.Metadata
+	at = 0
+	for _, h := range km.Headers {
+		if h.Key != UUIDHeader && !mdkeys.ShareHeader(h.Key) {
+			md[h.Key] = all[at : at+len(h.Value)]
+		}
+		at += len(h.Value)
+	}
 	md[MetadataTopic] = km.Topic
-	md[MetadataPartition] = strconv.Itoa(km.Partition)
-	md[MetadataOffset] = strconv.FormatInt(km.Offset, 10)
+	md[MetadataPartition] = partition
+	md[MetadataOffset] = all[hdrEnd:offEnd]
 	if km.Key != nil {
-		md[MetadataKafkaKey] = string(km.Key)
+		md[MetadataKafkaKey] = all[offEnd:]
 	}
 	if !km.Time.IsZero() {
-		md[MetadataTimestamp] = km.Time.UTC().Format(time.RFC3339Nano)
+		md[MetadataTimestamp] = stamps.Format(km.Time)
 	}
-	msg.Metadata = md
 	return msg
 }
 

@@ -13,7 +13,7 @@ import (
 func TestShareHeadersNotMetadata(t *testing.T) {
 	km := kafka.Message{Topic: "t", Headers: []kafka.Header{
 		{Key: "exactly_share_origin", Value: []byte("t/0/1")}, {Key: "exactly_share_deliveries", Value: []byte("3")}, {Key: "app", Value: []byte("x")}}}
-	md := toWatermill(km).Metadata
+	md := toWatermill(&km, "0", nil).Metadata
 	if md.Get("exactly_share_origin") != "" || md.Get("exactly_share_deliveries") != "" || md.Get("app") != "x" {
 		t.Fatalf("metadata %v: want the application's header only", md)
 	}

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/delivery"
 )
 
@@ -41,21 +41,22 @@ func (s *Subscriber) consumePartition(subCtx, stopCtx context.Context, topic str
 	d := &delivery.Partition[kafka.Message]{
 		Config: s.delivery(), Topic: topic, Partition: int32(partition), Start: pos,
 		Meta:    func(km *kafka.Message) (int64, []byte) { return km.Offset, km.Key },
-		Prepare: prepare,
+		Prepare: (&preparer{partition: strconv.Itoa(partition)}).prepare,
 		Batches: responses,
 	}
 	d.Run(subCtx, stopCtx, out, acked)
 }
 
-// prepare makes a delivery of *km, its context carrying the record's
-// coordinates and the record as it arrived (for the Publisher). base is
-// the subscription's context without its cancellation.
-func prepare(base context.Context, km *kafka.Message) (*message.Message, context.CancelFunc) {
-	msg := toWatermill(*km)
-	ctx, cancel := context.WithCancel(base)
-	ctx = withArrived(ctx, km)
-	msg.SetContext(dedupe.ContextWithSource(ctx, dedupe.Source{Topic: km.Topic, Partition: int32(km.Partition), Offset: km.Offset}))
-	return msg, cancel
+// preparer makes the messages of one partition's records.
+type preparer struct {
+	partition string
+	stamps    delivery.Stamps
+}
+
+// prepare makes the message of a delivery of *km (delivery.Partition
+// gives it its context).
+func (pr *preparer) prepare(km *kafka.Message) *message.Message {
+	return toWatermill(km, pr.partition, &pr.stamps)
 }
 
 // delivery is what each partition's delivery takes of the configuration.
@@ -93,13 +94,23 @@ func (s *Subscriber) fetchLoop(ctx context.Context, f *fetcher, pos int64, respo
 			continue
 		}
 		bo.Reset()
-		if res.next == pos && len(res.records) == 0 {
+		if res.next == pos && res.n == 0 {
 			continue
 		}
-		select {
-		case responses <- delivery.Batch[kafka.Message]{Records: res.records, Next: res.next}:
-		case <-ctx.Done():
-			return
+		// The position after the response goes with its last chunk.
+		for i := 0; i == 0 || i < len(res.chunks); i++ {
+			b := delivery.Batch[kafka.Message]{Next: res.next}
+			if len(res.chunks) > 0 {
+				b.Records = res.chunks[i]
+			}
+			if i < len(res.chunks)-1 {
+				b.Next = 0
+			}
+			select {
+			case responses <- b:
+			case <-ctx.Done():
+				return
+			}
 		}
 		pos = res.next
 	}

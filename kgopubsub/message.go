@@ -3,7 +3,6 @@ package kgopubsub
 import (
 	"context"
 	"strconv"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -26,21 +25,18 @@ func reserved(k string) bool {
 
 // toWatermill converts a fetched record into a Watermill message, with the
 // metadata kafkapubsub's Subscriber sets. The metadata's values and the
-// UUID are cut from one string, one allocation for them all.
-func toWatermill(r *kgo.Record) *message.Message {
+// UUID are cut from one string, one allocation for them all; partition is
+// the record's partition formatted (the same for all of a partition's
+// records), stamps formats its timestamp (nil: each time).
+func toWatermill(r *kgo.Record, partition string, stamps *delivery.Stamps) *message.Message {
 	var stack [256]byte
 	b := stack[:0]
 	for _, h := range r.Headers {
 		b = append(b, h.Value...)
 	}
-	b = strconv.AppendInt(b, int64(r.Partition), 10)
-	partEnd := len(b)
+	hdrEnd := len(b)
 	b = strconv.AppendInt(b, r.Offset, 10)
 	offEnd := len(b)
-	if !r.Timestamp.IsZero() {
-		b = r.Timestamp.UTC().AppendFormat(b, time.RFC3339Nano)
-	}
-	tsEnd := len(b)
 	b = append(b, r.Key...)
 	all := string(b)
 
@@ -62,28 +58,34 @@ func toWatermill(r *kgo.Record) *message.Message {
 		at += len(h.Value)
 	}
 	md[kafkapubsub.MetadataTopic] = r.Topic
-	md[kafkapubsub.MetadataPartition] = all[at:partEnd]
-	md[kafkapubsub.MetadataOffset] = all[partEnd:offEnd]
+	md[kafkapubsub.MetadataPartition] = partition
+	md[kafkapubsub.MetadataOffset] = all[hdrEnd:offEnd]
 	if r.Key != nil {
-		md[kafkapubsub.MetadataKafkaKey] = all[tsEnd:]
+		md[kafkapubsub.MetadataKafkaKey] = all[offEnd:]
 	}
 	if !r.Timestamp.IsZero() {
-		md[kafkapubsub.MetadataTimestamp] = all[offEnd:tsEnd]
+		md[kafkapubsub.MetadataTimestamp] = stamps.Format(r.Timestamp)
 	}
 	return msg
 }
 
-// withArrived returns ctx carrying r, the record a message was made of.
+// withArrived returns ctx carrying r, the record a message was made of,
+// as delivery.Partition[*kgo.Record] carries it: under *kgo.Record.
 func withArrived(ctx context.Context, r *kgo.Record) context.Context {
-	return delivery.WithArrived(ctx, r)
+	return delivery.WithArrived(ctx, &r)
 }
 
 // arrived returns the record msg was made of when msg is a message the
 // Subscriber delivered, published again under the ID it arrived with (a
 // dead letter, a message forwarded as it is), and nil otherwise.
-func arrived(msg *message.Message) *kgo.Record { return delivery.Arrived(msg, arrivedUUID) }
+func arrived(msg *message.Message) *kgo.Record {
+	if r := delivery.Arrived(msg, arrivedUUID); r != nil {
+		return *r
+	}
+	return nil
+}
 
-func arrivedUUID(r *kgo.Record) string { return delivery.Last(r.Headers, kafkapubsub.UUIDHeader) }
+func arrivedUUID(r **kgo.Record) string { return delivery.Last((*r).Headers, kafkapubsub.UUIDHeader) }
 
 // toRecord converts a Watermill message into a record for topic.
 func toRecord(topic string, msg *message.Message, key []byte) *kgo.Record {

@@ -2,12 +2,12 @@ package kgopubsub
 
 import (
 	"context"
+	"strconv"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/delivery"
 )
 
@@ -97,7 +97,7 @@ func consume(cfg delivery.Config, subCtx, stopCtx context.Context, p *partition,
 	d := &delivery.Partition[*kgo.Record]{
 		Config: cfg, Topic: p.topic, Partition: p.id, Start: -1,
 		Meta:    func(r **kgo.Record) (int64, []byte) { return (*r).Offset, (*r).Key },
-		Prepare: prepare,
+		Prepare: (&preparer{partition: strconv.Itoa(int(p.id))}).prepare,
 		Wake:    p.wake, Pop: p.pop,
 		// Records polled before a seek (a partition fetched again from an
 		// earlier offset) are never taken twice.
@@ -106,14 +106,14 @@ func consume(cfg delivery.Config, subCtx, stopCtx context.Context, p *partition,
 	d.Run(subCtx, stopCtx, out, acked)
 }
 
-// prepare makes a delivery of *r, its context carrying the record's
-// coordinates (dedupe.SourceFromContext) and the record as it arrived.
-// base is the subscription's context without its cancellation.
-func prepare(base context.Context, r **kgo.Record) (*message.Message, context.CancelFunc) {
-	rec := *r
-	msg := toWatermill(rec)
-	ctx, cancel := context.WithCancel(base)
-	ctx = withArrived(ctx, rec)
-	msg.SetContext(dedupe.ContextWithSource(ctx, dedupe.Source{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset}))
-	return msg, cancel
+// preparer makes the messages of one partition's records.
+type preparer struct {
+	partition string
+	stamps    delivery.Stamps
+}
+
+// prepare makes the message of a delivery of *r (delivery.Partition gives
+// it its context).
+func (pr *preparer) prepare(r **kgo.Record) *message.Message {
+	return toWatermill(*r, pr.partition, &pr.stamps)
 }

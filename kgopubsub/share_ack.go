@@ -49,7 +49,7 @@ func (sub *shareSub) deliver(r *kgo.Record) {
 	}
 	backoff := s.cfg.NackBackoff
 	for {
-		msg := toWatermill(r)
+		msg := toWatermill(r, strconv.Itoa(int(r.Partition)), nil)
 		msg.Metadata[MetadataDeliveryCount] = strconv.Itoa(deliveries)
 		mctx, cancel := context.WithCancel(context.WithoutCancel(sub.ctx))
 		mctx = dedupe.ContextWithDeliveries(withArrived(mctx, r), deliveries)

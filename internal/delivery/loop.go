@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/exactly-go/exactly/dedupe"
 )
 
 // Config is what a partition's loop takes of its subscriber's
@@ -50,10 +52,11 @@ type Partition[R any] struct {
 	Start int64
 	// Meta returns a record's offset and key (nil for a null key).
 	Meta func(r *R) (offset int64, key []byte)
-	// Prepare makes a delivery of r: its message, whose context derives
-	// from base (the subscription's, without its cancellation), and the
-	// function that cancels that context.
-	Prepare func(base context.Context, r *R) (*message.Message, context.CancelFunc)
+	// Prepare makes the message of a delivery of r; the loop gives it its
+	// context: the subscription's values, r (Arrived finds it, under R)
+	// and its coordinates (dedupe.SourceFromContext), cancelled once the
+	// message is acked or nacked, or given up.
+	Prepare func(r *R) *message.Message
 	// The records come from Batches, or, with Pop set, from Pop each time
 	// Wake says there may be some (Pop returns nil when there are none).
 	Batches <-chan Batch[R]
@@ -119,15 +122,15 @@ func (p *Partition[R]) Run(subCtx, stopCtx context.Context, out chan<- *message.
 			batch, taken = p.Pop(), 0
 		}
 		for taken < len(batch) && !w.full() {
-			r := batch[taken]
+			r := &batch[taken]
 			taken++
-			offset, key := p.Meta(&r)
+			offset, key := p.Meta(r)
 			// Records handed out again after a seek (a partition fetched
 			// again from an earlier offset) are never taken twice.
 			if p.SkipSeen && offset < w.base {
 				continue
 			}
-			w.add(r, offset, key, p.NackBackoff)
+			w.add(*r, offset, key, p.NackBackoff)
 		}
 		if taken == len(batch) && next > 0 {
 			// Hidden records after the last one: commit past them, or the
@@ -147,7 +150,7 @@ func (p *Partition[R]) Run(subCtx, stopCtx context.Context, out chan<- *message.
 		e := w.next()
 		if e != nil {
 			if e.msg == nil {
-				e.msg, e.cancel = p.Prepare(base, &e.rec)
+				p.prepare(base, e)
 			}
 			send, msg = out, e.msg
 		}
@@ -179,7 +182,7 @@ func (p *Partition[R]) Run(subCtx, stopCtx context.Context, out chan<- *message.
 		if send == nil {
 			// Whatever goes next is made while the handler works.
 			if ne := w.upcoming(); ne != nil && ne.msg == nil {
-				ne.msg, ne.cancel = p.Prepare(base, &ne.rec)
+				p.prepare(base, ne)
 			}
 		}
 		var evs <-chan windowEvent[R]
@@ -211,6 +214,14 @@ func (p *Partition[R]) Run(subCtx, stopCtx context.Context, out chan<- *message.
 			return
 		}
 	}
+}
+
+// prepare makes e's next delivery: its message, and its context, which
+// derives from base (the subscription's, without its cancellation).
+func (p *Partition[R]) prepare(base context.Context, e *entry[R]) {
+	e.msg = p.Prepare(&e.rec)
+	e.ctx = newMsgContext(base, &e.rec, dedupe.Source{Topic: p.Topic, Partition: p.Partition, Offset: e.offset})
+	e.msg.SetContext(e.ctx)
 }
 
 // maxUnwatched bounds the messages with the handler that a partition's
@@ -275,8 +286,8 @@ func (p *Partition[R]) handle(w *window[R], ev windowEvent[R], events chan<- win
 		w.retry(e)
 		return
 	}
-	e.cancel()
-	e.msg, e.cancel = nil, nil
+	e.ctx.end()
+	e.msg, e.ctx = nil, nil
 	if ev.acked {
 		w.acked(e)
 		return
@@ -308,8 +319,8 @@ func (p *Partition[R]) drain(w *window[R], events <-chan windowEvent[R]) {
 	}
 	defer func() {
 		for _, e := range w.entries {
-			if e.cancel != nil {
-				e.cancel()
+			if e.ctx != nil {
+				e.ctx.end()
 			}
 		}
 	}()
@@ -326,8 +337,8 @@ func (p *Partition[R]) drain(w *window[R], events <-chan windowEvent[R]) {
 				continue // a back-off ended: that message is given up
 			}
 			withHandler--
-			ev.e.cancel()
-			ev.e.msg, ev.e.cancel = nil, nil
+			ev.e.ctx.end()
+			ev.e.msg, ev.e.ctx = nil, nil
 			if ev.acked {
 				w.acked(ev.e)
 			} else {

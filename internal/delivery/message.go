@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -121,4 +122,25 @@ func Outgoing[A, R any](name, topic string, m *message.Message, arrived func(*me
 		return asArrived(topic, m, a, k), nil
 	}
 	return fresh(topic, m, k), nil
+}
+
+// Stamps formats the timestamps of one partition's records as their
+// metadata (RFC 3339 with nanoseconds, in UTC), once for each run of
+// records that share one (a producer's batch, mostly, at the
+// milliseconds Kafka keeps). Its zero value is ready; a nil *Stamps
+// formats each time. It is used by one goroutine.
+type Stamps struct {
+	t time.Time
+	s string
+}
+
+// Format returns t formatted.
+func (st *Stamps) Format(t time.Time) string {
+	if st == nil {
+		return t.UTC().Format(time.RFC3339Nano)
+	}
+	if st.s == "" || !t.Equal(st.t) {
+		st.t, st.s = t, t.UTC().Format(time.RFC3339Nano)
+	}
+	return st.s
 }

@@ -1,7 +1,6 @@
 package delivery
 
 import (
-	"context"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -48,10 +47,10 @@ type entry[R any] struct {
 	state   entryState
 	backoff time.Duration // the next nack's pause
 	// msg is the current delivery of the record (nil between deliveries),
-	// cancel ends its context, retry is its pending back-off timer.
-	msg    *message.Message
-	cancel context.CancelFunc
-	retry  *time.Timer
+	// ctx is its context, retry is its pending back-off timer.
+	msg   *message.Message
+	ctx   *msgContext[R]
+	retry *time.Timer
 }
 
 // window is one partition's records from the lowest unacked offset to the
