@@ -4,6 +4,13 @@ import "context"
 
 type sourceKey struct{}
 
+// SourceContextKey is the context key under which [ContextWithSource]
+// stores a message's Source, as [SourceFromContext] reads it: a
+// transport whose messages' contexts are of its own type answers it from
+// Value without a context.WithValue per message. The associated value is
+// a Source.
+var SourceContextKey any = sourceKey{}
+
 // ContextWithSource returns a copy of ctx that carries src, the Kafka
 // coordinates of the message being handled. A Subscriber sets it on each
 // message it delivers (kafkapubsub.Subscriber does); the middleware reads it

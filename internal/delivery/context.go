@@ -37,25 +37,6 @@ type afterFunc struct {
 	started bool
 }
 
-// sourceKey is the key under which dedupe.ContextWithSource stores a
-// message's coordinates, as dedupe.SourceFromContext asks for it.
-var sourceKey = func() any {
-	p := &keyProbe{Context: context.Background()}
-	dedupe.SourceFromContext(p)
-	return p.key
-}()
-
-// keyProbe records the key its Value is asked for.
-type keyProbe struct {
-	context.Context
-	key any
-}
-
-func (p *keyProbe) Value(key any) any {
-	p.key = key
-	return nil
-}
-
 // newMsgContext returns the context of a delivery of rec, at src.
 func newMsgContext[R any](base context.Context, rec *R, src dedupe.Source) *msgContext[R] {
 	return &msgContext[R]{base: base, rec: rec, src: src}
@@ -93,7 +74,7 @@ func (c *msgContext[R]) Value(key any) any {
 	switch key {
 	case arrivedKey[R]{}:
 		return c.rec
-	case sourceKey:
+	case dedupe.SourceContextKey:
 		return c.src
 	}
 	return c.base.Value(key)
