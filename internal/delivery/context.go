@@ -15,18 +15,26 @@ import (
 // without its cancellation), the record as it arrived (Arrived, under
 // arrivedKey[R]) and its Kafka coordinates (dedupe.SourceFromContext).
 // end cancels it (context.Canceled) once its message is acked or nacked,
-// or given up when the partition stops. Its Done channel is made only when
-// asked for, and contexts derived from it are cancelled through its
-// AfterFunc, as context's own cancellable contexts are, with no goroutine
-// each.
+// or given up when the partition stops. Its Done channel (that of a
+// context.WithCancel of base, inner) is made only when asked for, as
+// deriving a context asks for it; contexts derived from it, straight or
+// through values on top, register with inner, as context's own
+// cancellable contexts do, with no goroutine each.
 type msgContext[R any] struct {
 	base context.Context
 	rec  *R
 	src  any // a dedupe.Source
 
-	mu     sync.Mutex
-	ended  bool
-	done   chan struct{}
+	mu    sync.Mutex
+	ended bool
+	// inner, made with Done, is a context of context.WithCancel of base
+	// that end cancels: Done is its, and Value answers the context
+	// package's look-up of its cancellable parent with it, so that a
+	// context derived through contexts of context.WithValue on top (as
+	// Watermill's Router makes for each handler) registers with it,
+	// cancelled by the time end returns with no goroutine each.
+	inner  context.Context
+	cancel context.CancelFunc
 	afters []*afterFunc
 }
 
@@ -49,13 +57,13 @@ func (c *msgContext[R]) Deadline() (time.Time, bool) { return c.base.Deadline() 
 func (c *msgContext[R]) Done() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.done == nil {
-		c.done = make(chan struct{})
+	if c.inner == nil {
+		c.inner, c.cancel = context.WithCancel(c.base)
 		if c.ended {
-			close(c.done)
+			c.cancel()
 		}
 	}
-	return c.done
+	return c.inner.Done()
 }
 
 // Err is context.Canceled once the context ended, nil before.
@@ -76,6 +84,12 @@ func (c *msgContext[R]) Value(key any) any {
 		return c.rec
 	case dedupe.SourceContextKey:
 		return c.src
+	}
+	c.mu.Lock()
+	inner := c.inner
+	c.mu.Unlock()
+	if inner != nil {
+		return inner.Value(key)
 	}
 	return c.base.Value(key)
 }
@@ -123,8 +137,8 @@ func (c *msgContext[R]) end() {
 		return
 	}
 	c.ended = true
-	if c.done != nil {
-		close(c.done)
+	if c.cancel != nil {
+		c.cancel()
 	}
 	var run []func()
 	for _, a := range c.afters {
