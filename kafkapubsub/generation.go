@@ -61,10 +61,9 @@ func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, t
 	fenced := false
 	rewind := make(chan struct{})
 	// Under commitMu: the partitions another member claimed since this
-	// generation claimed them (PositionClaims). This member lost them
-	// without knowing it yet; their offsets are neither saved nor
-	// committed, and Kafka ends the generation once the member hears from
-	// it.
+	// generation claimed them (PositionClaims) that Kafka says this
+	// member lost: their offsets are neither saved nor committed again in
+	// this generation, which Kafka ends once the member hears from it.
 	lostParts := map[int]bool{}
 	commit := func() {
 		commitMu.Lock()
@@ -103,13 +102,12 @@ func (s *Subscriber) runGeneration(ctx context.Context, gen *kafka.Generation, t
 			return
 		}
 		if len(lost) > 0 {
-			s.log().Warn("kafkapubsub: another member claimed partitions of this generation: this member lost them without knowing it "+
-				"(cut off from Kafka or paused past its session); their positions are not saved or committed",
-				"group", s.cfg.ConsumerGroup, "topic", topic, "generation", gen.ID, "lost", lost, "offsets", p)
+			lp := map[int]int64{}
 			for _, part := range lost {
-				lostParts[part] = true
+				lp[part] = p[part]
 				delete(p, part)
 			}
+			s.reclaimLost(ctx, gen, sp, st, lp, lostParts)
 			if len(p) == 0 {
 				return
 			}

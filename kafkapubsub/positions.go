@@ -2,7 +2,9 @@ package kafkapubsub
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -159,6 +161,54 @@ func (s *Subscriber) savePositions(ctx context.Context, sp *startPositions, p, e
 		return nil, nil, fmt.Errorf("save positions: %w", err)
 	}
 	return behind, lost, nil
+}
+
+// reclaimLost decides about partitions whose save found them claimed by
+// another member since this generation claimed them, lp holding the
+// offsets that were not saved. Kafka knows who owns them: it accepts a
+// commit of their offsets only from their owner in the group's current
+// generation. If it refuses it for membership (this member was cut off or
+// paused past its session and the group moved on), they are lost, added
+// to lostParts: nothing more is saved or committed for them. If it accepts
+// it, the claim that superseded this generation's was stale (a member that
+// left, whose claim reached the database late): they are claimed again
+// and their offsets saved at the next commit. Any other failure leaves
+// their offsets pending, and the next commit decides again.
+func (s *Subscriber) reclaimLost(ctx context.Context, gen *kafka.Generation, sp *startPositions, st *offsets, lp map[int]int64, lostParts map[int]bool) {
+	attrs := []any{"group", s.cfg.ConsumerGroup, "topic", sp.topic, "generation", gen.ID, "offsets", lp}
+	err := s.commitOffsets(ctx, gen, sp.topic, lp)
+	switch {
+	case errors.Is(err, kafka.UnknownMemberId), errors.Is(err, kafka.IllegalGeneration), errors.Is(err, kafka.RebalanceInProgress),
+		errors.Is(err, kafka.FencedInstanceID):
+		s.log().Warn("kafkapubsub: another member claimed partitions of this generation, and Kafka says this member lost them "+
+			"(cut off from Kafka or paused past its session): their positions are not saved or committed", append(attrs, "err", err)...)
+		for part := range lp {
+			lostParts[part] = true
+		}
+		return
+	case err != nil:
+		s.log().Warn("kafkapubsub: another member claimed partitions of this generation, and asking Kafka who owns them failed; the next commit asks again",
+			append(attrs, "err", err)...)
+		st.putBack(lp)
+		return
+	}
+	parts := slices.Sorted(maps.Keys(lp))
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), positionTimeout)
+	defer cancel()
+	_, epochs, err := s.cfg.Positions.(PositionClaims).Claim(cctx, s.cfg.ConsumerGroup, sp.topic, parts)
+	if err != nil {
+		s.log().Warn("kafkapubsub: claiming partitions again failed; the next commit tries again", append(attrs, "err", err)...)
+	} else {
+		sp.mu.Lock()
+		if sp.epochs == nil {
+			sp.epochs = map[int]int64{}
+		}
+		maps.Copy(sp.epochs, epochs)
+		sp.mu.Unlock()
+		s.log().Warn("kafkapubsub: a claim of this generation's partitions by another member was stale (Kafka says they are this member's): claimed them again",
+			attrs...)
+	}
+	st.putBack(lp)
 }
 
 // startPositions loads the database's positions for a generation's

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -79,16 +81,12 @@ func (m *member) commit(mustCommit []int32) {
 			return
 		}
 		if len(lost) > 0 {
-			s.log().Warn("kgopubsub: another member claimed partitions this member consumes: it lost them without knowing it "+
-				"(cut off from Kafka or paused past its session); their positions are not saved or committed",
-				"group", s.cfg.ConsumerGroup, "topic", m.topic, "lost", lost, "offsets", p)
-			if m.lostParts == nil {
-				m.lostParts = map[int32]bool{}
-			}
+			lp := map[int32]int64{}
 			for _, part := range lost {
-				m.lostParts[int32(part)] = true
+				lp[int32(part)] = p[int32(part)]
 				delete(p, int32(part))
 			}
+			m.reclaimLost(ctx, lp)
 			if len(p) == 0 {
 				return
 			}
@@ -96,6 +94,17 @@ func (m *member) commit(mustCommit []int32) {
 		for part, off := range p {
 			m.expected[part] = off
 		}
+	}
+	if cerr := m.commitKafka(ctx, p); cerr != nil {
+		s.log().Warn("kgopubsub: commit failed", "group", s.cfg.ConsumerGroup, "topic", m.topic, "offsets", p, "revoking", mustCommit, "err", cerr)
+		putBack()
+	}
+}
+
+// commitKafka commits p to Kafka, with positionsMarker when the Subscriber
+// has Positions.
+func (m *member) commitKafka(ctx context.Context, p map[int32]int64) error {
+	if m.s.cfg.Positions != nil {
 		ctx = kgo.PreCommitFnContext(ctx, func(req *kmsg.OffsetCommitRequest) error {
 			marker := positionsMarker
 			for i := range req.Topics {
@@ -125,8 +134,69 @@ func (m *member) commit(mustCommit []int32) {
 				}
 			}
 		})
-	if cerr != nil {
-		s.log().Warn("kgopubsub: commit failed", "group", s.cfg.ConsumerGroup, "topic", m.topic, "offsets", p, "revoking", mustCommit, "err", cerr)
-		putBack()
+	return cerr
+}
+
+// reclaimLost decides, under commitMu, about partitions whose save found
+// them claimed by another member since this member claimed them, lp
+// holding the offsets that were not saved. Kafka knows who owns them: it
+// accepts a commit of their offsets only from their owner. If it refuses
+// it for membership (this member was cut off or paused past its session
+// and the group moved on, or another process took its InstanceID), they
+// are lost: nothing more is saved or committed for them until they are
+// assigned to this member again. If it accepts it, the claim that
+// superseded this member's was stale (a member that left, whose claim
+// reached the database late): they are claimed again and their offsets
+// saved at the next commit. Any other failure leaves their offsets
+// pending, and the next commit decides again.
+func (m *member) reclaimLost(ctx context.Context, lp map[int32]int64) {
+	s := m.s
+	attrs := []any{"group", s.cfg.ConsumerGroup, "topic", m.topic, "offsets", lp}
+	putBack := func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		for part, off := range lp {
+			if _, owned := m.parts[part]; !owned {
+				continue
+			}
+			if cur, ok := m.pending[part]; !ok || off > cur {
+				m.pending[part] = off
+			}
+		}
 	}
+	err := m.commitKafka(ctx, lp)
+	switch {
+	case errors.Is(err, kerr.UnknownMemberID), errors.Is(err, kerr.IllegalGeneration), errors.Is(err, kerr.RebalanceInProgress),
+		errors.Is(err, kerr.FencedInstanceID), errors.Is(err, kerr.StaleMemberEpoch), errors.Is(err, kerr.FencedMemberEpoch):
+		s.log().Warn("kgopubsub: another member claimed partitions this member consumes, and Kafka says this member lost them "+
+			"(cut off from Kafka or paused past its session): their positions are not saved or committed", append(attrs, "err", err)...)
+		if m.lostParts == nil {
+			m.lostParts = map[int32]bool{}
+		}
+		for part := range lp {
+			m.lostParts[part] = true
+		}
+		return
+	case err != nil:
+		s.log().Warn("kgopubsub: another member claimed partitions this member consumes, and asking Kafka who owns them failed; the next commit asks again",
+			append(attrs, "err", err)...)
+		putBack()
+		return
+	}
+	parts := make([]int, 0, len(lp))
+	for part := range lp {
+		parts = append(parts, int(part))
+	}
+	_, epochs, err := s.cfg.Positions.(kafkapubsub.PositionClaims).Claim(ctx, s.cfg.ConsumerGroup, m.topic, parts)
+	if err != nil {
+		s.log().Warn("kgopubsub: claiming partitions again failed; the next commit tries again", append(attrs, "err", err)...)
+	} else {
+		if m.epochs == nil {
+			m.epochs = map[int]int64{}
+		}
+		maps.Copy(m.epochs, epochs)
+		s.log().Warn("kgopubsub: a claim of this member's partitions by another member was stale (Kafka says they are this member's): claimed them again",
+			attrs...)
+	}
+	putBack()
 }

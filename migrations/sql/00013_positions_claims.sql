@@ -17,14 +17,22 @@ CREATE TABLE exactly_positions_claims (
     PRIMARY KEY (consumer_group, topic, partition)
 );
 
--- The roles that save positions claim them too: every grant on
--- exactly_positions is made on the claims as well, so an upgrade needs no
--- new grant.
+-- The roles that save positions claim them too: the claims get the owner
+-- of exactly_positions (when the role migrating may give it: a member of
+-- that role, as a migrator may be, or the owner itself), and every grant
+-- on exactly_positions is made on the claims as well, so an upgrade needs
+-- no new grant.
 -- +goose StatementBegin
 DO $$
 DECLARE
     g text;
+    owner name;
 BEGIN
+    SELECT pg_get_userbyid(c.relowner) INTO owner FROM pg_class c
+    WHERE c.oid = format('%I.exactly_positions', current_schema())::regclass;
+    IF owner <> current_user AND pg_has_role(current_user, owner, 'MEMBER') THEN
+        EXECUTE format('ALTER TABLE %I.exactly_positions_claims OWNER TO %I', current_schema(), owner);
+    END IF;
     FOR g IN
         SELECT format('GRANT %s ON %I.exactly_positions_claims TO %s', a.privilege_type, current_schema(),
                CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END)
