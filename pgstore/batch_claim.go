@@ -35,6 +35,7 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 			}
 			if kr.inserted && kr.rec.Key.ID == "" {
 				// allInserted: every key was inserted at kr.rec.CreatedAt.
+				s.batchFoundStored.Store(false)
 				for _, i := range st.order {
 					found[reqs[i].Key] = true
 					out[i].Claim = s.insertedClaim(reqs[i], kr.rec.CreatedAt)
@@ -61,11 +62,12 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 		return rows.Err()
 	}
 	var restart bool // the transaction tried the keys as new, and is to be rolled back
-	if n > 0 && begin && st.insert != "" {
+	if n > 0 && begin && st.insert != "" && !s.batchFoundStored.Load() {
 		// The transaction is DoBatch's own and nothing went before: insert
 		// every key as new, learning only how many were. When all were,
 		// that is the whole answer; otherwise roll back and claim them all
-		// with the statement that answers each stored key.
+		// with the statement that answers each stored key, as the next
+		// batches do until one inserts all its keys.
 		var inserted int64
 		var now time.Time
 		err := s.queryIn(ctx, tx, []string{s.beginSQL}, st.insert, st.insertArgs, func(rows pgx.Rows) error {
@@ -88,6 +90,9 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 			n = 0 // claimed
 		}
 		begin, restart = false, n > 0
+		if restart {
+			s.batchFoundStored.Store(true)
+		}
 	}
 	var pre []string
 	switch {
