@@ -41,6 +41,15 @@ type BatchClaim = dedupe.BatchClaim
 // stores fn's results in one statement and commits. The answer has one
 // BatchClaim per request, in reqs' order.
 //
+// On the partitioned layout (with no legacy table to read), the claim
+// first inserts every key as new with a statement that answers only how
+// many it inserted, the usual batch's whole answer; when some key was
+// stored already, that transaction is rolled back and the batch is
+// claimed, in a new one, by the statement that answers each stored key
+// (the ROLLBACK and the new BEGIN go with it, in one more round trip). The
+// batches after one that found a stored key go to that statement at once,
+// until one of them inserts all its keys.
+//
 // Duplicates carry their stored result; key reuses, invalid keys and keys
 // in flight carry their error in BatchClaim.Err and are not handed to fn.
 // A key that appears more than once in reqs is claimed by its first

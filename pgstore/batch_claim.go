@@ -35,6 +35,7 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 			}
 			if kr.inserted && kr.rec.Key.ID == "" {
 				// allInserted: every key was inserted at kr.rec.CreatedAt.
+				s.batchFoundStored.Store(false)
 				for _, i := range st.order {
 					found[reqs[i].Key] = true
 					out[i].Claim = s.insertedClaim(reqs[i], kr.rec.CreatedAt)
@@ -60,8 +61,48 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 		}
 		return rows.Err()
 	}
+	var restart bool // the transaction tried the keys as new, and is to be rolled back
+	if n > 0 && begin && st.insert != "" && !s.batchFoundStored.Load() {
+		// The transaction is DoBatch's own and nothing went before: insert
+		// every key as new, learning only how many were. When all were,
+		// that is the whole answer; otherwise roll back and claim them all
+		// with the statement that answers each stored key, as the next
+		// batches do until one inserts all its keys.
+		var inserted int64
+		var now time.Time
+		err := s.queryIn(ctx, tx, []string{s.beginSQL}, st.insert, st.insertArgs, func(rows pgx.Rows) error {
+			for rows.Next() {
+				if err := rows.Scan(&inserted, &now); err != nil {
+					rows.Close()
+					return err
+				}
+			}
+			return rows.Err()
+		})
+		if err != nil {
+			return s.l.layoutError(op, err)
+		}
+		if inserted == int64(n) {
+			for _, i := range st.order {
+				found[reqs[i].Key] = true
+				out[i].Claim = s.insertedClaim(reqs[i], now)
+			}
+			n = 0 // claimed
+		}
+		begin, restart = false, n > 0
+		if restart {
+			s.batchFoundStored.Store(true)
+		}
+	}
+	var pre []string
+	switch {
+	case restart:
+		pre = []string{"rollback", s.beginSQL}
+	case begin:
+		pre = []string{s.beginSQL}
+	}
 	if n > 0 {
-		if err := s.queryIn(ctx, tx, begin, st.claim, st.claimArgs, read); err != nil {
+		if err := s.queryIn(ctx, tx, pre, st.claim, st.claimArgs, read); err != nil {
 			return s.l.layoutError(op, err)
 		}
 	} else if begin {
@@ -78,7 +119,7 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 		}
 	}
 	if len(locks) > 0 {
-		if err := s.queryIn(ctx, tx, false, st.lock, st.lockArgs(locks), read); err != nil {
+		if err := s.queryIn(ctx, tx, nil, st.lock, st.lockArgs(locks), read); err != nil {
 			return classify(op, err)
 		}
 	}
@@ -120,19 +161,26 @@ func (s *Store) insertedClaim(req dedupe.Request, now time.Time) dedupe.Claim {
 // batchStmts are a batch claim's statements for the store's layout: claim
 // inserts the keys of reqs at order (sorted, distinct) and answers the
 // rows of those that conflicted, when its snapshot shows them; lock reads
-// the keys at order[j] for j in js, locked, in the same order.
+// the keys at order[j] for j in js, locked, in the same order; insert,
+// when set, inserts them and answers only how many it did.
 type batchStmts struct {
 	order     []int
 	claim     string
 	claimArgs []any
 	lock      string
 	lockArgs  func(js []int) []any
+	// insert, when not "", inserts the keys as new and answers one row:
+	// how many it inserted and their created_at (p2BatchInsertSQL). It is
+	// tried first when it would be the transaction's first statement.
+	insert     string
+	insertArgs []any
 }
 
 // queryIn runs stmt with args in tx and hands its rows to read, which
-// scans them all; with begin, tx's BEGIN goes in the same round trip.
-func (s *Store) queryIn(ctx context.Context, tx pgx.Tx, begin bool, stmt string, args []any, read func(pgx.Rows) error) error {
-	if !begin {
+// scans them all; the statements of pre (tx's BEGIN, say) go first, in
+// the same round trip.
+func (s *Store) queryIn(ctx context.Context, tx pgx.Tx, pre []string, stmt string, args []any, read func(pgx.Rows) error) error {
+	if len(pre) == 0 {
 		rows, err := tx.Query(ctx, stmt, args...)
 		if err != nil {
 			return err
@@ -140,10 +188,17 @@ func (s *Store) queryIn(ctx context.Context, tx pgx.Tx, begin bool, stmt string,
 		return read(rows)
 	}
 	b := &pgx.Batch{}
-	b.Queue(s.beginSQL)
+	for _, p := range pre {
+		b.Queue(p)
+	}
 	b.Queue(stmt, args...)
 	br := tx.SendBatch(ctx, b)
-	_, err := br.Exec() // stmt is prepared first: an error of its own may come here
+	var err error
+	for range pre {
+		if _, err = br.Exec(); err != nil { // stmt is prepared first: an error of its own may come here
+			break
+		}
+	}
 	if err == nil {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
@@ -170,3 +225,12 @@ func byKey(reqs []dedupe.Request) func(a, b int) int {
 // and completed_at.
 const allInserted = `SELECT true, ''::text, ''::text, ''::text, 'COMPLETED'::text, NULL::bytea, 1, NULL::text, NULL::int, NULL::bigint,
        now(), now(), NULL::timestamptz, now(), clock_timestamp()`
+
+// beginFirst is the statements that go before a transaction's first one:
+// its BEGIN when it is still to be sent.
+func beginFirst(s *Store, begin bool) []string {
+	if begin {
+		return []string{s.beginSQL}
+	}
+	return nil
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -129,4 +130,66 @@ func TestDoBatchResultsStatements(t *testing.T) {
 			}
 		})
 	}
+}
+
+// On the partitioned layout, a batch of new keys is one round trip before
+// its function (BEGIN with the insert that answers a count) and the
+// COMMIT. A batch that finds a stored key pays one more round trip (the
+// insert's transaction rolled back, the batch claimed again by the
+// statement that answers each key) and is answered the same; the batches
+// after it go to that statement at once, until one of them inserts all
+// its keys.
+func TestDoBatchFoundStoredRoundTrips(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, counter := countedStore(t, pgstore.LayoutPartitioned, pgstore.Config{})
+	batch := func(n int) []dedupe.Request {
+		reqs := make([]dedupe.Request, n)
+		for i := range reqs {
+			id := uuid.Must(uuid.NewV7()).String()
+			reqs[i] = dedupetest.Req("s", id, "payload of "+id)
+		}
+		return reqs
+	}
+	run := func(name string, reqs []dedupe.Request, want []dedupe.Decision, trips int64) {
+		t.Helper()
+		before := counter.n.Load()
+		var ran []int
+		out, err := s.DoBatch(ctx, reqs, func(_ context.Context, _ pgx.Tx, fresh []int) ([][]byte, error) {
+			ran = fresh
+			return nil, nil
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		got := counter.n.Load() - before
+		for i, c := range out {
+			if c.Err != nil || c.Decision != want[i] {
+				t.Fatalf("%s, key %d: %v %v, want %v", name, i, c.Decision, c.Err, want[i])
+			}
+		}
+		var fresh []int
+		for i, d := range want {
+			if d == dedupe.DecisionNew {
+				fresh = append(fresh, i)
+			}
+		}
+		if !slices.Equal(ran, fresh) {
+			t.Fatalf("%s: the function ran for %v, want %v", name, ran, fresh)
+		}
+		if trips > 0 && got != trips {
+			t.Fatalf("%s: %d round trips, want %d", name, got, trips)
+		}
+	}
+	n, d := dedupe.DecisionNew, dedupe.DecisionDuplicate
+	run("first batch", batch(3), []dedupe.Decision{n, n, n}, 0) // reads the scope's code and the layout's state
+	a := batch(3)
+	run("new keys", a, []dedupe.Decision{n, n, n}, 2)
+	mixed := append(batch(1), a[1], a[2])
+	run("a batch with stored keys", mixed, []dedupe.Decision{n, d, d}, 3)
+	run("the same batch again", mixed, []dedupe.Decision{d, d, d}, 2)
+	run("new keys after it", batch(2), []dedupe.Decision{n, n}, 2)
+	run("new keys again", batch(2), []dedupe.Decision{n, n}, 2)
+	run("duplicates again", a, []dedupe.Decision{d, d, d}, 3)
 }

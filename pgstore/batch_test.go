@@ -522,3 +522,42 @@ func testDoBatchAnswersTheStoredRecords(t *testing.T, newStore storeMaker) {
 	mixed := []dedupe.Request{first[1], mk(v7(), 5*time.Minute, src), first[2], mk("order-18", 0, dedupe.Source{})}
 	batch(mixed, []dedupe.Decision{dedupe.DecisionDuplicate, n, dedupe.DecisionDuplicate, n})
 }
+
+// TestDoBatchIsolationLevels runs a batch of new keys, a batch with stored
+// keys among new ones and that batch again at each isolation level
+// Config.IsoLevel takes: each key applied once, with its stored result
+// for the duplicates.
+func TestDoBatchIsolationLevels(t *testing.T) {
+	for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable} {
+		t.Run(string(iso), func(t *testing.T) {
+			eachLayout(t, func(t *testing.T, newStore storeMaker) {
+				s, db := newStore(t, &pgstore.Config{IsoLevel: iso})
+				ctx := context.Background()
+				v7 := func() string { return uuid.Must(uuid.NewV7()).String() }
+				run := func(reqs []dedupe.Request, want ...dedupe.Decision) {
+					t.Helper()
+					out, err := s.DoBatch(ctx, reqs, applyBatch(db, reqs, nil))
+					if err != nil {
+						t.Fatal(err)
+					}
+					for i, c := range out {
+						if c.Err != nil || c.Decision != want[i] || string(c.Record.Result) != "r:"+reqs[i].Key.ID {
+							t.Fatalf("%s: %v %q %v, want %v with its result", reqs[i].Key, c.Decision, c.Record.Result, c.Err, want[i])
+						}
+					}
+				}
+				n, d := dedupe.DecisionNew, dedupe.DecisionDuplicate
+				first := reqsOf("s", v7(), v7(), "order-1")
+				run(first, n, n, n)
+				mixed := append(reqsOf("s", v7()), first[0], first[2])
+				run(mixed, n, d, d)
+				run(mixed, d, d, d)
+				want := map[string]int{}
+				for _, r := range append(first, mixed[0]) {
+					want[r.Key.ID] = 1
+				}
+				wantApplied(t, db, want)
+			})
+		})
+	}
+}

@@ -85,6 +85,10 @@ func (p *partitioned) batchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.R
 	}
 	st.claim, st.lock = p.batchClaim, p.batchLock
 	st.claimArgs = []any{scopes, ids, scodes, kids, kinds, texts, fps, topics, parts, offsets, ttls, n}
+	if legacy == "" {
+		// No read went before: the batch may try its keys as new first.
+		st.insert, st.insertArgs = p.batchInsert, []any{scodes, kids, kinds, texts, fps, topics, parts, offsets, ttls}
+	}
 	st.lockArgs = func(js []int) []any {
 		ls, li, lc, lk, lt, lx := make([]string, len(js)), make([]string, len(js)), make([]int16, len(js)), make([]pgtype.UUID, len(js)), make([]string, len(js)), make([]*string, len(js))
 		for m, j := range js {
@@ -103,7 +107,7 @@ func (p *partitioned) legacyLive(ctx context.Context, tx pgx.Tx, legacy string, 
 		scopes[j], ids[j] = reqs[i].Key.Scope, reqs[i].Key.ID
 	}
 	live := make(map[dedupe.Key]bool)
-	err := p.s.queryIn(ctx, tx, begin, strings.ReplaceAll(p2BatchLegacySQL, "{L}", legacy), []any{scopes, ids}, func(rows pgx.Rows) error {
+	err := p.s.queryIn(ctx, tx, beginFirst(p.s, begin), strings.ReplaceAll(p2BatchLegacySQL, "{L}", legacy), []any{scopes, ids}, func(rows pgx.Rows) error {
 		for rows.Next() {
 			var k dedupe.Key
 			if err := rows.Scan(&k.Scope, &k.ID); err != nil {

@@ -21,9 +21,10 @@ type partitioned struct {
 	parent        string // the partitioned table, schema-qualified and quoted
 	other         string // its partition for keys that are not time-ordered
 	names, state  string // the code and state tables
-	// batchClaim and batchLock are the batch statements (p2BatchClaimSQL,
-	// p2BatchLockSQL) on the partitioned table.
-	batchClaim, batchLock string
+	// batchInsert, batchClaim and batchLock are the batch statements
+	// (p2BatchInsertSQL, p2BatchClaimSQL, p2BatchLockSQL) on the
+	// partitioned table.
+	batchInsert, batchClaim, batchLock string
 	// cleanupSQL deletes expired keys from the partition of keys that are
 	// not time-ordered (p2CleanupSQL).
 	cleanupSQL string
@@ -82,7 +83,7 @@ func newPartitioned(s *Store, schema, table string) *partitioned {
 		names: q("exactly_key_names"), state: q(table + "_state"), qs: map[[2]string]*queries{}, now: time.Now,
 		dropAfter: 2 * stateTTL}
 	r := strings.NewReplacer("{P}", p.parent, "{N}", p.names)
-	p.batchClaim, p.batchLock = r.Replace(p2BatchClaimSQL), r.Replace(p2BatchLockSQL)
+	p.batchInsert, p.batchClaim, p.batchLock = r.Replace(p2BatchInsertSQL), r.Replace(p2BatchClaimSQL), r.Replace(p2BatchLockSQL)
 	p.cleanupSQL = strings.ReplaceAll(p2CleanupSQL, "{P}", p.other)
 	return p
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -37,6 +38,11 @@ type Store struct {
 	beginSQL string
 	// l is Config.Layout: its statements and its own steps.
 	l layout
+	// batchFoundStored: a batch claim found a key stored already, and none
+	// has inserted all of its keys since. DoBatch then skips the insert
+	// that answers only a count (batchStmts.insert), which batches of
+	// duplicates (a redelivery) would each roll back.
+	batchFoundStored atomic.Bool
 	// pooler is what pooler.Detect found on pool, once it answered.
 	pooler struct {
 		mu    sync.Mutex
