@@ -57,10 +57,12 @@ type Positions interface {
 // it claims its partitions at each assignment, instead of loading them, and
 // fences each save with the claim, so that a member which lost a partition
 // without knowing it yet (cut off from Kafka, or paused, past its
-// session) saves nothing for it once its new owner claimed it. Such a
-// member neither saves nor commits that partition's offsets again until it
-// is assigned it again and claims it; Kafka takes the partition from it
-// once it hears from the group.
+// session) saves nothing for it once its new owner claimed it. A save
+// refused so makes the member ask Kafka, by committing the partition's
+// offset, which only its owner may: refused, the member saves and commits
+// nothing more for it until it is assigned it again; accepted, the other
+// claim was stale (a member that left, whose claim reached the database
+// late), and the member claims the partition again and saves on.
 type PositionClaims interface {
 	// Claim takes partitions for the caller and returns their stored
 	// positions, as Load does, and the epoch of each claim: every claim
