@@ -33,9 +33,6 @@ func (v contractVariant) SkipReason(test string) string {
 	if v.Transport.GroupProtocol == kgopubsub.ProtocolConsumer && test == "KeyOrderedRebalanceExactlyOnce" {
 		return "KIP-848 assigns to a joining member at the broker's heartbeat interval (5s at least), after the first member applied every command; TestRebalanceWithoutLossOrDuplicateKIP848 covers its rebalance"
 	}
-	if v.Transport.GroupProtocol == kgopubsub.ProtocolConsumer && test == "PositionsLateClaimOfAClosedMember" {
-		return "on KIP-848 the closing member's claim does not leave for the database before Close ends it, so no late claim arises; PositionsClaimedByAnother covers a claim by another on every protocol"
-	}
 	return ""
 }
 

@@ -167,7 +167,6 @@ func Run(t *testing.T, tr Transport) {
 		{"PositionsLateSave", PositionsLateSave},
 		{"PositionsClaimedByAnother", PositionsClaimedByAnother},
 		{"PositionsChurn", PositionsChurn},
-		{"PositionsLateClaimOfAClosedMember", PositionsLateClaimOfAClosedMember},
 		{"PositionsRestoreBelowLogStart", PositionsRestoreBelowLogStart},
 		{"KeyOrderedConcurrency", KeyOrderedConcurrency},
 		{"WatermarkHoldsCommit", WatermarkHoldsCommit},
