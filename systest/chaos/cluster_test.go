@@ -61,21 +61,35 @@ func requireTools(t testing.TB) {
 	pgcluster.Require(t, "chaos", pgcluster.NewestBin())
 }
 
+// startBroker starts the run's broker. A port found free can be taken
+// before the broker binds it (by another test's outgoing connection, on a
+// busy machine): the broker is then started again on other ports, in a
+// run directory of its own.
 func startBroker(root, base string) (*broker, error) {
-	b := &broker{script: filepath.Join(root, "scripts", "kafka.sh"), run: filepath.Join(base, "kafka")}
 	var err error
-	if b.port, err = pgcluster.FreePort(); err != nil {
-		return nil, err
+	for attempt := range 3 {
+		run := filepath.Join(base, "kafka")
+		if attempt > 0 {
+			run += strconv.Itoa(attempt)
+		}
+		b := &broker{script: filepath.Join(root, "scripts", "kafka.sh"), run: run}
+		if b.port, err = pgcluster.FreePort(); err != nil {
+			return nil, err
+		}
+		var cport int
+		if cport, err = pgcluster.FreePort(); err != nil {
+			return nil, err
+		}
+		b.env = append(os.Environ(), "KAFKA_PORT="+strconv.Itoa(b.port), "KAFKA_CONTROLLER_PORT="+strconv.Itoa(cport),
+			"KAFKA_RUN_DIR="+b.run, "KAFKA_HEAP=384m", "KAFKA_START_TIMEOUT=180",
+			// Fewer internal partitions: a restart after kill -9 recovers each.
+			"KAFKA_PROPERTIES=offsets.topic.num.partitions=3\ntransaction.state.log.num.partitions=3")
+		if err = b.do("start"); err == nil || !strings.Contains(err.Error(), "Address already in use") {
+			return b, err
+		}
+		_ = b.do("stop")
 	}
-	cport, err := pgcluster.FreePort()
-	if err != nil {
-		return nil, err
-	}
-	b.env = append(os.Environ(), "KAFKA_PORT="+strconv.Itoa(b.port), "KAFKA_CONTROLLER_PORT="+strconv.Itoa(cport),
-		"KAFKA_RUN_DIR="+b.run, "KAFKA_HEAP=384m", "KAFKA_START_TIMEOUT=180",
-		// Fewer internal partitions: a restart after kill -9 recovers each.
-		"KAFKA_PROPERTIES=offsets.topic.num.partitions=3\ntransaction.state.log.num.partitions=3")
-	return b, b.do("start")
+	return nil, err
 }
 
 func (b *broker) Addr() string { return "127.0.0.1:" + strconv.Itoa(b.port) }
