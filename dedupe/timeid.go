@@ -64,9 +64,18 @@ func parseUUIDv7(id string) (TimeID, error) {
 		return TimeID{}, fmt.Errorf("%w: %q is not a UUID: hyphens expected at 8, 13, 18 and 23", ErrNotTimeOrdered, id)
 	}
 	var t TimeID
-	digits := id[0:8] + id[9:13] + id[14:18] + id[19:23] + id[24:36]
-	if _, err := hex.Decode(t.Bytes[:], []byte(digits)); err != nil {
-		return TimeID{}, fmt.Errorf("%w: %q is not a UUID: %v", ErrNotTimeOrdered, id, err)
+	j := 0
+	for i := 0; i < 36; i += 2 {
+		if i == 8 || i == 13 || i == 18 || i == 23 {
+			i-- // the hyphen: the next pair starts after it
+			continue
+		}
+		hi, lo := hexValue[id[i]], hexValue[id[i+1]]
+		if hi|lo == 0xff {
+			return TimeID{}, fmt.Errorf("%w: %q is not a UUID: %q at %d is not a hex digit", ErrNotTimeOrdered, id, badHex(id[i], id[i+1]), i)
+		}
+		t.Bytes[j] = hi<<4 | lo
+		j++
 	}
 	if v := t.Bytes[6] >> 4; v != 7 {
 		return TimeID{}, fmt.Errorf("%w: %q is a version %d UUID, not version 7", ErrNotTimeOrdered, id, v)
@@ -76,6 +85,28 @@ func parseUUIDv7(id string) (TimeID, error) {
 	}
 	t.Kind = UUIDv7
 	return t, nil
+}
+
+// hexValue maps a byte to its value as a hex digit (either case), or 0xff.
+var hexValue = func() (m [256]byte) {
+	for i := range m {
+		m[i] = 0xff
+	}
+	for i := byte(0); i < 10; i++ {
+		m['0'+i] = i
+	}
+	for i := byte(0); i < 6; i++ {
+		m['a'+i], m['A'+i] = 10+i, 10+i
+	}
+	return m
+}()
+
+// badHex is the first of a and b that is not a hex digit.
+func badHex(a, b byte) byte {
+	if hexValue[a] == 0xff {
+		return a
+	}
+	return b
 }
 
 // crockford maps a byte to its base-32 value, or 0xff.

@@ -1,7 +1,9 @@
 package dedupe_test
 
 import (
+	"encoding/hex"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,5 +59,33 @@ func TestTimeIDOrder(t *testing.T) {
 	}
 	if got := a.Time().UTC().Format(time.RFC3339Nano); got != "2016-07-30T23:54:10.259Z" {
 		t.Errorf("Time() = %s", got)
+	}
+}
+
+// TestParseUUIDv7EveryDigit changes each character of a UUIDv7 in turn to
+// every byte, and checks ParseTimeID against encoding/hex on the digits.
+func TestParseUUIDv7EveryDigit(t *testing.T) {
+	const base = "017f22e2-79b0-7cc3-98c4-dc0c0c07398f"
+	for i := range len(base) {
+		for c := range 256 {
+			in := base[:i] + string(rune(c))[:1] + base[i+1:]
+			if c >= 0x80 {
+				in = base[:i] + string([]byte{byte(c)}) + base[i+1:]
+			}
+			got, err := dedupe.ParseTimeID(in)
+			digits := strings.ReplaceAll(in, "-", "")
+			want, werr := hex.DecodeString(digits)
+			hyphens := in[8] == '-' && in[13] == '-' && in[18] == '-' && in[23] == '-'
+			ok := hyphens && werr == nil && len(want) == 16 && want[6]>>4 == 7 && want[8]&0xc0 == 0x80
+			if ok != (err == nil) {
+				t.Fatalf("ParseTimeID(%q) = %v, want ok %v", in, err, ok)
+			}
+			if ok && string(got.Bytes[:]) != string(want) {
+				t.Fatalf("ParseTimeID(%q) = %x, want %x", in, got.Bytes, want)
+			}
+			if !ok && !errors.Is(err, dedupe.ErrNotTimeOrdered) {
+				t.Fatalf("ParseTimeID(%q) = %v, want ErrNotTimeOrdered", in, err)
+			}
+		}
 	}
 }

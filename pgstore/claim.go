@@ -46,6 +46,8 @@ type claimArgs struct {
 	// part is the key as the partitioned layout stores it (its
 	// prepareClaim sets it); nil on the single table.
 	part *partArgs
+	// batch: the arguments are for a batch statement, and q is nil.
+	batch bool
 }
 
 // newClaimArgs validates req and builds its claim's arguments, the
@@ -56,7 +58,14 @@ func (s *Store) newClaimArgs(ctx context.Context, db DBTX, req dedupe.Request, s
 	if err := req.Validate(); err != nil {
 		return claimArgs{}, err
 	}
-	a := claimArgs{
+	return s.validClaimArgs(ctx, db, req, status, lease, false)
+}
+
+// validClaimArgs is newClaimArgs of a request already validated; for a
+// batch statement (batch), which brings statements of its own, the
+// one-key statements (a.q) are left unset.
+func (s *Store) validClaimArgs(ctx context.Context, db DBTX, req dedupe.Request, status dedupe.Status, lease time.Duration, batch bool) (claimArgs, error) {
+	a := claimArgs{batch: batch,
 		scope: req.Key.Scope, id: req.Key.ID, fingerprint: string(req.Fingerprint), status: status,
 		leaseMicros: micros(lease), ttlMicros: micros(s.ttl(req)),
 	}

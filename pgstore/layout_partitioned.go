@@ -81,7 +81,10 @@ func (p *partitioned) prepareClaim(ctx context.Context, db DBTX, req dedupe.Requ
 		pa.topicCode = &c
 	}
 	pa.fp, _ = hex.DecodeString(a.fingerprint) // validated: 64 hex digits
-	a.part, a.q = pa, p.queriesFor(st, p.target(st, pa.sid))
+	a.part = pa
+	if !a.batch {
+		a.q = p.queriesFor(st, p.target(st, pa.sid))
+	}
 	return a, nil
 }
 

@@ -26,7 +26,7 @@ func (p *partitioned) batchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.R
 	kept := make([]int, 0, len(order))
 	legacy := ""
 	for _, i := range order {
-		a, err := p.s.newClaimArgs(ctx, tx, reqs[i], dedupe.StatusCompleted, 0)
+		a, err := p.s.validClaimArgs(ctx, tx, reqs[i], dedupe.StatusCompleted, 0, true) // claimBatchTx validated reqs
 		if err != nil {
 			if isPerRequest(err) {
 				out[i].Err = err

@@ -35,7 +35,7 @@ type storedID struct {
 // encodeID encodes id for the partitioned layout; low is the start of the
 // oldest time partition (zero: none yet).
 func encodeID(id string, low time.Time) storedID {
-	if t, err := dedupe.ParseTimeID(id); err == nil && t.String() == id && t.Bytes[0] < 0x10 {
+	if t, err := dedupe.ParseTimeID(id); err == nil && canonical(t, id) && t.Bytes[0] < 0x10 {
 		s := storedID{kid: t.Bytes, kind: kindUUIDv7, minted: t.Time(), timed: true}
 		if t.Kind == dedupe.ULID {
 			s.kind = kindULID
@@ -55,6 +55,20 @@ func encodeID(id string, low time.Time) storedID {
 	s.kid[0] = 0xff
 	copy(s.kid[1:], sum[:15])
 	return s
+}
+
+// canonical reports whether id, which parsed as t, is t's canonical text
+// (t.String()): a UUIDv7 in lower case, a ULID as String writes it.
+func canonical(t dedupe.TimeID, id string) bool {
+	if t.Kind != dedupe.UUIDv7 {
+		return t.String() == id
+	}
+	for i := 0; i < len(id); i++ {
+		if 'A' <= id[i] && id[i] <= 'F' {
+			return false
+		}
+	}
+	return true
 }
 
 // parseUUID parses a UUID in canonical form (lowercase, hyphenated): only
