@@ -21,7 +21,10 @@
 #   MATRIX_PKGS     the packages (default below), each a directory, with
 #                   @pg or @kafka when it talks to one server only: it runs
 #                   on that axis only (pgstore never reaches Kafka, so
-#                   running it against each Kafka tests nothing)
+#                   running it against each Kafka tests nothing); @edges:
+#                   on the Kafka axis and on the first and last releases
+#                   of MATRIX_PG only (a package whose SQL is pgstore's,
+#                   which every PostgreSQL cell runs)
 #   MATRIX_PG       PostgreSQL releases (io.zonky.test.postgres versions;
 #                   set and empty: no PostgreSQL cell)
 #   MATRIX_KAFKA    Kafka releases (org.apache.kafka:kafka_2.13 versions;
@@ -43,7 +46,7 @@ root=$PWD
 GO=${GO:-go}
 # The packages that talk to Postgres or Kafka, as directories; @pg or
 # @kafka limits one to an axis.
-MATRIX_PKGS=${MATRIX_PKGS:-./pgstore@pg ./migrations@pg ./outbox ./consumer ./kafkapubsub@kafka ./kgopubsub@kafka ./examples/ledger-consumer/ledger ./cmd/replay/internal/ledgertest@kafka}
+MATRIX_PKGS=${MATRIX_PKGS:-./pgstore@pg ./migrations@pg ./outbox ./consumer@edges ./kafkapubsub@kafka ./kgopubsub@kafka ./examples/ledger-consumer/ledger ./cmd/replay/internal/ledgertest@kafka}
 MATRIX_PG=${MATRIX_PG-13.23.0 14.24.0 15.19.0 16.15.0 17.11.0 18.6.0}
 MATRIX_KAFKA=${MATRIX_KAFKA-3.9.2 4.4.0}
 MATRIX_SKIP=${MATRIX_SKIP:-^TestOpenDBStartsThrowawayServer$}
@@ -86,7 +89,7 @@ for entry in $MATRIX_PKGS; do
 	p=${entry%@*}
 	axis=both
 	[ "$p" = "$entry" ] || axis=${entry##*@}
-	case $axis in pg | kafka | both) ;; *) die "MATRIX_PKGS: $entry: the axis after @ is pg or kafka" ;; esac
+	case $axis in pg | kafka | both | edges) ;; *) die "MATRIX_PKGS: $entry: the axis after @ is pg, kafka or edges" ;; esac
 	name=$(echo "${p#./}" | tr / _)
 	"$GO" test -c -race -o "$dir/tests/$name.test" "$p"
 	[ -x "$dir/tests/$name.test" ] || die "$p has no tests"
@@ -134,6 +137,12 @@ pg_start() {
 	echo "$url"
 }
 
+# pg_edge RELEASE: whether RELEASE is the first or the last of MATRIX_PG.
+pg_edge() {
+	local rels=($MATRIX_PG)
+	[ "$1" = "${rels[0]}" ] || [ "$1" = "${rels[${#rels[@]} - 1]}" ]
+}
+
 commits() { psql "$1" -XtAc "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"; }
 
 # cell NAME AXIS PGRELEASE PGPORT KAFKAVERSION KAFKAPORT: runs the axis's
@@ -153,7 +162,11 @@ cell() {
 	for entry in "${pkgs[@]}"; do
 		set -- $entry
 		p=$1
-		[ "$2" = both ] || [ "$2" = "$cellaxis" ] || continue
+		case $2/$cellaxis in
+		both/* | pg/pg | kafka/kafka | edges/kafka) ;;
+		edges/pg) pg_edge "$rel" || continue ;;
+		*) continue ;;
+		esac
 		local pkgname bin t1=$SECONDS rc=0
 		pkgname=$(echo "${p#./}" | tr / _)
 		bin="$dir/tests/$pkgname.test"
@@ -181,17 +194,22 @@ cell() {
 	return $ok
 }
 
-# The cells: the PostgreSQL axis with Kafka at its default, the Kafka axis
-# with the machine's PostgreSQL.
+# The cells: the Kafka axis with the machine's PostgreSQL, then the
+# PostgreSQL axis with Kafka at its default, its first and last releases
+# before the others. They start in that order, the cells that run the most
+# packages first, so that the last to start are short ones.
 cells=()
 i=0
-for rel in $MATRIX_PG; do
-	cells+=("pg-$rel pg $rel $((pgport + i)) $default_kafka")
-	i=$((i + 1))
-done
 for kv in $MATRIX_KAFKA; do
 	cells+=("kafka-$kv kafka machine $((pgport + i)) $kv")
 	i=$((i + 1))
+done
+for edge in yes no; do
+	for rel in $MATRIX_PG; do
+		if pg_edge "$rel"; then [ $edge = yes ] || continue; else [ $edge = no ] || continue; fi
+		cells+=("pg-$rel pg $rel $((pgport + i)) $default_kafka")
+		i=$((i + 1))
+	done
 done
 
 [ ${#cells[@]} -gt 0 ] || die "no cells: MATRIX_PG and MATRIX_KAFKA are both empty"
