@@ -3,7 +3,9 @@
 -- the claim in one round trip (pgstore.Store.BeginLockClaimTx), the
 -- handler's INSERT, then the response's UPDATE and COMMIT in one round trip
 -- (CompleteCommitTx). The key is text (principal "0", a random UUID), so it
--- is kept in exactly_keys2_other by a hash, with its text.
+-- is kept in exactly_keys2_other by a hash, with its text. Copied from the
+-- server's log of BenchmarkMiddleware (log_statement = all) on 2026-12-07:
+-- copy them again when the claim's SQL changes.
 \set a random(0, 72057594037927935)
 \set b random(0, 4611686018427387903)
 \set lock random(1, 4611686018427387903)
