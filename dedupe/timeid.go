@@ -72,7 +72,11 @@ func parseUUIDv7(id string) (TimeID, error) {
 		}
 		hi, lo := hexValue[id[i]], hexValue[id[i+1]]
 		if hi|lo == 0xff {
-			return TimeID{}, fmt.Errorf("%w: %q is not a UUID: %q at %d is not a hex digit", ErrNotTimeOrdered, id, badHex(id[i], id[i+1]), i)
+			k := i
+			if hi != 0xff {
+				k++
+			}
+			return TimeID{}, fmt.Errorf("%w: %q is not a UUID: %q at %d is not a hex digit", ErrNotTimeOrdered, id, id[k], k)
 		}
 		t.Bytes[j] = hi<<4 | lo
 		j++
@@ -100,14 +104,6 @@ var hexValue = func() (m [256]byte) {
 	}
 	return m
 }()
-
-// badHex is the first of a and b that is not a hex digit.
-func badHex(a, b byte) byte {
-	if hexValue[a] == 0xff {
-		return a
-	}
-	return b
-}
 
 // crockford maps a byte to its base-32 value, or 0xff.
 var crockford = func() (m [256]byte) {

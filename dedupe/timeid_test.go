@@ -89,3 +89,19 @@ func TestParseUUIDv7EveryDigit(t *testing.T) {
 		}
 	}
 }
+
+// TestParseUUIDv7NamesTheBadDigit: the error says which character is not a
+// hex digit, and where, whichever of a pair it is.
+func TestParseUUIDv7NamesTheBadDigit(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"017f22e2-79b0-7cc3-98c4-dc0c0c07398g", `'g' at 35`},
+		{"017f22e2-79b0-7cc3-98c4-dc0c0c0739g8", `'g' at 34`},
+		{"x17f22e2-79b0-7cc3-98c4-dc0c0c07398f", `'x' at 0`},
+		{"017f22e2-79b0-7cc3-98c4-dc0c0c0739gg", `'g' at 34`},
+	} {
+		_, err := dedupe.ParseTimeID(c.in)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("ParseTimeID(%q) = %v, want it to say %s", c.in, err, c.want)
+		}
+	}
+}
