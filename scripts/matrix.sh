@@ -45,7 +45,8 @@ cd "$(dirname "$0")/.."
 root=$PWD
 GO=${GO:-go}
 # The packages that talk to Postgres or Kafka, as directories; @pg or
-# @kafka limits one to an axis.
+# @kafka limits one to an axis, @edges to the Kafka axis and the first and
+# last PostgreSQL releases.
 MATRIX_PKGS=${MATRIX_PKGS:-./pgstore@pg ./migrations@pg ./outbox ./consumer@edges ./kafkapubsub@kafka ./kgopubsub@kafka ./examples/ledger-consumer/ledger ./cmd/replay/internal/ledgertest@kafka}
 MATRIX_PG=${MATRIX_PG-13.23.0 14.24.0 15.19.0 16.15.0 17.11.0 18.6.0}
 MATRIX_KAFKA=${MATRIX_KAFKA-3.9.2 4.4.0}
@@ -84,7 +85,7 @@ trap 'exit 130' INT TERM
 echo "matrix: building the test binaries (race detector) and pgserver"
 "$GO" build -o "$dir/bin/pgserver" ./tools/pgserver
 "$GO" build -o "$dir/bin/testsum" ./scripts/testsum
-pkgs=() # "dir axis", axis pg, kafka or both
+pkgs=() # "dir axis", axis pg, kafka, both or edges
 for entry in $MATRIX_PKGS; do
 	p=${entry%@*}
 	axis=both
@@ -143,6 +144,25 @@ pg_edge() {
 	[ "$1" = "${rels[0]}" ] || [ "$1" = "${rels[${#rels[@]} - 1]}" ]
 }
 
+# runs_on PKGAXIS CELLAXIS RELEASE: whether a package of PKGAXIS runs on the
+# cell of CELLAXIS (pg or kafka) and RELEASE (its PostgreSQL).
+runs_on() {
+	case $1/$2 in
+	both/* | pg/pg | kafka/kafka | edges/kafka) return 0 ;;
+	edges/pg) pg_edge "$3" ;;
+	*) return 1 ;;
+	esac
+}
+
+# any_runs_on CELLAXIS RELEASE: whether any package runs on that cell.
+any_runs_on() {
+	local entry
+	for entry in "${pkgs[@]}"; do
+		runs_on "${entry##* }" "$1" "$2" && return 0
+	done
+	return 1
+}
+
 commits() { psql "$1" -XtAc "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"; }
 
 # cell NAME AXIS PGRELEASE PGPORT KAFKAVERSION KAFKAPORT: runs the axis's
@@ -162,11 +182,7 @@ cell() {
 	for entry in "${pkgs[@]}"; do
 		set -- $entry
 		p=$1
-		case $2/$cellaxis in
-		both/* | pg/pg | kafka/kafka | edges/kafka) ;;
-		edges/pg) pg_edge "$rel" || continue ;;
-		*) continue ;;
-		esac
+		runs_on "$2" "$cellaxis" "$rel" || continue
 		local pkgname bin t1=$SECONDS rc=0
 		pkgname=$(echo "${p#./}" | tr / _)
 		bin="$dir/tests/$pkgname.test"
@@ -198,21 +214,24 @@ cell() {
 # PostgreSQL axis with Kafka at its default, its first and last releases
 # before the others. They start in that order, the cells that run the most
 # packages first, so that the last to start are short ones.
+# A cell that no package runs on is left out: it would test nothing.
 cells=()
 i=0
 for kv in $MATRIX_KAFKA; do
+	any_runs_on kafka machine || break
 	cells+=("kafka-$kv kafka machine $((pgport + i)) $kv")
 	i=$((i + 1))
 done
 for edge in yes no; do
 	for rel in $MATRIX_PG; do
 		if pg_edge "$rel"; then [ $edge = yes ] || continue; else [ $edge = no ] || continue; fi
+		any_runs_on pg "$rel" || continue
 		cells+=("pg-$rel pg $rel $((pgport + i)) $default_kafka")
 		i=$((i + 1))
 	done
 done
 
-[ ${#cells[@]} -gt 0 ] || die "no cells: MATRIX_PG and MATRIX_KAFKA are both empty"
+[ ${#cells[@]} -gt 0 ] || die "no cells: MATRIX_PG and MATRIX_KAFKA are both empty, or no package of MATRIX_PKGS runs on their axes"
 
 # One broker per Kafka version that a cell needs.
 kversions=$( (for c in "${cells[@]}"; do set -- $c; echo "$5"; done) | awk '!seen[$0]++')
