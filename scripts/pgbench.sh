@@ -39,7 +39,7 @@ DROP SCHEMA IF EXISTS exactly_pgbench CASCADE;
 CREATE SCHEMA exactly_pgbench;
 CREATE TABLE exactly_pgbench.accounts (id int PRIMARY KEY, balance bigint NOT NULL);
 INSERT INTO exactly_pgbench.accounts SELECT g, 0 FROM generate_series(0, 999) g;
-CREATE TABLE exactly_pgbench.payments (id bigserial PRIMARY KEY, amount bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
+CREATE TABLE exactly_pgbench.payments (id bigserial PRIMARY KEY, amount bigint NOT NULL);
 CREATE TABLE exactly_pgbench.least_keys (scope smallint, kid uuid, fingerprint bytea NOT NULL, expires_at timestamptz NOT NULL,
     PRIMARY KEY (scope, kid));
 SQL
@@ -49,8 +49,11 @@ for f in "$here"/../migrations/sql/*.sql; do
 	sed -n '/-- +goose Up/,/-- +goose Down/p' "$f" | grep -v '^-- +goose'
 done | { echo 'SET search_path = exactly_pgbench;'; cat; } |
 	psql -q -v ON_ERROR_STOP=1 "$url" >/dev/null
-# The scope of http-keyed.sql's keys, code 1.
-psql -q -v ON_ERROR_STOP=1 "$url" -c "INSERT INTO exactly_pgbench.exactly_key_names (code, name) VALUES (1, 'http')" >/dev/null
+# The scope of http-keyed.sql's keys, code 1 (the first a name gets).
+if [ "$what" = http ]; then
+	code=$(psql -XAt -q -v ON_ERROR_STOP=1 "$url" -c "INSERT INTO exactly_pgbench.exactly_key_names (name) VALUES ('http') RETURNING code")
+	[ "$code" = 1 ] || { echo "pgbench.sh: the scope of http-keyed.sql got code $code, not 1" >&2; exit 1; }
+fi
 
 tps() {
 	pgbench -n -M prepared -c "$clients" -j "$clients" -T "$secs" -f "$here/pgbench/$1.sql" "$url" 2>&1 |
