@@ -46,7 +46,8 @@ type claimArgs struct {
 	// part is the key as the partitioned layout stores it (its
 	// prepareClaim sets it); nil on the single table.
 	part *partArgs
-	// batch: the arguments are for a batch statement, and q is nil.
+	// batch: the arguments are for a batch statement, which brings its own
+	// statements: the partitioned layout leaves q nil.
 	batch bool
 }
 
