@@ -68,10 +68,7 @@ func TestParseUUIDv7EveryDigit(t *testing.T) {
 	const base = "017f22e2-79b0-7cc3-98c4-dc0c0c07398f"
 	for i := range len(base) {
 		for c := range 256 {
-			in := base[:i] + string(rune(c))[:1] + base[i+1:]
-			if c >= 0x80 {
-				in = base[:i] + string([]byte{byte(c)}) + base[i+1:]
-			}
+			in := base[:i] + string([]byte{byte(c)}) + base[i+1:]
 			got, err := dedupe.ParseTimeID(in)
 			digits := strings.ReplaceAll(in, "-", "")
 			want, werr := hex.DecodeString(digits)

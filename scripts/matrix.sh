@@ -222,10 +222,11 @@ for kv in $MATRIX_KAFKA; do
 	cells+=("kafka-$kv kafka machine $((pgport + i)) $kv")
 	i=$((i + 1))
 done
-for edge in yes no; do
+for edges in yes no; do
 	for rel in $MATRIX_PG; do
-		if pg_edge "$rel"; then [ $edge = yes ] || continue; else [ $edge = no ] || continue; fi
-		any_runs_on pg "$rel" || continue
+		edge=no
+		if pg_edge "$rel"; then edge=yes; fi
+		[ "$edge" = "$edges" ] && any_runs_on pg "$rel" || continue
 		cells+=("pg-$rel pg $rel $((pgport + i)) $default_kafka")
 		i=$((i + 1))
 	done
