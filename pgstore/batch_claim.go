@@ -68,17 +68,7 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, reqs []dedupe.Request
 		// that is the whole answer; otherwise roll back and claim them all
 		// with the statement that answers each stored key, as the next
 		// batches do until one inserts all its keys.
-		var inserted int64
-		var now time.Time
-		err := s.queryIn(ctx, tx, []string{s.beginSQL}, st.insert, st.insertArgs, func(rows pgx.Rows) error {
-			for rows.Next() {
-				if err := rows.Scan(&inserted, &now); err != nil {
-					rows.Close()
-					return err
-				}
-			}
-			return rows.Err()
-		})
+		inserted, now, err := insertNew(ctx, tx, s.beginSQL, st.insert, st.insertArgs)
 		if err != nil {
 			return s.l.layoutError(op, err)
 		}
@@ -169,11 +159,40 @@ type batchStmts struct {
 	claimArgs []any
 	lock      string
 	lockArgs  func(js []int) []any
-	// insert, when not "", inserts the keys as new and answers one row:
-	// how many it inserted and their created_at (p2BatchInsertSQL). It is
-	// tried first when it would be the transaction's first statement.
+	// insert, when not "", inserts the keys as new and answers no row: its
+	// command tag says how many it inserted, and their created_at is read
+	// after it (p2BatchInsertSQL, insertNew). It is tried first when it
+	// would be the transaction's first statement.
 	insert     string
 	insertArgs []any
+}
+
+// insertNew sends, in one round trip, BEGIN, the statement that inserts a
+// batch's keys as new (p2BatchInsertSQL) and the read of the
+// transaction's time; it returns how many keys were inserted, and that
+// time.
+func insertNew(ctx context.Context, tx pgx.Tx, begin, insert string, args []any) (n int64, now time.Time, err error) {
+	b := &pgx.Batch{}
+	b.Queue(begin)
+	b.Queue(insert, args...)
+	b.Queue(batchNowSQL)
+	br := tx.SendBatch(ctx, b)
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	if _, err = br.Exec(); err != nil { // the insert is prepared first: an error of its own may come here
+		return 0, time.Time{}, err
+	}
+	tag, err := br.Exec()
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	if err = br.QueryRow().Scan(&now); err != nil {
+		return 0, time.Time{}, err
+	}
+	return tag.RowsAffected(), now, nil
 }
 
 // queryIn runs stmt with args in tx and hands its rows to read, which

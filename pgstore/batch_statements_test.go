@@ -38,7 +38,8 @@ func countedStore(t *testing.T, layout pgstore.Layout, cfg pgstore.Config) (*pgs
 // A batch of fresh keys with results costs the same number of statements
 // whatever its size, on both layouts and for every kind of ID the
 // partitioned layout stores (its time partitions, its other partition):
-// BEGIN with the claim, the results, COMMIT. Its duplicates carry the
+// BEGIN with the claim (and, on the partitioned layout, the read of the
+// transaction's time), the results, COMMIT. Its duplicates carry the
 // results afterwards, and a result over MaxResultBytes is refused.
 func TestDoBatchResultsStatements(t *testing.T) {
 	t.Parallel()
@@ -84,8 +85,14 @@ func TestDoBatchResultsStatements(t *testing.T) {
 				return out, counter.stmts.Load() - before
 			}
 			run(batch(3)) // the scope's code, the layout's state, the statements prepared
-			counts := map[int]int64{}
+			counts, afterStored := map[int]int64{}, map[int]int64{}
 			for _, n := range []int{1, 2, 10, 40} {
+				// A batch of new keys after the duplicates of the last
+				// one goes to the statement that answers stored keys; the
+				// next tries its keys as new first, as batches do until
+				// one finds a stored key. Each path costs the same
+				// whatever the size.
+				_, afterStored[n] = run(batch(n))
 				reqs := batch(n)
 				out, stmts := run(reqs)
 				for i, c := range out {
@@ -107,6 +114,10 @@ func TestDoBatchResultsStatements(t *testing.T) {
 			}
 			if counts[1] != counts[40] || counts[2] != counts[40] || counts[10] != counts[40] {
 				t.Fatalf("statements for a batch of fresh keys with results, by batch size: %v; want the same for every size", counts)
+			}
+			if afterStored[2] != afterStored[40] || afterStored[10] != afterStored[40] {
+				t.Fatalf("statements for a batch of fresh keys with results after a batch of stored ones, by batch size: %v; "+
+					"want the same for every size", afterStored)
 			}
 			t.Logf("statements for a batch of fresh keys with results, by batch size: %v", counts)
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -482,7 +483,7 @@ func TestDoBatchAnswersTheStoredRecords(t *testing.T) {
 }
 
 func testDoBatchAnswersTheStoredRecords(t *testing.T, newStore storeMaker) {
-	s, _ := newStore(t, nil)
+	s, db := newStore(t, nil)
 	ctx := context.Background()
 	mk := func(id string, ttl time.Duration, src dedupe.Source) dedupe.Request {
 		r := dedupetest.Req("s", id, "payload of "+id)
@@ -521,6 +522,30 @@ func testDoBatchAnswersTheStoredRecords(t *testing.T, newStore storeMaker) {
 	batch(first, []dedupe.Decision{n, n, n, n})
 	mixed := []dedupe.Request{first[1], mk(v7(), 5*time.Minute, src), first[2], mk("order-18", 0, dedupe.Source{})}
 	batch(mixed, []dedupe.Decision{dedupe.DecisionDuplicate, n, dedupe.DecisionDuplicate, n})
+	// Columns that hold a value in every row of a batch, or NULL in every
+	// row (no source, no ID text), in batches of new keys and in batches
+	// with stored keys among new ones.
+	other := dedupe.Source{Topic: "orders", Partition: 2, Offset: 77}
+	sourced := []dedupe.Request{mk(v7(), 0, src), mk(v7(), time.Hour, other), mk(uuid.NewString(), 0, src)}
+	batch(sourced, []dedupe.Decision{n, n, n})
+	bare := []dedupe.Request{mk(v7(), 0, dedupe.Source{}), mk(uuid.NewString(), time.Minute, dedupe.Source{})}
+	batch(bare, []dedupe.Decision{n, n})
+	d := dedupe.DecisionDuplicate
+	batch([]dedupe.Request{sourced[1], mk(v7(), 0, other), sourced[0]}, []dedupe.Decision{d, n, d})
+	batch([]dedupe.Request{mk(v7(), 0, dedupe.Source{}), bare[0], bare[1]}, []dedupe.Decision{n, d, d})
+	if !strings.HasSuffix(t.Name(), "/partitioned") {
+		return
+	}
+	// What a record cannot tell apart, the row can: a key without a source
+	// stores NULL there, not a zero, and only a text ID stores its text.
+	var keys, unsourced, texts int
+	if err := db.Pool.QueryRow(ctx, "SELECT count(*), count(*) FILTER (WHERE source_topic IS NULL AND source_partition IS NULL AND source_offset IS NULL), "+
+		"count(id_text) FROM "+db.Table("exactly_keys2")).Scan(&keys, &unsourced, &texts); err != nil {
+		t.Fatal(err)
+	}
+	if keys != 13 || unsourced != 5 || texts != 2 {
+		t.Errorf("%d keys stored, %d without a source, %d with an ID text; want 13, 5 and 2", keys, unsourced, texts)
+	}
 }
 
 // TestDoBatchIsolationLevels runs a batch of new keys, a batch with stored

@@ -69,10 +69,11 @@ func (p *partitioned) batchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.R
 	})
 	var (
 		scopes, ids, kinds = make([]string, n), make([]string, n), make([]string, n)
-		scodes, topics     = make([]int16, n), make([]*int16, n)
-		kids               = make([]pgtype.UUID, n)
+		scodes             = make([]int16, n)
+		kids               = make(pgtype.FlatArray[pgtype.UUID], n)
 		texts              = make([]*string, n)
-		fps                = make([][]byte, n)
+		fps                = make(pgtype.FlatArray[[]byte], n)
+		topics             = make([]*int16, n)
 		parts, offsets     = make([]*int32, n), make([]*int64, n)
 		ttls               = make([]float64, n)
 	)
@@ -83,20 +84,48 @@ func (p *partitioned) batchStmts(ctx context.Context, tx pgx.Tx, reqs []dedupe.R
 		scopes[j], ids[j], scodes[j], kids[j], kinds[j], texts[j] = a.scope, a.id, a.part.scopeCode, kidArg(a.part.sid.kid), string(a.part.sid.kind), a.part.sid.text
 		fps[j], topics[j], parts[j], offsets[j], ttls[j] = a.part.fp, a.part.topicCode, a.partition, a.offset, a.ttlMicros
 	}
+	// The nullable columns go as arrays of plain values when no element is
+	// NULL, and as a NULL array when every one is (unnest pads the rows with
+	// NULL): pgx encodes both without reflection, and a NULL array costs
+	// nothing to send.
+	textsArg, topicsArg, partsArg, offsetsArg := nullableArg(texts), nullableArg(topics), nullableArg(parts), nullableArg(offsets)
 	st.claim, st.lock = p.batchClaim, p.batchLock
-	st.claimArgs = []any{scopes, ids, scodes, kids, kinds, texts, fps, topics, parts, offsets, ttls, n}
+	st.claimArgs = []any{scopes, ids, scodes, kids, kinds, textsArg, fps, topicsArg, partsArg, offsetsArg, ttls, n}
 	if legacy == "" {
 		// No read went before: the batch may try its keys as new first.
-		st.insert, st.insertArgs = p.batchInsert, []any{scodes, kids, kinds, texts, fps, topics, parts, offsets, ttls}
+		st.insert, st.insertArgs = p.batchInsert, []any{scodes, kids, kinds, textsArg, fps, topicsArg, partsArg, offsetsArg, ttls}
 	}
 	st.lockArgs = func(js []int) []any {
-		ls, li, lc, lk, lt, lx := make([]string, len(js)), make([]string, len(js)), make([]int16, len(js)), make([]pgtype.UUID, len(js)), make([]string, len(js)), make([]*string, len(js))
+		ls, li, lc, lk, lt, lx := make([]string, len(js)), make([]string, len(js)), make([]int16, len(js)), make(pgtype.FlatArray[pgtype.UUID], len(js)), make([]string, len(js)), make([]*string, len(js))
 		for m, j := range js {
 			ls[m], li[m], lc[m], lk[m], lt[m], lx[m] = scopes[j], ids[j], scodes[j], kids[j], kinds[j], texts[j]
 		}
-		return []any{ls, li, lc, lk, lt, lx}
+		return []any{ls, li, lc, lk, lt, nullableArg(lx)}
 	}
 	return st, alone, begin, nil
+}
+
+// nullableArg is the array argument of vs, a column that may hold NULL:
+// a NULL array (typed nil) when every element is nil, the plain values
+// when none is, else vs itself.
+func nullableArg[T any](vs []*T) any {
+	nils := 0
+	for _, v := range vs {
+		if v == nil {
+			nils++
+		}
+	}
+	switch {
+	case nils == len(vs):
+		return []T(nil)
+	case nils > 0:
+		return vs
+	}
+	plain := make([]T, len(vs))
+	for i, v := range vs {
+		plain[i] = *v
+	}
+	return plain
 }
 
 // legacyLive reads, in the transaction (sending its BEGIN first when

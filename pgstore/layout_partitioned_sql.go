@@ -150,25 +150,27 @@ FROM u CROSS JOIN LATERAL (SELECT * FROM {P} k WHERE ` + p2BatchKey + ` OFFSET 0
 WHERE (SELECT n FROM n) < $12::int`
 
 	// p2BatchInsertSQL is p2BatchClaimSQL without its answers: it inserts
-	// the keys, COMPLETED, from arrays sorted in the primary key's order,
-	// and answers only how many it inserted and the time they got, now().
-	// Nothing but the count is collected from the rows it inserts, and the
-	// key's scope and ID travel only as the row stores them, so that a batch
-	// of new keys (the usual batch) costs little more than the rows it
-	// writes. When it inserted fewer than all, the transaction is rolled
-	// back and p2BatchClaimSQL claims the batch in a new one.
-	p2BatchInsertSQL = `WITH ins AS (
-    INSERT INTO {P} AS k (kid, created_at, expires_at, completed_at, locked_until, source_offset, source_partition,
+	// the keys, COMPLETED, from arrays sorted in the primary key's order.
+	// How many it inserted is its command tag, and the time they got is the
+	// transaction's, now(), read by a statement of its own in the same round
+	// trip (batchNowSQL): nothing is collected from the rows, and the key's
+	// scope and ID travel only as the row stores them, so that a batch of new
+	// keys (the usual batch) costs little more than the rows it writes. The
+	// rows go in the arrays' order, so that concurrent batches lock their
+	// keys in one order, without a sort: a scan of unnest's rows emits them
+	// in that order, and an INSERT … SELECT never runs in parallel. When it
+	// inserted fewer than all, the transaction is rolled back and
+	// p2BatchClaimSQL claims the batch in a new one.
+	p2BatchInsertSQL = `INSERT INTO {P} AS k (kid, created_at, expires_at, completed_at, locked_until, source_offset, source_partition,
                         scope, source_topic, attempts, kind, status, fingerprint, id_text)
-    SELECT u.kid, now(), now() + u.ttl * interval '1 microsecond', NULL, NULL, u.off, u.part,
-           u.scode, u.topic, 1, u.kind::"char", 'C', u.fp, u.idtext
-    FROM unnest($1::int2[], $2::uuid[], $3::text[], $4::text[], $5::bytea[], $6::int2[], $7::int4[], $8::int8[], $9::float8[])
-        WITH ORDINALITY AS u(scode, kid, kind, idtext, fp, topic, part, off, ttl, ord)
-    ORDER BY u.ord
-    ON CONFLICT (scope, kid, kind) DO NOTHING
-    RETURNING 1
-)
-SELECT count(*), now() FROM ins`
+SELECT u.kid, now(), now() + u.ttl * interval '1 microsecond', NULL, NULL, u.off, u.part,
+       u.scode, u.topic, 1, u.kind::"char", 'C', u.fp, u.idtext
+FROM unnest($1::int2[], $2::uuid[], $3::text[], $4::text[], $5::bytea[], $6::int2[], $7::int4[], $8::int8[], $9::float8[])
+    AS u(scode, kid, kind, idtext, fp, topic, part, off, ttl)
+ON CONFLICT (scope, kid, kind) DO NOTHING`
+
+	// batchNowSQL reads the transaction's time, after p2BatchInsertSQL.
+	batchNowSQL = `SELECT now()`
 
 	// p2BatchLockSQL reads, locked and in the arrays' order, the keys that
 	// p2BatchClaimSQL's snapshot did not show.
