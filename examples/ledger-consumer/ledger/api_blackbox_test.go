@@ -140,9 +140,12 @@ func TestAPIOverTCPAsClientsMeetIt(t *testing.T) {
 			t.Fatalf("%s after the restore: %d %s, want the first answer %s", tp.key, code, body, answers[tp.key])
 		}
 	}
+	// Ten commands at least: the relay publishes at least once, so a write
+	// retried under load can put a command on the topic twice (the worker
+	// skips the copy); a command missing keeps the sum short.
 	testenv.WaitFor(t, time.Minute, "every command consumed", func() bool {
 		end, committed := kafkatest.EndOffsets(t, commands, 2), kafkatest.CommittedOffsets(t, group, commands, 2)
-		return end[0]+end[1] == 10 && committed[0] == end[0] && committed[1] == end[1]
+		return end[0]+end[1] >= 10 && committed[0] == end[0] && committed[1] == end[1]
 	})
 	if a, b := balances(); a != 80 || b != 70 {
 		t.Fatalf("balances %d and %d, want 80 and 70: a top-up was applied twice", a, b)
