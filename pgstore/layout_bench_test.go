@@ -12,6 +12,7 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/dedupe/dedupetest"
+	"github.com/exactly-go/exactly/internal/testkit/cputime"
 	"github.com/exactly-go/exactly/pgstore"
 )
 
@@ -49,11 +50,11 @@ func BenchmarkDoBatch(b *testing.B) {
 						reqs[i].Source = dedupe.Source{Topic: "bench-topic", Partition: int32(i % 6), Offset: int64(i)}
 					}
 					b.StartTimer()
-					at := cpuTime()
+					at := cputime.Process()
 					if _, err := store.DoBatch(ctx, reqs, func(context.Context, pgx.Tx, []int) ([][]byte, error) { return nil, nil }); err != nil {
 						b.Fatal(err)
 					}
-					cpu += cpuTime() - at
+					cpu += cputime.Process() - at
 				}
 				b.ReportMetric(float64(size*b.N)/b.Elapsed().Seconds(), "keys/s")
 				b.ReportMetric(float64(cpu.Nanoseconds())/float64(size*b.N), "cpu-ns/key")
