@@ -31,3 +31,9 @@ func GroupGeneration(s *Subscriber, topic string) (memberID string, generation i
 	memberID, generation = cl.GroupMetadata()
 	return memberID, generation, true
 }
+
+// OriginAt names the record at offset of topic's partition, as a copy's
+// origin header does.
+func OriginAt(topic string, partition int32, offset int64) string {
+	return originAt(&kgo.Record{Topic: topic, Partition: partition}, offset)
+}

@@ -3,7 +3,6 @@ package kgopubsub_test
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -22,6 +21,7 @@ import (
 	"github.com/exactly-go/exactly/internal/mdkeys"
 	"github.com/exactly-go/exactly/internal/testkit/kafkatest"
 	"github.com/exactly-go/exactly/internal/testkit/pgtest"
+	"github.com/exactly-go/exactly/kgopubsub"
 	"github.com/exactly-go/exactly/worker"
 )
 
@@ -138,7 +138,7 @@ func TestSharePoisonKillingItsWorker(t *testing.T) {
 		}
 		if origin == "" {
 			if string(r.Value) == "oom" {
-				poison = fmt.Sprintf("%s/%d/%d", r.Topic, r.Partition, r.Offset)
+				poison = kgopubsub.OriginAt(r.Topic, int32(r.Partition), r.Offset)
 			}
 			continue
 		}

@@ -3,8 +3,6 @@ package delivery
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"strconv"
 	"sync"
 	"testing"
@@ -40,8 +38,7 @@ func BenchmarkPartition(b *testing.B) {
 			defer func() { reportCPU(b, cpu) }()
 			go func() {
 				for i := range b.N {
-					m := message.NewMessage("", nil)
-					m.Metadata["offset"] = strconv.FormatInt(int64(i), 10)
+					m := benchMessage(int64(i))
 					out <- m
 					if waits {
 						<-m.Acked()
@@ -63,31 +60,14 @@ func BenchmarkPartition(b *testing.B) {
 }
 
 func benchPartitions(b *testing.B, parts, window int) {
-	const batchLen = 500
-	cfg := Config{MaxInFlight: window, NackBackoff: time.Millisecond, MaxNackBackoff: time.Second,
-		DrainTimeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Name: "bench"}
 	ps := make([]*Partition[rec], parts)
 	for i := range ps {
 		per := b.N / parts
 		if i < b.N%parts {
 			per++
 		}
-		batches := make(chan Batch[rec], per/batchLen+1)
-		for off := 0; off < per; off += batchLen {
-			recs := make([]rec, min(batchLen, per-off))
-			for j := range recs {
-				recs[j].Offset = int64(off + j)
-			}
-			batches <- Batch[rec]{Records: recs}
-		}
-		ps[i] = &Partition[rec]{Config: cfg, Topic: "bench", Partition: int32(i), Start: 0,
-			Meta: func(r *rec) (int64, []byte) { return r.Offset, r.Key },
-			Prepare: func(r *rec) *message.Message {
-				m := message.NewMessage("", nil)
-				m.Metadata["offset"] = strconv.FormatInt(r.Offset, 10)
-				return m
-			},
-			Batches: batches}
+		ps[i] = memPartition(per, window, 500)
+		ps[i].Partition = int32(i)
 	}
 	out := make(chan *message.Message)
 	stopCtx, stop := context.WithCancel(context.Background())
@@ -110,6 +90,14 @@ func benchPartitions(b *testing.B, parts, window int) {
 	b.StopTimer()
 	stop()
 	wg.Wait()
+}
+
+// benchMessage makes the message of the record at offset as a transport
+// makes one: Watermill's NewMessage and the offset's metadata.
+func benchMessage(offset int64) *message.Message {
+	m := message.NewMessage("", nil)
+	m.Metadata["offset"] = strconv.FormatInt(offset, 10)
+	return m
 }
 
 // reportCPU reports the process's CPU time since cpu per message.

@@ -3,7 +3,6 @@ package delivery
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -15,20 +14,23 @@ import (
 )
 
 // memPartition is a partition of n records held in memory, offsets 0 to
-// n-1, with MaxInFlight window.
-func memPartition(n, window int) *Partition[rec] {
-	recs := make([]rec, n)
-	for i := range recs {
-		recs[i].Offset = int64(i)
+// n-1, in batches of up to batchLen, with MaxInFlight window; its messages
+// are made as a transport makes them (benchMessage).
+func memPartition(n, window, batchLen int) *Partition[rec] {
+	batches := make(chan Batch[rec], n/batchLen+1)
+	for off := 0; off < n; off += batchLen {
+		recs := make([]rec, min(batchLen, n-off))
+		for j := range recs {
+			recs[j].Offset = int64(off + j)
+		}
+		batches <- Batch[rec]{Records: recs}
 	}
-	batches := make(chan Batch[rec], 1)
-	batches <- Batch[rec]{Records: recs}
 	return &Partition[rec]{
 		Config: Config{MaxInFlight: window, NackBackoff: time.Millisecond, MaxNackBackoff: time.Second,
-			DrainTimeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Name: "test"},
+			DrainTimeout: time.Second, Logger: slog.New(slog.DiscardHandler), Name: "test"},
 		Topic: "t", Start: 0,
 		Meta:    func(r *rec) (int64, []byte) { return r.Offset, r.Key },
-		Prepare: func(*rec) *message.Message { return message.NewMessage("", nil) },
+		Prepare: func(r *rec) *message.Message { return benchMessage(r.Offset) },
 		Batches: batches,
 	}
 }
@@ -36,19 +38,20 @@ func memPartition(n, window int) *Partition[rec] {
 // With MaxInFlight 1, a partition delivers each record in order, the next
 // only after the ack of the one before, and a nacked one again before the
 // next, and at the end commits past them all. With slow, the message is
-// made slowly, so that the ack or nack of the one before comes while it is
-// made (the loop's turns that skip its full select take it).
+// made slowly, so that the ack or nack of the one before has come by the
+// time the loop waits for it.
 func TestPartitionDeliversInOrderOneAtATime(t *testing.T) {
 	for _, slow := range []bool{false, true} {
 		t.Run(fmt.Sprintf("slow=%v", slow), func(t *testing.T) {
 			records := 5_000
-			p := memPartition(records, 1)
 			if slow {
 				records = 300
-				p = memPartition(records, 1)
-				p.Prepare = func(*rec) *message.Message {
+			}
+			p := memPartition(records, 1, records)
+			if slow {
+				p.Prepare = func(r *rec) *message.Message {
 					time.Sleep(300 * time.Microsecond)
-					return message.NewMessage("", nil)
+					return benchMessage(r.Offset)
 				}
 			}
 			out := make(chan *message.Message)
