@@ -168,7 +168,14 @@ func (s *Store) beginLockClaim(ctx context.Context, req dedupe.Request, lock boo
 	if lock {
 		b.Queue(lockOrFailSQL, s.keyLockID(req.Key))
 	}
-	b.Queue(a.q.claim, s.l.claimParams(a)...)
+	claim := a.q.claim
+	if lock {
+		// The key's lock keeps other requests from its row, and a request's
+		// key is stored only when its client retries: the claim only
+		// inserts (queries.claimNew).
+		claim = a.q.claimNew
+	}
+	b.Queue(claim, s.l.claimParams(a)...)
 	br := tx.conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()

@@ -111,6 +111,13 @@ type layout interface {
 // queries are a layout's statements on one key.
 type queries struct {
 	claim, lock, takeover, result, complete, release, extend, get, cleanup string
+	// claimNew is claim that only inserts: a stored key returns nothing,
+	// and the caller reads it with lock, one round trip more. It saves a
+	// new key the executor's start of claim's read of the stored row, for
+	// a caller whose keys are new in all but rare retries and that holds
+	// the key's lock, so that no other claim of the key waits on the row
+	// lock that lock takes (BeginLockClaimTx).
+	claimNew string
 	// resultOne is result that fails unless it updated exactly one row
 	// (oneRowSQL), for a statement sent in one round trip with the COMMIT.
 	resultOne string

@@ -56,6 +56,17 @@ UNION ALL
 SELECT false, ` + p2Cols + `, clock_timestamp() FROM {P} k WHERE ` + p2Key + `
     AND NOT EXISTS (SELECT FROM ins)/*andnoold*/`
 
+	// p2ClaimNewSQL is p2ClaimSQL without its second branch
+	// (queries.claimNew), for a layout whose legacy table is not probed.
+	p2ClaimNewSQL = `INSERT INTO {P} AS k (kid, created_at, expires_at, completed_at, locked_until, source_offset, source_partition,
+                        scope, source_topic, attempts, kind, status, fingerprint, id_text)
+    SELECT @kid, now(), now() + @ttl::float8 * interval '1 microsecond', NULL,
+           CASE WHEN @status::text = 'PROCESSING' THEN clock_timestamp() + @lease::float8 * interval '1 microsecond' END,
+           @off, @part, @scode, @topic, 1, @kind::"char", CASE WHEN @status::text = 'COMPLETED' THEN 'C' ELSE 'P' END::"char", @fp, @idtext
+    WHERE {G}true
+    ON CONFLICT (scope, kid, kind) DO NOTHING
+    RETURNING true AS inserted, ` + p2InsCols + `, clock_timestamp()`
+
 	p2LockSQL = `SELECT false, ` + p2Cols + `, clock_timestamp() FROM {P} k WHERE ` + p2Key + ` FOR UPDATE`
 
 	p2TakeoverSQL = `WITH n AS (
@@ -251,6 +262,12 @@ func newPartitionedQueries(parent, names, legacy, guard string) queries {
 			"AND o.status = 'PROCESSING' AND o.attempts = @attempts::int"),
 		get:         splice(p2GetSQL, "/*oldget*/", p2OldGet),
 		batchResult: splice(p2BatchResultSQL, "/*oldbatchresult*/", p2OldBatchResult, "/*oldcount*/", p2OldCount),
+	}
+	// While the legacy table is probed, a new key's claim reads it: there
+	// is no claim that only inserts.
+	q.claimNew = q.claim
+	if legacy == "" {
+		q.claimNew = splice(p2ClaimNewSQL)
 	}
 	q.resultOne = oneRowSQL(q.result)
 	return q

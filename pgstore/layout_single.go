@@ -34,7 +34,7 @@ func newSingleTable(s *Store, schema, name string) *singleTable {
 	r := strings.NewReplacer("{T}", table)
 	return &singleTable{s: s, schema: schema, name: name, table: table,
 		q: queries{
-			claim: r.Replace(claimSQL), lock: r.Replace(lockSQL), takeover: r.Replace(takeoverSQL),
+			claim: r.Replace(claimSQL), claimNew: r.Replace(claimNewSQL), lock: r.Replace(lockSQL), takeover: r.Replace(takeoverSQL),
 			result: r.Replace(resultSQL), complete: r.Replace(completeSQL), release: r.Replace(releaseSQL), extend: r.Replace(extendSQL),
 			get: r.Replace(getSQL), cleanup: r.Replace(cleanupSQL),
 			resultOne: oneRowSQL("WITH n AS (" + r.Replace(resultSQL) + " RETURNING 1)\nSELECT (SELECT count(*) FROM n)"),

@@ -64,6 +64,9 @@ func isKeyLocked(err error) bool { return failedWith(err, keyLockedMsg) }
 // ends it with CompleteCommitTx. httpkey's transactional mode begins its
 // requests' transactions with it.
 //
+// The claim only inserts: a new key costs the insert alone, and a stored
+// key (a client's retry) one more round trip, which reads its row.
+//
 // tx is a transaction of the store's own on a pooled connection, as Do's
 // is: it behaves as pgx's (Commit and Rollback end it and return the
 // connection, Begin makes a savepoint), but LargeObjects is not supported
