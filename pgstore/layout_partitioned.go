@@ -88,18 +88,9 @@ func (p *partitioned) prepareClaim(ctx context.Context, db DBTX, req dedupe.Requ
 	return a, nil
 }
 
-// named returns a claim's named arguments, with more.
-func (p *partitioned) named(a claimArgs, more pgx.NamedArgs) pgx.NamedArgs {
-	pa := a.part
-	n := pgx.NamedArgs{
-		"scope": a.scope, "id": a.id, "fp": pa.fp, "status": string(a.status), "topic": pa.topicCode, "part": a.partition,
-		"off": a.offset, "lease": a.leaseMicros, "ttl": a.ttlMicros, "scode": pa.scopeCode, "kid": kidArg(pa.sid.kid),
-		"kind": string(pa.sid.kind), "idtext": pa.sid.text, "tname": a.topic,
-	}
-	for k, v := range more {
-		n[k] = v
-	}
-	return n
+// named returns a claim's named arguments, with more (partNamed).
+func (p *partitioned) named(a claimArgs, more pgx.NamedArgs) pgx.QueryRewriter {
+	return &partNamed{a: &a, more: more}
 }
 
 func (p *partitioned) claimParams(a claimArgs) []any { return []any{p.named(a, nil)} }

@@ -270,6 +270,7 @@ func newPartitionedQueries(parent, names, legacy, guard string) queries {
 		q.claimNew = splice(p2ClaimNewSQL)
 	}
 	q.resultOne = oneRowSQL(q.result)
+	q.positional = positionalStmts(q.claim, q.claimNew, q.lock, q.takeover, q.result, q.complete, q.release, q.extend, q.get, q.resultOne)
 	return q
 }
 
