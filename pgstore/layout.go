@@ -123,9 +123,9 @@ type queries struct {
 	resultOne string
 	// batchResult stores the results of many keys (the partitioned layout's).
 	batchResult string
-	// positional is the positional form of each statement above that names
-	// its arguments, by its named text (the partitioned layout's).
-	positional map[string]positional
+	// positional lists the names of the arguments of each statement above
+	// that the partitioned layout numbered (numberArgs), by its text.
+	positional map[string][]string
 }
 
 // keyUpdate is an update of one stored key: the result of a key claimed in

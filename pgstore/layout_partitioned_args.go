@@ -3,6 +3,8 @@ package pgstore
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -11,53 +13,62 @@ import (
 // ...). pgx.NamedArgs would parse a statement at each execution to number
 // them, which cost a request a tenth of the middleware's own CPU in
 // BenchmarkMiddleware: each statement is numbered once instead, when its
-// queries are made (positionalStmts), and its arguments are listed in that
+// queries are made (numberArgs), and its arguments are listed in that
 // order at each execution (partNamed).
 
 // argNames are the names the partitioned layout's statements use.
 var argNames = []string{"scope", "id", "fp", "status", "topic", "part", "off", "lease", "ttl",
 	"scode", "kid", "kind", "idtext", "tname", "attempts", "result"}
 
-// positional is a statement of named arguments with its arguments
-// numbered as pgx.NamedArgs numbers them, and their names in that order.
-type positional struct {
-	sql   string
-	names []string
-}
-
-// positionalStmts returns the positional form of each statement of stmts
-// that names arguments, by its named text.
-func positionalStmts(stmts ...string) map[string]positional {
+// numberArgs replaces each statement of stmts with its positional form,
+// numbered as pgx.NamedArgs numbers it, and returns the names of each
+// positional form's arguments, in order, by its text (which the map shares
+// with the statement, so that the queries cached for every partition keep
+// one text of each). A statement that names an argument not in argNames
+// is left as it is, and goes through pgx.NamedArgs at each execution
+// (TestPartNamedAsNamedArgs checks that none does).
+func numberArgs(stmts ...*string) map[string][]string {
 	all := make(pgx.NamedArgs, len(argNames))
 	for _, n := range argNames {
 		all[n] = n
 	}
-	m := make(map[string]positional, len(stmts))
+	m := make(map[string][]string, len(stmts))
+stmts:
 	for _, stmt := range stmts {
-		if stmt == "" {
+		if *stmt == "" {
 			continue
 		}
-		sql, args, err := all.RewriteQuery(context.Background(), nil, stmt, nil)
+		sql, args, err := all.RewriteQuery(context.Background(), nil, *stmt, nil)
 		if err != nil {
-			panic(fmt.Sprintf("pgstore: numbering the arguments of %q: %v", stmt, err))
+			continue
 		}
-		p := positional{sql: sql, names: make([]string, len(args))}
+		names := make([]string, len(args))
 		for i, a := range args {
 			name, ok := a.(string)
 			if !ok {
-				panic(fmt.Sprintf("pgstore: argument $%d of %q is not one of argNames", i+1, stmt))
+				continue stmts
 			}
-			p.names[i] = name
+			names[i] = name
 		}
-		m[stmt] = p
+		*stmt = sql
+		m[sql] = internNames(names)
 	}
 	return m
 }
 
+// argOrders holds each distinct order of argument names once, for the
+// statements of every partition (numberArgs).
+var argOrders sync.Map // strings.Join(names, ",") -> []string
+
+func internNames(names []string) []string {
+	v, _ := argOrders.LoadOrStore(strings.Join(names, ","), names)
+	return v.([]string)
+}
+
 // partNamed is the arguments of one statement on a key (a claim's, or an
-// update's with more), as a pgx.QueryRewriter: it numbers them as the
-// statement's positional form (queries.positional) does, and falls back to
-// pgx.NamedArgs for a statement that has none.
+// update's with more), as a pgx.QueryRewriter: it lists them in the order
+// of the statement's positional form (queries.positional), and falls back
+// to pgx.NamedArgs for a statement that is not one.
 type partNamed struct {
 	a    *claimArgs
 	more pgx.NamedArgs
@@ -65,10 +76,10 @@ type partNamed struct {
 
 // RewriteQuery implements pgx.QueryRewriter.
 func (n *partNamed) RewriteQuery(ctx context.Context, conn *pgx.Conn, sql string, args []any) (string, []any, error) {
-	var p positional
+	var names []string
 	ok := false
 	if n.a.q != nil {
-		p, ok = n.a.q.positional[sql]
+		names, ok = n.a.q.positional[sql]
 	}
 	if !ok {
 		all := make(pgx.NamedArgs, len(argNames))
@@ -79,11 +90,23 @@ func (n *partNamed) RewriteQuery(ctx context.Context, conn *pgx.Conn, sql string
 		}
 		return all.RewriteQuery(ctx, conn, sql, args)
 	}
-	out := make([]any, len(p.names))
-	for i, name := range p.names {
+	out := make([]any, len(names))
+	for i, name := range names {
 		out[i], _ = n.value(name) // nil when missing, as with pgx.NamedArgs
 	}
-	return p.sql, out, nil
+	return sql, out, nil
+}
+
+// String shows the arguments by name, as pgx.NamedArgs did to a tracer or
+// a query logger (which see the arguments before they are numbered).
+func (n *partNamed) String() string {
+	all := make(map[string]any, len(argNames))
+	for _, name := range argNames {
+		if v, ok := n.value(name); ok {
+			all[name] = v
+		}
+	}
+	return fmt.Sprint(all)
 }
 
 // value is the argument name: more's, else the claim's.

@@ -225,11 +225,11 @@ WHERE ` + legacyLiveRow
     FOR UPDATE SKIP LOCKED))`
 )
 
-// newPartitionedQueries builds the partitioned layout's statements on
+// newPartitionedNamedQueries builds the partitioned layout's statements on
 // parent (the partitioned table or one of its partitions), with the legacy
 // table's parts when legacy is not "" and guard ({G}: "" or attachedGuard's
 // condition) before every condition on the key.
-func newPartitionedQueries(parent, names, legacy, guard string) queries {
+func newPartitionedNamedQueries(parent, names, legacy, guard string) queries {
 	splice := func(stmt string, parts ...string) string {
 		for i := 0; i+1 < len(parts); i += 2 {
 			with := ""
@@ -270,7 +270,14 @@ func newPartitionedQueries(parent, names, legacy, guard string) queries {
 		q.claimNew = splice(p2ClaimNewSQL)
 	}
 	q.resultOne = oneRowSQL(q.result)
-	q.positional = positionalStmts(q.claim, q.claimNew, q.lock, q.takeover, q.result, q.complete, q.release, q.extend, q.get, q.resultOne)
+	return q
+}
+
+// newPartitionedQueries is newPartitionedNamedQueries with the statements
+// on one key numbered (numberArgs).
+func newPartitionedQueries(parent, names, legacy, guard string) queries {
+	q := newPartitionedNamedQueries(parent, names, legacy, guard)
+	q.positional = numberArgs(&q.claim, &q.claimNew, &q.lock, &q.takeover, &q.result, &q.complete, &q.release, &q.extend, &q.get, &q.resultOne)
 	return q
 }
 

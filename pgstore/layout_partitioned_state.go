@@ -187,9 +187,20 @@ func (p *partitioned) queriesFor(st layoutState, target string) *queries {
 		}
 	}
 	q := newPartitionedQueries(t, p.names, st.legacy, guard)
+	if len(p.qs) >= maxCachedQueries {
+		// The statements of retired partitions would pile up (one set a
+		// partition, 10–15 KB): start again, and make those still in use
+		// again as they are asked for.
+		clear(p.qs)
+	}
 	p.qs[k] = &q
 	return &q
 }
+
+// maxCachedQueries bounds the sets of statements a partitioned layout
+// keeps (queriesFor): a set for each partition a claim names, a year of
+// daily partitions and more.
+const maxCachedQueries = 512
 
 // target returns the table that a statement on the key sid names: its
 // partition, by its own name, when the store's role may use it (its grants
