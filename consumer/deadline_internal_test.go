@@ -27,7 +27,6 @@ import (
 // database's.
 func TestCutJudgedOverASlowConnection(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
 	hole := pgtest.NewBlackHole(t)
 	pool := hole.Pool(t, nil)
 	ctx := context.Background()
@@ -35,18 +34,7 @@ func TestCutJudgedOverASlowConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	hole.Delay(30 * time.Millisecond)
-	// The lock is held on a connection of the test's own: one of the shared
-	// pool's goes back to other tests, which may close it (a cancelled
-	// query) and so release the lock.
-	holder, err := pgx.ConnectConfig(ctx, db.Pool.Config().ConnConfig.Copy())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close(ctx)
-	lock := time.Now().UnixNano()
-	if _, err := holder.Exec(ctx, "SELECT pg_advisory_lock($1)", lock); err != nil {
-		t.Fatal(err)
-	}
+	lock := holdLock(t)
 	for name, want := range map[string]wait{"ran its own code": waitMessage, "waited for a lock": waitDatabase} {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
@@ -57,6 +45,8 @@ func TestCutJudgedOverASlowConnection(t *testing.T) {
 		if want == waitDatabase {
 			_, _ = tx.Exec(actx, "SELECT pg_advisory_xact_lock($1)", lock)
 			if actx.Err() == nil {
+				cancel()
+				_ = tx.Rollback(ctx)
 				t.Fatal("the lock held elsewhere was granted before the deadline")
 			}
 		} else {
@@ -71,22 +61,40 @@ func TestCutJudgedOverASlowConnection(t *testing.T) {
 	}
 }
 
-// judge runs watchCut on a transaction of pool bounded by a deadline d
-// away, the handler running its own code (want waitMessage) or waiting for
-// a lock held elsewhere (want waitDatabase) until the deadline, and
-// returns the verdicts.
-func judge(t *testing.T, db *pgtest.DB, pool *pgxpool.Pool, d time.Duration) map[wait]wait {
+// holdLock takes a session advisory lock until t ends, and returns it. It
+// is held on a connection of its own, straight to the server: a connection
+// of the shared pool goes back to other tests, which may close it (a
+// cancelled query), and one through a transaction pooler (make
+// test-pooler) leaves the lock on a server connection that the pooler
+// hands to other clients and closes when one of them goes away mid-
+// transaction; either way the lock would be released before the deadline.
+func holdLock(t *testing.T) int64 {
 	t.Helper()
 	ctx := context.Background()
-	holder, err := pgx.ConnectConfig(ctx, db.Pool.Config().ConnConfig.Copy())
+	cfg, err := pgx.ParseConfig(pgtest.RequireURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer holder.Close(ctx)
+	holder, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = holder.Close(context.Background()) })
 	lock := time.Now().UnixNano()
 	if _, err := holder.Exec(ctx, "SELECT pg_advisory_lock($1)", lock); err != nil {
 		t.Fatal(err)
 	}
+	return lock
+}
+
+// judge runs watchCut on a transaction of pool bounded by a deadline d
+// away, the handler running its own code (want waitMessage) or waiting for
+// a lock held elsewhere (want waitDatabase) until the deadline, and
+// returns the verdicts.
+func judge(t *testing.T, pool *pgxpool.Pool, d time.Duration) map[wait]wait {
+	t.Helper()
+	ctx := context.Background()
+	lock := holdLock(t)
 	out := map[wait]wait{}
 	for _, want := range []wait{waitMessage, waitDatabase} {
 		tx, err := pool.Begin(ctx)
@@ -114,13 +122,12 @@ func judge(t *testing.T, db *pgtest.DB, pool *pgxpool.Pool, d time.Duration) map
 // know, and every verdict was unknown (a command whose own work outlasted
 // its deadline was never dead-lettered, and held its partition).
 func TestCutJudgedBehindTransactionPooler(t *testing.T) {
-	db := pgtest.New(t)
 	pool := pgtest.PoolerPool(t, func(c *pgxpool.Config) {
 		if c.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
 			c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 		}
 	})
-	for want, got := range judge(t, db, pool, 5*time.Second) {
+	for want, got := range judge(t, pool, 5*time.Second) {
 		if got != want {
 			t.Errorf("behind the pooler, an attempt that should be judged %d was judged %d", want, got)
 		}
@@ -133,7 +140,6 @@ func TestCutJudgedBehindTransactionPooler(t *testing.T) {
 // was opened from the pool's config, without the password, and every
 // verdict was unknown).
 func TestCutJudgedOnAPoolOfOneWithBeforeConnect(t *testing.T) {
-	db := pgtest.New(t)
 	cfg, err := pgtest.Config(pgtest.RequireURL(t))
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +156,7 @@ func TestCutJudgedOnAPoolOfOneWithBeforeConnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	for want, got := range judge(t, db, pool, 5*time.Second) {
+	for want, got := range judge(t, pool, 5*time.Second) {
 		if got != want {
 			t.Errorf("on a pool of 1 with BeforeConnect, an attempt that should be judged %d was judged %d", want, got)
 		}
