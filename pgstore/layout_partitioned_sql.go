@@ -42,13 +42,7 @@ const (
 	legacyLive = `o.scope = @scope AND o.key = @id AND ` + legacyLiveRow
 
 	p2ClaimSQL = `WITH /*old*/ins AS (
-    INSERT INTO {P} AS k (kid, created_at, expires_at, completed_at, locked_until, source_offset, source_partition,
-                        scope, source_topic, attempts, kind, status, fingerprint, id_text)
-    SELECT @kid, now(), now() + @ttl::float8 * interval '1 microsecond', NULL,
-           CASE WHEN @status::text = 'PROCESSING' THEN clock_timestamp() + @lease::float8 * interval '1 microsecond' END,
-           @off, @part, @scode, @topic, 1, @kind::"char", CASE WHEN @status::text = 'COMPLETED' THEN 'C' ELSE 'P' END::"char", @fp, @idtext
-    WHERE {G}true/*noold*/
-    ON CONFLICT (scope, kid, kind) DO NOTHING
+    ` + p2InsertSQL + `
     RETURNING true AS inserted, k.*
 )
 SELECT k.inserted, ` + p2InsCols + `, clock_timestamp() FROM ins k
@@ -58,14 +52,18 @@ SELECT false, ` + p2Cols + `, clock_timestamp() FROM {P} k WHERE ` + p2Key + `
 
 	// p2ClaimNewSQL is p2ClaimSQL without its second branch
 	// (queries.claimNew), for a layout whose legacy table is not probed.
-	p2ClaimNewSQL = `INSERT INTO {P} AS k (kid, created_at, expires_at, completed_at, locked_until, source_offset, source_partition,
+	p2ClaimNewSQL = p2InsertSQL + `
+    RETURNING true AS inserted, ` + p2InsCols + `, clock_timestamp()`
+
+	// p2InsertSQL inserts the key, unless it is stored (or, where
+	// /*noold*/ is spliced, live in the legacy table).
+	p2InsertSQL = `INSERT INTO {P} AS k (kid, created_at, expires_at, completed_at, locked_until, source_offset, source_partition,
                         scope, source_topic, attempts, kind, status, fingerprint, id_text)
     SELECT @kid, now(), now() + @ttl::float8 * interval '1 microsecond', NULL,
            CASE WHEN @status::text = 'PROCESSING' THEN clock_timestamp() + @lease::float8 * interval '1 microsecond' END,
            @off, @part, @scode, @topic, 1, @kind::"char", CASE WHEN @status::text = 'COMPLETED' THEN 'C' ELSE 'P' END::"char", @fp, @idtext
-    WHERE {G}true
-    ON CONFLICT (scope, kid, kind) DO NOTHING
-    RETURNING true AS inserted, ` + p2InsCols + `, clock_timestamp()`
+    WHERE {G}true/*noold*/
+    ON CONFLICT (scope, kid, kind) DO NOTHING`
 
 	p2LockSQL = `SELECT false, ` + p2Cols + `, clock_timestamp() FROM {P} k WHERE ` + p2Key + ` FOR UPDATE`
 
@@ -267,7 +265,7 @@ func newPartitionedNamedQueries(parent, names, legacy, guard string) queries {
 	// is no claim that only inserts.
 	q.claimNew = q.claim
 	if legacy == "" {
-		q.claimNew = splice(p2ClaimNewSQL)
+		q.claimNew = splice(p2ClaimNewSQL, "/*noold*/", p2NoOld)
 	}
 	q.resultOne = oneRowSQL(q.result)
 	return q

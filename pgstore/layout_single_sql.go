@@ -18,13 +18,7 @@ const (
 	// runs only when nothing was inserted (a one-time filter in the plan), so
 	// a new key costs no extra index lookup.
 	claimSQL = `WITH ins AS (
-    INSERT INTO {T} AS k (scope, key, fingerprint, status, attempts, source_topic, source_partition,
-                        source_offset, created_at, completed_at, locked_until, expires_at)
-    VALUES ($1, $2, $3, $4::text, 1, $5, $6, $7, now(),
-            CASE WHEN $4::text = 'COMPLETED' THEN now() END,
-            CASE WHEN $4::text = 'PROCESSING' THEN clock_timestamp() + $8::float8 * interval '1 microsecond' END,
-            now() + $9::float8 * interval '1 microsecond')
-    ON CONFLICT (scope, key) DO NOTHING
+    ` + claimInsertSQL + `
     RETURNING true AS inserted, ` + cols + `
 )
 SELECT *, clock_timestamp() FROM ins
@@ -33,14 +27,17 @@ SELECT false, ` + cols + `, clock_timestamp() FROM {T} WHERE scope = $1 AND key 
     AND NOT EXISTS (SELECT FROM ins)`
 
 	// claimNewSQL is claimSQL without its second branch (queries.claimNew).
-	claimNewSQL = `INSERT INTO {T} AS k (scope, key, fingerprint, status, attempts, source_topic, source_partition,
+	claimNewSQL = claimInsertSQL + `
+    RETURNING true AS inserted, ` + cols + `, clock_timestamp()`
+
+	// claimInsertSQL inserts the key, unless it is stored.
+	claimInsertSQL = `INSERT INTO {T} AS k (scope, key, fingerprint, status, attempts, source_topic, source_partition,
                         source_offset, created_at, completed_at, locked_until, expires_at)
     VALUES ($1, $2, $3, $4::text, 1, $5, $6, $7, now(),
             CASE WHEN $4::text = 'COMPLETED' THEN now() END,
             CASE WHEN $4::text = 'PROCESSING' THEN clock_timestamp() + $8::float8 * interval '1 microsecond' END,
             now() + $9::float8 * interval '1 microsecond')
-    ON CONFLICT (scope, key) DO NOTHING
-    RETURNING true AS inserted, ` + cols + `, clock_timestamp()`
+    ON CONFLICT (scope, key) DO NOTHING`
 
 	// lockSQL reads the conflicting row, waiting for any transaction that
 	// holds it.
