@@ -82,13 +82,7 @@ func (n *partNamed) RewriteQuery(ctx context.Context, conn *pgx.Conn, sql string
 		names, ok = n.a.q.positional[sql]
 	}
 	if !ok {
-		all := make(pgx.NamedArgs, len(argNames))
-		for _, name := range argNames {
-			if v, ok := n.value(name); ok {
-				all[name] = v
-			}
-		}
-		return all.RewriteQuery(ctx, conn, sql, args)
+		return n.named().RewriteQuery(ctx, conn, sql, args)
 	}
 	out := make([]any, len(names))
 	for i, name := range names {
@@ -99,14 +93,17 @@ func (n *partNamed) RewriteQuery(ctx context.Context, conn *pgx.Conn, sql string
 
 // String shows the arguments by name, as pgx.NamedArgs did to a tracer or
 // a query logger (which see the arguments before they are numbered).
-func (n *partNamed) String() string {
-	all := make(map[string]any, len(argNames))
+func (n *partNamed) String() string { return fmt.Sprint(map[string]any(n.named())) }
+
+// named is every argument by its name.
+func (n *partNamed) named() pgx.NamedArgs {
+	all := make(pgx.NamedArgs, len(argNames))
 	for _, name := range argNames {
 		if v, ok := n.value(name); ok {
 			all[name] = v
 		}
 	}
-	return fmt.Sprint(all)
+	return all
 }
 
 // value is the argument name: more's, else the claim's.

@@ -59,22 +59,19 @@ func TestPartNamedAsNamedArgs(t *testing.T) {
 			if _, ok := q.positional[sent[sname]]; !ok {
 				t.Errorf("%s %s: not numbered", name, sname)
 			}
-			check := func(sname, stmt, sent string) {
-				for _, more := range mores {
-					wantSQL, wantArgs, err := full(more).RewriteQuery(ctx, nil, stmt, nil)
-					if err != nil {
-						t.Fatal(err)
-					}
-					gotSQL, gotArgs, err := (&partNamed{a: &a, more: more}).RewriteQuery(ctx, nil, sent, nil)
-					if err != nil {
-						t.Fatalf("%s %s: %v", name, sname, err)
-					}
-					if gotSQL != wantSQL || !reflect.DeepEqual(gotArgs, wantArgs) {
-						t.Errorf("%s %s with %v:\n got %q %#v\nwant %q %#v", name, sname, more, gotSQL, gotArgs, wantSQL, wantArgs)
-					}
+			for _, more := range mores {
+				wantSQL, wantArgs, err := full(more).RewriteQuery(ctx, nil, stmt, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				gotSQL, gotArgs, err := (&partNamed{a: &a, more: more}).RewriteQuery(ctx, nil, sent[sname], nil)
+				if err != nil {
+					t.Fatalf("%s %s: %v", name, sname, err)
+				}
+				if gotSQL != wantSQL || !reflect.DeepEqual(gotArgs, wantArgs) {
+					t.Errorf("%s %s with %v:\n got %q %#v\nwant %q %#v", name, sname, more, gotSQL, gotArgs, wantSQL, wantArgs)
 				}
 			}
-			check(sname, stmt, sent[sname])
 		}
 		// A statement made elsewhere goes through pgx.NamedArgs.
 		const elsewhere = "SELECT @kid::uuid, @tname::text, @nope::int"
